@@ -1,0 +1,1 @@
+"""perfbudget: performance budgets for PyTorch models, checked by pytest."""
