@@ -1,0 +1,324 @@
+"""Load and validate budget YAML files once, and pick the budget that applies to a device."""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..device import SELECTOR_FIELDS, DeviceInfo, Selector
+from ..metrics import UnknownMetricError, parse_name
+from .schema import PROVENANCE_FIELDS, SCHEMA_VERSION, Budget, BudgetError, BudgetFile, Provenance
+
+__all__ = ["BudgetSet", "load_dir", "load_file", "parse_text"]
+
+_TOP_KEYS = ("schema", "device", "budgets", "note")
+_ENTRY_KEYS = ("value", "tolerance", "provenance", "note")
+_INT_SELECTOR = ("count", "threads")
+
+
+class _Doc:
+    """YAML parsed into plain Python with the line of every key path.
+
+    Composes the node tree with ``yaml.SafeLoader`` (so tags such as
+    ``!!python/object`` are refused) and builds values ourselves to catch
+    duplicate keys, which ``yaml.safe_load`` silently overwrites.
+    """
+
+    def __init__(self, text: str, path: Path) -> None:
+        self.path = path
+        self.lines: dict[tuple[str, ...], int] = {}
+        loader = yaml.SafeLoader(text)
+        try:
+            node = loader.get_single_node()
+            self.data = self._build(loader, node, ()) if node is not None else None
+        except yaml.MarkedYAMLError as exc:
+            mark = exc.problem_mark or exc.context_mark
+            line = mark.line + 1 if mark is not None else None
+            msg = " ".join(str(p) for p in (exc.context, exc.problem) if p)
+            raise BudgetError(f"invalid YAML: {msg}", path=path, line=line) from None
+        except yaml.YAMLError as exc:
+            raise BudgetError(f"invalid YAML: {exc}", path=path) from None
+        finally:
+            loader.dispose()
+
+    def _build(self, loader: yaml.SafeLoader, node: yaml.Node, keypath: tuple[str, ...]) -> Any:
+        self.lines.setdefault(keypath, node.start_mark.line + 1)
+        if isinstance(node, yaml.MappingNode):
+            out: dict[Any, Any] = {}
+            for knode, vnode in node.value:
+                key = loader.construct_object(knode, deep=True)
+                if not isinstance(key, (str, int, float, bool)) or key is None:
+                    raise BudgetError(
+                        "mapping keys must be plain strings",
+                        path=self.path, line=knode.start_mark.line + 1, keypath=keypath, value=key,
+                    )
+                skey = str(key)
+                sub = (*keypath, skey)
+                if skey in out:
+                    raise BudgetError(
+                        f"duplicate key (first defined on line {self.lines[sub]})",
+                        path=self.path, line=knode.start_mark.line + 1, keypath=sub, value=skey,
+                    )
+                self.lines[sub] = knode.start_mark.line + 1
+                out[skey] = self._build(loader, vnode, sub)
+            return out
+        if isinstance(node, yaml.SequenceNode):
+            return [self._build(loader, n, (*keypath, str(i))) for i, n in enumerate(node.value)]
+        return loader.construct_object(node, deep=True)
+
+    def line(self, keypath: tuple[str, ...]) -> int | None:
+        while keypath and keypath not in self.lines:
+            keypath = keypath[:-1]
+        return self.lines.get(keypath)
+
+
+def _suggest(word: str, choices: Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.5)
+    return f"; did you mean {close[0]!r}?" if close else f"; expected one of {', '.join(choices)}"
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+class _Validator:
+    def __init__(self, doc: _Doc) -> None:
+        self.doc = doc
+        self.errors: list[BudgetError] = []
+
+    def err(self, message: str, keypath: tuple[str, ...], value: Any = ...) -> None:
+        self.errors.append(
+            BudgetError(message, path=self.doc.path, line=self.doc.line(keypath), keypath=keypath, value=value)
+        )
+
+    def selector(self, raw: Any) -> Selector | None:
+        kp = ("device",)
+        if not isinstance(raw, dict):
+            self.err("expected a mapping of device fields such as {type: cpu}", kp, raw)
+            return None
+        ok = True
+        criteria: list[tuple[str, Any]] = []
+        for name, want in raw.items():
+            sub = (*kp, name)
+            if name not in SELECTOR_FIELDS:
+                self.err(f"unknown device field{_suggest(name, SELECTOR_FIELDS)}", sub, name)
+                ok = False
+            elif name == "type" and want not in ("cpu", "cuda"):
+                self.err("expected 'cpu' or 'cuda'", sub, want)
+                ok = False
+            elif name in _INT_SELECTOR and (not isinstance(want, int) or isinstance(want, bool) or want < 1):
+                self.err("expected a positive integer", sub, want)
+                ok = False
+            elif name not in _INT_SELECTOR and not isinstance(want, (str, int, float)) or isinstance(want, bool):
+                self.err("expected a string", sub, want)
+                ok = False
+            else:
+                criteria.append((name, str(want) if name not in _INT_SELECTOR else want))
+        if "type" not in raw:
+            self.err("missing 'type' (cpu or cuda)", kp, raw)
+            ok = False
+        return Selector(tuple(sorted(criteria))) if ok else None
+
+    def provenance(self, raw: Any, kp: tuple[str, ...]) -> Provenance | None:
+        if raw is None:
+            return None
+        if not isinstance(raw, dict):
+            self.err("expected a mapping", kp, raw)
+            return None
+        for name in raw:
+            if name not in PROVENANCE_FIELDS:
+                self.err(f"unknown provenance field{_suggest(name, PROVENANCE_FIELDS)}", (*kp, name), name)
+                return None
+        samples, cv, threads = raw.get("samples"), raw.get("cv"), raw.get("threads")
+        for name, v in (("samples", samples), ("threads", threads)):
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+                self.err("expected a non-negative integer", (*kp, name), v)
+                return None
+        if cv is not None and (not _number(cv) or not math.isfinite(cv) or cv < 0):
+            self.err("expected a non-negative number", (*kp, "cv"), cv)
+            return None
+        text = {k: (None if raw.get(k) is None else str(raw[k])) for k in ("device", "torch", "date", "commit")}
+        return Provenance(samples=samples, cv=cv, threads=threads, **text)
+
+    def entry(self, key: str, metric: str, raw: Any) -> Budget | None:
+        kp = ("budgets", key, metric)
+        try:
+            parsed = parse_name(metric)
+        except UnknownMetricError as exc:
+            self.err(str(exc), kp, metric)
+            return None
+        if _number(raw):
+            raw = {"value": raw}
+        if not isinstance(raw, dict):
+            self.err("expected a number or a mapping with 'value' and 'tolerance'", kp, raw)
+            return None
+        for name in raw:
+            if name not in _ENTRY_KEYS:
+                self.err(f"unknown budget field{_suggest(name, _ENTRY_KEYS)}", (*kp, name), name)
+                return None
+        value = raw.get("value")
+        if value is None:
+            self.err("missing 'value'", kp, raw)
+            return None
+        if not _number(value) or not math.isfinite(value):
+            self.err("expected a finite number", (*kp, "value"), value)
+            return None
+        if value < 0:
+            self.err("expected a non-negative number", (*kp, "value"), value)
+            return None
+        tol = raw.get("tolerance", parsed.metric.default_tolerance)
+        if not _number(tol) or not math.isfinite(tol) or not 0.0 <= tol <= 1.0:
+            self.err("expected a number in [0, 1]", (*kp, "tolerance"), tol)
+            return None
+        note = raw.get("note")
+        if note is not None and not isinstance(note, str):
+            self.err("expected a string", (*kp, "note"), note)
+            return None
+        prov = self.provenance(raw.get("provenance"), (*kp, "provenance"))
+        if raw.get("provenance") is not None and prov is None:
+            return None
+        return Budget(
+            key=key,
+            metric=metric,
+            value=float(value),
+            tolerance=float(tol),
+            source=str(self.doc.path),
+            line=self.doc.line(kp),
+            provenance=prov,
+            note=note,
+        )
+
+
+def parse_text(text: str, path: str | Path) -> BudgetFile:
+    """Parse and validate one budget file's text. Errors are collected, never raised."""
+    path = Path(path)
+    try:
+        doc = _Doc(text, path)
+    except BudgetError as exc:
+        return BudgetFile(path=path, selector=None, errors=[exc])
+    v = _Validator(doc)
+    data = doc.data
+    if not isinstance(data, dict):
+        v.err("expected a mapping with 'schema', 'device' and 'budgets'", (), data)
+        return BudgetFile(path=path, selector=None, errors=v.errors)
+    for name in data:
+        if name not in _TOP_KEYS:
+            v.err(f"unknown top-level key{_suggest(name, _TOP_KEYS)}", (name,), name)
+    schema = data.get("schema")
+    if schema != SCHEMA_VERSION:
+        v.err(f"expected schema: {SCHEMA_VERSION}", ("schema",), schema)
+    selector = v.selector(data.get("device"))
+    entries: dict[str, dict[str, Budget]] = {}
+    budgets = data.get("budgets", {})
+    if budgets is None:
+        budgets = {}
+    if not isinstance(budgets, dict):
+        v.err("expected a mapping of workload keys to metrics", ("budgets",), budgets)
+        budgets = {}
+    for key, metrics in budgets.items():
+        if not isinstance(metrics, dict):
+            v.err("expected a mapping of metric names to budgets", ("budgets", key), metrics)
+            continue
+        for metric, raw in metrics.items():
+            b = v.entry(key, metric, raw)
+            if b is not None:
+                entries.setdefault(key, {})[metric] = b
+    note = data.get("note") if isinstance(data.get("note"), str) else None
+    return BudgetFile(path=path, selector=selector, entries=entries, errors=v.errors, note=note)
+
+
+def load_file(path: str | Path) -> BudgetFile:
+    """Read and validate one budget file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        return BudgetFile(path=path, selector=None, errors=[BudgetError(f"cannot read: {exc}", path=path)])
+    return parse_text(text, path)
+
+
+@dataclass
+class BudgetSet:
+    """All budget files of a folder, validated once.
+
+    ``resolve`` picks, per (key, metric), the budget of the most specific file
+    whose device selector matches.
+    """
+
+    root: Path
+    files: list[BudgetFile] = field(default_factory=list)
+    errors: list[BudgetError] = field(default_factory=list)
+
+    def matching(self, info: DeviceInfo) -> list[BudgetFile]:
+        """Usable files that select ``info``, most specific first."""
+        found = [f for f in self.files if f.usable and f.matches(info)]
+        return sorted(found, key=lambda f: (-f.selector.specificity if f.selector else 0, f.path.name))
+
+    def errors_for(self, key: str, info: DeviceInfo | None = None) -> list[BudgetError]:
+        """Errors that make the budgets of ``key`` unknowable.
+
+        File-level errors of any file count (a broken file might have held the
+        budget); entry errors only for ``key``. ``info`` narrows entry errors
+        to files selecting that device.
+        """
+        out = list(self.errors)
+        for f in self.files:
+            out.extend(f.file_errors)
+            if info is None or (f.selector is not None and f.matches(info)):
+                out.extend(f.key_errors(key))
+        return out
+
+    def resolve(self, key: str, metric: str, info: DeviceInfo) -> Budget | None:
+        """The budget for ``key``/``metric`` on ``info``, or ``None`` when unbudgeted.
+
+        Raises:
+            BudgetError: two equally specific matching files both budget it.
+        """
+        best: Budget | None = None
+        best_spec = -1
+        for f in self.matching(info):
+            b = f.entries.get(key, {}).get(metric)
+            if b is None or f.selector is None:
+                continue
+            spec = f.selector.specificity
+            if best is not None and spec == best_spec:
+                raise BudgetError(
+                    f"ambiguous: also budgeted in {best.source}, whose device selector is as specific",
+                    path=f.path, line=b.line, keypath=("budgets", key, metric), value=b.value,
+                )
+            if best is None:
+                best, best_spec = b, spec
+        return best
+
+    def budgets_for(self, key: str, info: DeviceInfo) -> dict[str, Budget]:
+        """Every metric budgeted for ``key`` on ``info``, most specific file winning."""
+        metrics = {m for f in self.matching(info) for m in f.entries.get(key, {})}
+        out = {}
+        for m in sorted(metrics):
+            b = self.resolve(key, m, info)
+            if b is not None:
+                out[m] = b
+        return out
+
+
+def load_dir(root: str | Path) -> BudgetSet:
+    """Load every ``*.yaml``/``*.yml`` file under ``root`` (not recursive).
+
+    A missing folder is an empty budget set; a path that is not a folder is an error.
+    """
+    root = Path(root)
+    bs = BudgetSet(root=root)
+    if not root.exists():
+        return bs
+    if not root.is_dir():
+        bs.errors.append(BudgetError("budgets path is not a folder", path=root))
+        return bs
+    for p in sorted([*root.glob("*.yaml"), *root.glob("*.yml")]):
+        bs.files.append(load_file(p))
+    return bs

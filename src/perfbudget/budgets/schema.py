@@ -1,0 +1,140 @@
+"""Typed budget data: budget files, entries, provenance, and the errors that name their place."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..device import DeviceInfo, Selector
+
+__all__ = [
+    "PROVENANCE_FIELDS",
+    "SCHEMA_VERSION",
+    "Budget",
+    "BudgetError",
+    "BudgetFile",
+    "Provenance",
+]
+
+SCHEMA_VERSION = 1
+
+#: Keys a ``provenance:`` block may hold (written by the updater).
+PROVENANCE_FIELDS = ("device", "torch", "samples", "date", "commit", "cv", "threads")
+
+
+class BudgetError(ValueError):
+    """Bad budget input, naming file, line (when known), key path and value.
+
+    ``str(err)`` reads ``budgets/cpu.yaml:12: budgets.encoder-train.step_ms.tolerance:
+    expected a number in [0, 1], got '5%'``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | Path | None = None,
+        line: int | None = None,
+        keypath: tuple[str, ...] = (),
+        value: Any = ...,
+    ) -> None:
+        self.message = message
+        self.path = str(path) if path is not None else None
+        self.line = line
+        self.keypath = keypath
+        self.value = value
+        super().__init__(str(self))
+
+    @property
+    def key(self) -> str:
+        return ".".join(self.keypath)
+
+    def __str__(self) -> str:
+        where = self.path or "<budgets>"
+        if self.line is not None:
+            where += f":{self.line}"
+        key = f" {self.key}:" if self.keypath else ""
+        got = f", got {self.value!r}" if self.value is not ... else ""
+        return f"{where}:{key} {self.message}{got}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Provenance:
+    """Where a budget value came from (written by the updater, read by reviewers).
+
+    Attributes:
+        device: device label the value was measured on.
+        torch: torch version.
+        samples: number of samples behind the value.
+        date: ISO date of the measurement.
+        commit: git commit measured (short hash), or ``None`` outside git.
+        cv: coefficient of variation of the samples (timing noise).
+        threads: torch threads used for CPU timing.
+    """
+
+    device: str | None = None
+    torch: str | None = None
+    samples: int | None = None
+    date: str | None = None
+    commit: str | None = None
+    cv: float | None = None
+    threads: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in PROVENANCE_FIELDS if getattr(self, k) is not None}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Budget:
+    """One budget: a value and a relative tolerance for one metric of one workload key.
+
+    Attributes:
+        key: workload key (``encoder-train``).
+        metric: full metric name (``op_self_ms[aten::mm]``).
+        value: budget value in the metric's unit.
+        tolerance: relative tolerance in [0, 1] in the bad direction.
+        source: budget file path.
+        line: line of the metric in the file, when known.
+        provenance: measurement behind the value, when written by the updater.
+        note: free text from a reviewer.
+    """
+
+    key: str
+    metric: str
+    value: float
+    tolerance: float
+    source: str
+    line: int | None = None
+    provenance: Provenance | None = None
+    note: str | None = None
+
+
+@dataclass(kw_only=True)
+class BudgetFile:
+    """A parsed budget file. ``errors`` holds what failed validation.
+
+    A file-level error (bad YAML, schema or device block) makes the file unusable:
+    every test that could depend on it fails with that error. An entry-level error
+    (keypath starting ``budgets.<key>``) only affects tests of that key.
+    """
+
+    path: Path
+    selector: Selector | None
+    entries: dict[str, dict[str, Budget]] = field(default_factory=dict)
+    errors: list[BudgetError] = field(default_factory=list)
+    note: str | None = None
+
+    @property
+    def file_errors(self) -> list[BudgetError]:
+        return [e for e in self.errors if len(e.keypath) < 2 or e.keypath[0] != "budgets"]
+
+    def key_errors(self, key: str) -> list[BudgetError]:
+        return [e for e in self.errors if len(e.keypath) >= 2 and e.keypath[:2] == ("budgets", key)]
+
+    @property
+    def usable(self) -> bool:
+        return self.selector is not None and not self.file_errors
+
+    def matches(self, info: DeviceInfo) -> bool:
+        return self.selector is not None and self.selector.matches(info)

@@ -1,0 +1,339 @@
+"""Write measured values back into budget files: ratchet, provenance, atomic replace, reviewable diff."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import difflib
+import fcntl
+import os
+import subprocess
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from ..device import DeviceInfo, device_file_stem
+from ..metrics import parse_name
+from .loader import BudgetSet, parse_text
+from .schema import SCHEMA_VERSION, BudgetError
+
+__all__ = ["Change", "Measured", "UpdateReport", "apply_updates", "git_commit"]
+
+Action = Literal["added", "tightened", "loosened", "kept", "refused"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Measured:
+    """A measured value offered to the updater.
+
+    Attributes:
+        key: workload key.
+        metric: full metric name.
+        value: the median (statistical kinds) or the worst value (exact kinds).
+        samples: number of samples behind ``value``.
+        cv: noise of the samples, recorded in provenance for timing kinds.
+        device: the device it was measured on.
+    """
+
+    key: str
+    metric: str
+    value: float
+    samples: int
+    cv: float | None
+    device: DeviceInfo
+
+
+@dataclass(frozen=True, kw_only=True)
+class Change:
+    """What the updater did with one measured value."""
+
+    path: Path
+    key: str
+    metric: str
+    action: Action
+    old: float | None
+    new: float | None
+    why: str = ""
+
+
+@dataclass(kw_only=True)
+class UpdateReport:
+    """Everything an update did: changes per entry, a unified diff per file, errors."""
+
+    changes: list[Change] = field(default_factory=list)
+    diffs: dict[Path, str] = field(default_factory=dict)
+    errors: list[BudgetError] = field(default_factory=list)
+
+    def render(self) -> str:
+        """Readable text: the diffs, then one line per change, then errors."""
+        lines: list[str] = []
+        for diff in self.diffs.values():
+            lines.append(diff.rstrip("\n"))
+        for c in self.changes:
+            if c.action in ("added", "tightened", "loosened"):
+                old = "-" if c.old is None else f"{c.old:.6g}"
+                lines.append(f"{c.action:>9}  {c.path.name}  {c.key}.{c.metric}: {old} -> {c.new:.6g}")
+            elif c.action == "refused":
+                lines.append(f"{c.action:>9}  {c.path.name}  {c.key}.{c.metric}: {c.why}")
+        for e in self.errors:
+            lines.append(f"    error  {e}")
+        if not self.diffs and not self.errors:
+            lines.append("budgets unchanged")
+        return "\n".join(lines)
+
+
+def git_commit(cwd: str | Path | None = None) -> str | None:
+    """Short hash of HEAD (with ``-dirty`` for a changed tree), or ``None`` outside git."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10
+        )
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=cwd, capture_output=True, text=True, timeout=10,
+        )
+        return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _round(metric: str, value: float) -> float | int:
+    kind = parse_name(metric).metric.kind
+    if kind == "exact" and float(value).is_integer():
+        return int(value)
+    if kind == "exact":
+        return float(f"{value:.9g}")
+    return float(f"{value:.4g}")
+
+
+def _target(measured: Measured, budgets: BudgetSet) -> tuple[Path, dict[str, Any]]:
+    """The file a measured value belongs in, and the device block for a new file.
+
+    An existing budget is updated where it lives. A new portable exact count goes
+    into the broad type file (``cpu.yaml``); anything else into the most specific
+    matching file that names the device model, else a new per-device file.
+    """
+    info = measured.device
+    existing = budgets.resolve(measured.key, measured.metric, info)
+    if existing is not None:
+        return Path(existing.source), {}
+    matching = budgets.matching(info)
+    if parse_name(measured.metric).metric.portable:
+        broad = [f for f in matching if f.selector and f.selector.specificity == 1]
+        if broad:
+            return broad[0].path, {}
+        return budgets.root / f"{info.type}.yaml", {"type": info.type}
+    named = [f for f in matching if f.selector and "model" in f.selector.as_dict()]
+    if named:
+        return named[0].path, {}
+    selector: dict[str, Any] = {"type": info.type, "model": info.model}
+    if info.type == "cpu" and info.threads:
+        selector["threads"] = info.threads
+    return budgets.root / f"{device_file_stem(info)}.yaml", selector
+
+
+@contextlib.contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """Exclusive lock on the budgets folder, so concurrent updaters serialise."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    """Write via a temp file in the same folder, fsync, then rename over the target."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if path.exists():
+            os.chmod(tmp, path.stat().st_mode & 0o777)
+        else:
+            os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def _raw_doc(text: str | None, selector: dict[str, Any]) -> dict[str, Any]:
+    if text is None:
+        return {"schema": SCHEMA_VERSION, "device": selector, "budgets": {}}
+    data = yaml.safe_load(text) or {}
+    data.setdefault("budgets", {})
+    if data["budgets"] is None:
+        data["budgets"] = {}
+    return data
+
+
+def render_doc(data: dict[str, Any]) -> str:
+    """Deterministic YAML for a budget file: fixed top-level order, keys sorted below."""
+    ordered: dict[str, Any] = {"schema": data.get("schema", SCHEMA_VERSION), "device": data["device"]}
+    if data.get("note"):
+        ordered["note"] = data["note"]
+    budgets = {}
+    for key in sorted(data.get("budgets", {})):
+        metrics = data["budgets"][key]
+        budgets[key] = {m: metrics[m] for m in sorted(metrics)}
+    ordered["budgets"] = budgets
+    header = "# perfbudget budgets (schema 1). Values are written by `pytest --update-budgets`\n" \
+             "# or by a reviewer; provenance says where each measured value came from.\n"
+    return header + yaml.safe_dump(ordered, sort_keys=False, default_flow_style=False, width=100)
+
+
+def _decide(entry: Any, m: Measured, allow_loosen: bool) -> tuple[Action, float | None, str]:
+    info = parse_name(m.metric).metric
+    if entry is None:
+        return "added", None, ""
+    old = float(entry["value"] if isinstance(entry, dict) else entry)
+    tol = float(entry.get("tolerance", info.default_tolerance)) if isinstance(entry, dict) else info.default_tolerance
+    new = m.value
+    better = new < old if info.direction == "lower" else new > old
+    rel = abs(new - old) / abs(old) if old else (0.0 if new == old else float("inf"))
+    if new == old:
+        return "kept", old, "unchanged"
+    if better:
+        # Skip churn from noise: a statistical budget moves only beyond a third of its tolerance.
+        if info.statistical and rel <= tol / 3:
+            return "kept", old, f"within a third of the tolerance ({rel:.1%})"
+        return "tightened", old, ""
+    if not allow_loosen:
+        return "refused", old, f"measured {new:.6g} is worse than {old:.6g}; pass --allow-loosen to accept it"
+    if info.statistical and rel <= tol / 3:
+        return "kept", old, f"within a third of the tolerance ({rel:.1%})"
+    return "loosened", old, ""
+
+
+def apply_updates(
+    measured: Iterable[Measured],
+    budgets: BudgetSet,
+    *,
+    allow_loosen: bool = False,
+    commit: str | None = None,
+    date: str | None = None,
+) -> UpdateReport:
+    """Write measured values into the budget files they belong to.
+
+    Tightens only, unless ``allow_loosen``. Each file is rewritten at most once,
+    under a folder lock, re-read inside the lock so concurrent updaters lose no
+    entry, and replaced atomically. A file with validation errors is not touched.
+
+    Args:
+        measured: values to write.
+        budgets: the loaded budget set (decides targets).
+        allow_loosen: accept worse values.
+        commit: git commit for provenance.
+        date: ISO date for provenance (default today).
+
+    Returns:
+        The :class:`UpdateReport` (diffs to print, per-entry actions, errors).
+    """
+    report = UpdateReport()
+    date = date or _dt.date.today().isoformat()
+    per_file: dict[Path, tuple[dict[str, Any], list[Measured]]] = {}
+    for m in measured:
+        try:
+            path, selector = _target(m, budgets)
+        except BudgetError as exc:
+            report.errors.append(exc)
+            continue
+        per_file.setdefault(path, (selector, []))[1].append(m)
+    if not per_file:
+        return report
+    root = budgets.root
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        report.errors.append(BudgetError(f"cannot create the budgets folder: {exc.strerror}", path=root))
+        return report
+    try:
+        with _locked(root):
+            for path, (selector, items) in sorted(per_file.items()):
+                _update_file(path, selector, items, report, allow_loosen=allow_loosen, commit=commit, date=date)
+    except OSError as exc:
+        report.errors.append(BudgetError(f"cannot lock the budgets folder: {exc.strerror}", path=root))
+    return report
+
+
+def _update_file(
+    path: Path,
+    selector: dict[str, Any],
+    items: list[Measured],
+    report: UpdateReport,
+    *,
+    allow_loosen: bool,
+    commit: str | None,
+    date: str,
+) -> None:
+    old_text = path.read_text(encoding="utf-8") if path.exists() else None
+    if old_text is not None:
+        parsed = parse_text(old_text, path)
+        if parsed.errors:
+            report.errors.append(
+                BudgetError(f"not updated: the file has {len(parsed.errors)} error(s), first: {parsed.errors[0]}",
+                            path=path)
+            )
+            return
+    data = _raw_doc(old_text, selector)
+    changed = False
+    for m in items:
+        entries = data["budgets"].setdefault(m.key, {})
+        entry = entries.get(m.metric)
+        action, old, why = _decide(entry, m, allow_loosen)
+        report.changes.append(Change(path=path, key=m.key, metric=m.metric, action=action, old=old,
+                                     new=_round(m.metric, m.value), why=why))
+        if action in ("kept", "refused"):
+            continue
+        info = parse_name(m.metric).metric
+        new_entry: dict[str, Any] = {"value": _round(m.metric, m.value)}
+        if isinstance(entry, dict):
+            new_entry.update({k: v for k, v in entry.items() if k in ("tolerance", "note")})
+        new_entry.setdefault("tolerance", info.default_tolerance)
+        prov: dict[str, Any] = {"device": m.device.label, "torch": m.device.torch, "samples": m.samples,
+                                "date": date}
+        if commit:
+            prov["commit"] = commit
+        if info.statistical and m.cv is not None:
+            prov["cv"] = round(m.cv, 4)
+        if m.device.type == "cpu" and m.device.threads:
+            prov["threads"] = m.device.threads
+        new_entry["provenance"] = prov
+        entries[m.metric] = new_entry
+        changed = True
+    if not changed:
+        return
+    new_text = render_doc(data)
+    check = parse_text(new_text, path)
+    if check.errors:  # never write a file we could not read back
+        report.errors.append(BudgetError(f"refusing to write an invalid file: {check.errors[0]}", path=path))
+        return
+    try:
+        _atomic_write(path, new_text)
+    except OSError as exc:
+        report.errors.append(BudgetError(f"cannot write: {exc.strerror or exc}", path=path))
+        return
+    diff = difflib.unified_diff(
+        (old_text or "").splitlines(keepends=True),
+        new_text.splitlines(keepends=True),
+        fromfile=f"a/{path.name}" if old_text is not None else "/dev/null",
+        tofile=f"b/{path.name}",
+    )
+    report.diffs[path] = "".join(diff)

@@ -1,0 +1,256 @@
+"""Turn (metric, raw samples, budget) into a Verdict; decides, never measures."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from ..measure import stats
+from ..metrics import Metric, parse_name
+from .schema import Budget
+
+__all__ = ["OUTCOMES", "Outcome", "Verdict", "VerdictPolicy", "decide"]
+
+Outcome = Literal["pass", "stale", "fail", "unbudgeted", "unmeasurable", "error"]
+OUTCOMES: tuple[Outcome, ...] = ("pass", "stale", "fail", "unbudgeted", "unmeasurable", "error")
+
+#: Relative slack for exact comparisons of values computed in floating point.
+_EXACT_EPS = 1e-9
+
+More = Callable[[], Sequence[float]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class VerdictPolicy:
+    """How statistical metrics are judged.
+
+    Attributes:
+        confidence: coverage of the distribution-free CI of the median.
+        max_extra_rounds: fresh sample batches taken while the CI straddles the limit.
+        confirm: take one fresh measurement before failing, and fail only if it agrees.
+    """
+
+    confidence: float = 0.95
+    max_extra_rounds: int = 2
+    confirm: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0.5 <= self.confidence < 1.0:
+            raise ValueError(f"confidence must be in [0.5, 1), got {self.confidence!r}")
+        if self.max_extra_rounds < 0:
+            raise ValueError(f"max_extra_rounds must be >= 0, got {self.max_extra_rounds!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verdict:
+    """The judgement of one metric of one workload key.
+
+    Attributes:
+        key: workload key.
+        metric: full metric name.
+        outcome: pass, stale (better than budget by more than its tolerance),
+            fail, unbudgeted, unmeasurable or error.
+        value: measured value: the median for statistical kinds, else the worst value.
+        ci: distribution-free CI of the median (statistical kinds only).
+        n: samples behind ``value`` (all rounds).
+        cv: coefficient of variation of the samples.
+        budget: the budget, when one applies.
+        limit: the failing limit, budget × (1 ± tolerance) on the bad side.
+        rounds: sample batches measured (first + extra + confirmation).
+        confirmed: for a statistical fail, whether the confirmation agreed.
+        reason: one readable sentence.
+        samples: raw samples (all rounds, including the confirmation).
+        attribution: readable lines explaining where the time went.
+    """
+
+    key: str
+    metric: str
+    outcome: Outcome
+    value: float | None = None
+    ci: tuple[float, float] | None = None
+    n: int = 0
+    cv: float | None = None
+    budget: Budget | None = None
+    limit: float | None = None
+    rounds: int = 1
+    confirmed: bool | None = None
+    reason: str = ""
+    samples: tuple[float, ...] = ()
+    attribution: tuple[str, ...] = field(default=())
+
+    @property
+    def info(self) -> Metric:
+        return parse_name(self.metric).metric
+
+    @property
+    def ratio(self) -> float | None:
+        """measured / budget, when both are known and the budget is non-zero."""
+        if self.value is None or self.budget is None or self.budget.value == 0:
+            return None
+        return self.value / self.budget.value
+
+    def with_(self, **changes: Any) -> Verdict:
+        return replace(self, **changes)
+
+
+def _limits(metric: Metric, budget: Budget) -> tuple[float, float]:
+    """(bad limit, stale limit) for a budget: outside the first fails, beyond the second is stale."""
+    b, t = budget.value, budget.tolerance
+    if metric.direction == "lower":
+        return b * (1 + t), b * (1 - t)
+    return b * (1 - t), b * (1 + t)
+
+
+def _worse(metric: Metric, x: float, limit: float) -> bool:
+    slack = _EXACT_EPS * max(abs(limit), 1e-12)
+    return x > limit + slack if metric.direction == "lower" else x < limit - slack
+
+
+def _check_finite(samples: Sequence[float]) -> str | None:
+    if len(samples) == 0:
+        return "no samples were recorded"
+    bad = [x for x in samples if not isinstance(x, (int, float)) or not math.isfinite(x)]
+    if bad:
+        return f"non-finite measurement(s) {bad[:3]} among {len(samples)} samples"
+    return None
+
+
+def decide(
+    key: str,
+    metric: str,
+    samples: float | Sequence[float],
+    budget: Budget | None,
+    *,
+    more: More | None = None,
+    policy: VerdictPolicy | None = None,
+) -> Verdict:
+    """Judge one measurement against its budget.
+
+    Args:
+        key: workload key.
+        metric: full registered metric name.
+        samples: one value or raw samples (statistical kinds want >= 30).
+        budget: the applicable budget, or ``None`` (unbudgeted).
+        more: returns a fresh batch of samples; used to measure more while the CI
+            straddles the limit, and to confirm before failing.
+        policy: statistical decision settings.
+
+    Returns:
+        The :class:`Verdict`. Bad samples (NaN, inf, empty) give outcome ``error``.
+    """
+    policy = policy or VerdictPolicy()
+    info = parse_name(metric).metric
+    xs = [samples] if isinstance(samples, (int, float)) else list(samples)
+    base = Verdict(key=key, metric=metric, outcome="error", budget=budget, n=len(xs))
+    problem = _check_finite(xs)
+    if problem:
+        return base.with_(reason=problem, samples=tuple(x for x in xs if isinstance(x, (int, float))))
+    xs = [float(x) for x in xs]
+    if not info.statistical:
+        return _decide_exact(base, info, xs, budget)
+    return _decide_stat(base, info, xs, budget, more, policy)
+
+
+def _decide_exact(base: Verdict, info: Metric, xs: list[float], budget: Budget | None) -> Verdict:
+    value = max(xs) if info.direction == "lower" else min(xs)
+    v = base.with_(value=value, samples=tuple(xs), cv=stats.cv(xs) if len(xs) > 1 else None)
+    if budget is None:
+        return v.with_(outcome="unbudgeted", reason="no budget for this metric on this device")
+    bad, stale = _limits(info, budget)
+    v = v.with_(limit=bad)
+    if _worse(info, value, bad):
+        return v.with_(outcome="fail", reason=f"{value:g} is worse than the limit {bad:g}")
+    better = value < stale if info.direction == "lower" else value > stale
+    if better and not math.isclose(value, stale, rel_tol=_EXACT_EPS, abs_tol=1e-12):
+        return v.with_(outcome="stale", reason=f"{value:g} beats the budget {budget.value:g} beyond its tolerance")
+    return v.with_(outcome="pass", reason="within budget")
+
+
+def _decide_stat(
+    base: Verdict,
+    info: Metric,
+    xs: list[float],
+    budget: Budget | None,
+    more: More | None,
+    policy: VerdictPolicy,
+) -> Verdict:
+    def summary(data: list[float]) -> tuple[float, tuple[float, float]]:
+        return stats.median(data), stats.median_ci(data, policy.confidence)
+
+    med, ci = summary(xs)
+    v = base.with_(value=med, ci=ci, n=len(xs), cv=stats.cv(xs), samples=tuple(xs))
+    if budget is None:
+        return v.with_(outcome="unbudgeted", reason="no budget for this metric on this device")
+    bad, stale = _limits(info, budget)
+    v = v.with_(limit=bad)
+    lower = info.direction == "lower"
+    rounds = 1
+    while True:
+        ci_bad = ci[0] if lower else ci[1]  # the CI end nearest the good side
+        ci_good = ci[1] if lower else ci[0]
+        if _worse(info, ci_bad, bad):
+            # Entirely worse: confirm with an independent measurement before failing.
+            if policy.confirm and more is not None:
+                fresh = list(more())
+                problem = _check_finite(fresh)
+                if problem:
+                    return v.with_(outcome="error", reason=f"confirmation: {problem}", rounds=rounds + 1)
+                fmed, fci = summary(fresh)
+                all_xs = xs + fresh
+                agreed = _worse(info, fmed, bad)
+                v = v.with_(
+                    rounds=rounds + 1, samples=tuple(all_xs), n=len(all_xs), cv=stats.cv(all_xs),
+                    confirmed=agreed,
+                )
+                if not agreed:
+                    return v.with_(
+                        outcome="pass",
+                        reason=(
+                            f"first median {med:.4g} was beyond the limit {bad:.4g} but the confirmation "
+                            f"median {fmed:.4g} (CI {fci[0]:.4g}-{fci[1]:.4g}) was not"
+                        ),
+                    )
+                return v.with_(
+                    outcome="fail",
+                    reason=(
+                        f"median {med:.4g} with CI {ci[0]:.4g}-{ci[1]:.4g} is entirely beyond the limit "
+                        f"{bad:.4g}; confirmed by a fresh median of {fmed:.4g}"
+                    ),
+                )
+            return v.with_(
+                outcome="fail", rounds=rounds,
+                reason=f"median {med:.4g} with CI {ci[0]:.4g}-{ci[1]:.4g} is entirely beyond the limit {bad:.4g}",
+            )
+        if not _worse(info, ci_good, bad):
+            entirely_better = ci_good < stale if lower else ci_good > stale
+            if entirely_better:
+                return v.with_(
+                    outcome="stale", rounds=rounds,
+                    reason=f"CI {ci[0]:.4g}-{ci[1]:.4g} beats the budget {budget.value:.4g} beyond its tolerance",
+                )
+            return v.with_(outcome="pass", rounds=rounds, reason="CI within budget")
+        # The CI straddles the limit: measure more, bounded, then decide on the point estimate.
+        if more is not None and rounds <= policy.max_extra_rounds:
+            fresh = list(more())
+            problem = _check_finite(fresh)
+            if problem:
+                return v.with_(outcome="error", reason=f"extra round: {problem}", rounds=rounds + 1)
+            xs = xs + fresh
+            rounds += 1
+            med, ci = summary(xs)
+            v = v.with_(value=med, ci=ci, n=len(xs), cv=stats.cv(xs), samples=tuple(xs), rounds=rounds)
+            continue
+        if _worse(info, med, bad):
+            return v.with_(
+                outcome="fail", rounds=rounds,
+                reason=(
+                    f"CI {ci[0]:.4g}-{ci[1]:.4g} straddles the limit {bad:.4g} after {rounds} round(s); "
+                    f"the median {med:.4g} is beyond it"
+                ),
+            )
+        return v.with_(
+            outcome="pass", rounds=rounds,
+            reason=f"CI straddles the limit {bad:.4g} after {rounds} round(s); the median {med:.4g} is within it",
+        )

@@ -1,0 +1,166 @@
+"""The metric registry: every budgetable metric's name, unit, direction and kind."""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = [
+    "KINDS",
+    "METRICS",
+    "Direction",
+    "Kind",
+    "Metric",
+    "MetricName",
+    "UnknownMetricError",
+    "lookup",
+    "parse_name",
+]
+
+Kind = Literal["exact", "bytes", "timing", "rate", "energy"]
+Direction = Literal["lower", "higher"]
+KINDS: tuple[Kind, ...] = ("exact", "bytes", "timing", "rate", "energy")
+
+#: Default relative tolerance per kind, used when a budget gives none.
+DEFAULT_TOLERANCE: dict[Kind, float] = {
+    "exact": 0.0,
+    "bytes": 0.02,
+    "timing": 0.05,
+    "rate": 0.05,
+    "energy": 0.10,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Metric:
+    """One registered metric family.
+
+    Attributes:
+        name: base name, unit last (``step_ms``, ``peak_allocated_mib``).
+        unit: unit shown in tables (``ms``, ``MiB``, ``1`` for counts and fractions).
+        direction: which way is better.
+        kind: how a measurement is judged (see ``budgets.verdict``).
+        arg: what goes in brackets for parametrised families (``op_self_ms[aten::mm]``),
+            or ``None`` for plain metrics.
+        portable: an exact count that must hold on any device of the type, so the
+            updater files it in the broad ``cpu.yaml``/``cuda.yaml`` rather than a
+            per-model file.
+        doc: one line shown by ``perfbudget show`` and in error suggestions.
+    """
+
+    name: str
+    unit: str
+    direction: Direction
+    kind: Kind
+    arg: str | None = None
+    portable: bool = False
+    doc: str = ""
+
+    @property
+    def default_tolerance(self) -> float:
+        return DEFAULT_TOLERANCE[self.kind]
+
+    @property
+    def statistical(self) -> bool:
+        """Judged on samples with a confidence interval rather than one value."""
+        return self.kind in ("timing", "rate", "energy")
+
+
+def _m(name: str, unit: str, direction: Direction, kind: Kind, doc: str, **kw: object) -> Metric:
+    return Metric(name=name, unit=unit, direction=direction, kind=kind, doc=doc, **kw)  # type: ignore[arg-type]
+
+
+_REGISTRY: tuple[Metric, ...] = (
+    # exact: deterministic counts and fractions
+    _m("graph_breaks", "1", "lower", "exact", "torch.compile graph breaks", portable=True),
+    _m("recompiles", "1", "lower", "exact", "dynamo recompiles while measuring", portable=True),
+    _m("unique_graphs", "1", "lower", "exact", "dynamo unique graphs after warm-up", portable=True),
+    _m("op_count", "1", "lower", "exact", "calls of one operator per step", arg="op", portable=True),
+    _m("flops", "1", "lower", "exact", "floating-point operations per step", portable=True),
+    _m("padding_rate", "1", "lower", "exact", "padded tokens / all tokens", portable=True),
+    _m("nonfinite_grads", "1", "lower", "exact", "parameters with NaN/inf gradients", portable=True),
+    _m("scaler_skipped_steps", "1", "lower", "exact", "GradScaler steps skipped for inf/NaN", portable=True),
+    _m("loss_drift", "1", "lower", "exact", "max relative loss difference to an fp32 reference"),
+    _m("max_abs_error", "1", "lower", "exact", "max absolute error against a reference", arg="case"),
+    _m("kernel_count", "1", "lower", "exact", "GPU kernels launched per step"),
+    _m("theoretical_occupancy", "1", "higher", "exact", "theoretical SM occupancy of a kernel", arg="kernel"),
+    _m("ratio", "1", "lower", "exact", "a deterministic ratio where lower is better", arg="what", portable=True),
+    # bytes: allocator peaks
+    _m("peak_allocated_mib", "MiB", "lower", "bytes", "peak allocated memory of a phase", arg="phase"),
+    # timing: statistics over samples, lower is better
+    _m("step_ms", "ms", "lower", "timing", "one training or inference step"),
+    _m("latency_ms", "ms", "lower", "timing", "latency of a named call", arg="what"),
+    _m("op_self_ms", "ms", "lower", "timing", "operator self time per step (profiled)", arg="op"),
+    _m("op_share", "1", "lower", "timing", "operator share of the profiled step", arg="op"),
+    _m("ttft_ms", "ms", "lower", "timing", "time to first token"),
+    _m("token_ms", "ms", "lower", "timing", "per-token decode latency"),
+    _m("e2e_ms_p50", "ms", "lower", "timing", "end-to-end request latency, median"),
+    _m("e2e_ms_p90", "ms", "lower", "timing", "end-to-end request latency, 90th percentile"),
+    _m("compile_s", "s", "lower", "timing", "torch.compile time until warm"),
+    # rate: statistics over samples, higher is better
+    _m("throughput_samples_per_s", "samples/s", "higher", "rate", "training or inference throughput"),
+    _m("tokens_per_s", "tokens/s", "higher", "rate", "generated tokens per second"),
+    _m("speedup", "x", "higher", "rate", "time ratio baseline / lever, measured in one run", arg="what"),
+    _m("sm_occupancy", "1", "higher", "rate", "achieved SM occupancy (profiler estimate or NVML GPM)"),
+    _m("sm_util", "1", "higher", "rate", "fraction of SMs busy (NVML GPM)"),
+    _m("tensor_util", "1", "higher", "rate", "tensor-core utilisation (NVML GPM)"),
+    # energy
+    _m("energy_j_per_sample", "J", "lower", "energy", "energy per sample over >= 1 s windows"),
+    _m("energy_j_per_token", "J", "lower", "energy", "energy per generated token over >= 1 s windows"),
+)
+
+METRICS: dict[str, Metric] = {m.name: m for m in _REGISTRY}
+
+_NAME = re.compile(r"^(?P<base>[a-z][a-z0-9_]*)(?:\[(?P<arg>[^\[\]]+)\])?$")
+
+
+class UnknownMetricError(ValueError):
+    """A metric name that is not in the registry or is malformed."""
+
+
+@dataclass(frozen=True)
+class MetricName:
+    """A full metric name split into its registered family and bracket argument."""
+
+    full: str
+    metric: Metric
+    arg: str | None
+
+
+def _known_names() -> list[str]:
+    return [f"{m.name}[{m.arg}]" if m.arg else m.name for m in _REGISTRY]
+
+
+def parse_name(full: str) -> MetricName:
+    """Parse ``op_self_ms[aten::mm]`` into its registered metric and argument.
+
+    Raises:
+        UnknownMetricError: with the closest known name when there is one.
+    """
+    if not isinstance(full, str):
+        raise UnknownMetricError(f"metric name must be a string, got {full!r}")
+    m = _NAME.match(full)
+    base = m.group("base") if m else full.split("[", 1)[0]
+    arg = m.group("arg") if m else None
+    metric = METRICS.get(base)
+    if metric is None or m is None:
+        close = difflib.get_close_matches(base, list(METRICS), n=1, cutoff=0.5)
+        hint = ""
+        if close:
+            known = METRICS[close[0]]
+            hint = f"; did you mean {close[0]!r}" + (f" (as {close[0]}[<{known.arg}>])" if known.arg else "") + "?"
+        elif metric is not None:
+            hint = f"; expected {base}[<{metric.arg}>]" if metric.arg else f"; expected {base!r}"
+        raise UnknownMetricError(f"unknown metric {full!r}{hint}")
+    if metric.arg and not arg:
+        raise UnknownMetricError(f"metric {full!r} needs an argument: {base}[<{metric.arg}>]")
+    if arg and not metric.arg:
+        raise UnknownMetricError(f"metric {base!r} takes no argument, got {full!r}")
+    return MetricName(full=full, metric=metric, arg=arg)
+
+
+def lookup(full: str) -> Metric:
+    """The registered :class:`Metric` of a full metric name."""
+    return parse_name(full).metric

@@ -1,0 +1,262 @@
+"""pytest glue for perfbudget: options, markers, the ``perf`` fixture, hooks. Logic lives elsewhere."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shlex
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .budgets.loader import BudgetSet, load_dir
+from .budgets.update import UpdateReport, apply_updates, git_commit
+from .device import DeviceInfo, DeviceType, describe
+from .recorder import PerfRecorder
+from .report import records_table
+from .results import Record, Results
+
+__all__ = ["PerfSession"]
+
+_SESSION = pytest.StashKey["PerfSession"]()
+_RECORDER = pytest.StashKey[PerfRecorder]()
+_WORKER_KEY = "perfbudget_records"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("perfbudget", "performance budgets")
+    group.addoption("--budgets-dir", default=None, metavar="DIR",
+                    help="folder of budget YAML files (default: ini perfbudget_budgets_dir, 'budgets').")
+    group.addoption("--perf-strict", action="store_true", default=False,
+                    help="fail on stale budgets (improved beyond tolerance) and on unbudgeted metrics.")
+    group.addoption("--update-budgets", action="store_true", default=False,
+                    help="write measured values into the budget files (tighten only) and print the diff.")
+    group.addoption("--allow-loosen", action="store_true", default=False,
+                    help="with --update-budgets, also write values worse than the current budget.")
+    group.addoption("--perf-json", default=None, metavar="PATH",
+                    help="write results JSON here (default: .perfbudget/results.json under the rootdir).")
+    parser.addini("perfbudget_budgets_dir", "budget folder, relative to the rootdir", default="budgets")
+    parser.addini("perfbudget_threads", "torch threads for CPU timing", default="1")
+
+
+@dataclass
+class PerfSession:
+    """Per-session state: options, budgets (loaded once), devices, collected records."""
+
+    rootdir: Path
+    budgets_dir: Path
+    strict: bool
+    update: bool
+    allow_loosen: bool
+    json_path: Path
+    threads: int
+    is_worker: bool
+    budgets_dir_arg: str | None = None
+    records: list[Record] = field(default_factory=list)
+    update_report: UpdateReport | None = None
+    _budgets: BudgetSet | None = None
+    _devices: dict[str, DeviceInfo] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, config: pytest.Config) -> PerfSession:
+        """The only place that reads ``pytest.Config``."""
+        root = Path(str(config.rootpath))
+        arg = config.getoption("--budgets-dir")
+        budgets_dir = Path(arg) if arg else root / str(config.getini("perfbudget_budgets_dir"))
+        if not budgets_dir.is_absolute():
+            budgets_dir = Path.cwd() / budgets_dir
+        json_arg = config.getoption("--perf-json")
+        json_path = Path(json_arg) if json_arg else root / ".perfbudget" / "results.json"
+        try:
+            threads = int(str(config.getini("perfbudget_threads")))
+        except ValueError:
+            raise pytest.UsageError(
+                f"ini perfbudget_threads: expected an integer, got {config.getini('perfbudget_threads')!r}"
+            ) from None
+        return cls(
+            rootdir=root,
+            budgets_dir=budgets_dir,
+            strict=bool(config.getoption("--perf-strict")),
+            update=bool(config.getoption("--update-budgets")),
+            allow_loosen=bool(config.getoption("--allow-loosen")),
+            json_path=json_path,
+            threads=threads,
+            is_worker=hasattr(config, "workerinput"),
+            budgets_dir_arg=arg,
+        )
+
+    @property
+    def budgets(self) -> BudgetSet:
+        if self._budgets is None:
+            self._budgets = load_dir(self.budgets_dir)
+        return self._budgets
+
+    def device(self, type: DeviceType) -> DeviceInfo:
+        if type not in self._devices:
+            self._devices[type] = describe(type, threads=self.threads if type == "cpu" else None)
+        return self._devices[type]
+
+    def update_command(self, nodeid: str) -> str:
+        cmd = ["pytest", nodeid, "--update-budgets"]
+        if self.budgets_dir_arg:
+            cmd += ["--budgets-dir", self.budgets_dir_arg]
+        return shlex.join(cmd)
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold the run-wide timing lock: perf tests never overlap, even across xdist workers."""
+        lock_dir = self.rootdir / ".perfbudget"
+        lock_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock_dir / "timing.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def finish(self) -> None:
+        """Controller only: write results, then apply updates from the same records."""
+        results = Results(records=self.records, meta={"budgets_dir": str(self.budgets_dir)})
+        self.json_path.parent.mkdir(parents=True, exist_ok=True)
+        results.write(self.json_path)
+        if self.update:
+            self.update_report = apply_updates(
+                results.measured(), self.budgets, allow_loosen=self.allow_loosen, commit=git_commit(self.rootdir)
+            )
+
+
+class _XdistHooks:
+    """Controller side of xdist: collect each worker's records once it finishes."""
+
+    def __init__(self, session: PerfSession) -> None:
+        self.session = session
+
+    @pytest.hookimpl
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        data = getattr(node, "workeroutput", {}).get(_WORKER_KEY)
+        if data:
+            self.session.records.extend(Record(**r) for r in json.loads(data))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU; skipped with the reason on machines without one")
+    config.addinivalue_line("markers", "cpu: measures on the CPU")
+    config.addinivalue_line(
+        "markers",
+        "budget(key): the budget key the test's `perf` measurements are judged under; "
+        "'{param}' placeholders take parametrize values",
+    )
+    session = PerfSession.from_config(config)
+    config.stash[_SESSION] = session
+    if config.pluginmanager.hasplugin("xdist") and not session.is_worker:
+        config.pluginmanager.register(_XdistHooks(session), "perfbudget-xdist")
+
+
+def _device_type(item: pytest.Item) -> DeviceType:
+    return "cuda" if item.get_closest_marker("gpu") is not None else "cpu"
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("gpu") is not None:
+        import torch
+
+        if not torch.cuda.is_available():
+            pytest.skip("needs a CUDA GPU: torch.cuda.is_available() is False on this machine")
+
+
+def _budget_key(item: pytest.Item) -> str:
+    mark = item.get_closest_marker("budget")
+    if mark is None:
+        name = getattr(item, "originalname", item.name)
+        return name.removeprefix("test_").replace("_", "-")
+    if len(mark.args) != 1 or not isinstance(mark.args[0], str):
+        raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.budget takes one key string, got {mark.args!r}")
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    try:
+        return mark.args[0].format(**{k: getattr(v, "__name__", v) for k, v in params.items()})
+    except (KeyError, IndexError) as exc:
+        raise pytest.UsageError(f"{item.nodeid}: budget key {mark.args[0]!r} names unknown parameter {exc}") from None
+
+
+@pytest.fixture
+def perf(request: pytest.FixtureRequest) -> PerfRecorder:
+    """Record measurements under the test's budget key: ``perf.record("step_ms", samples, more=...)``."""
+    session = request.config.stash[_SESSION]
+    item = request.node
+    rec = PerfRecorder(
+        key=_budget_key(item),
+        device=session.device(_device_type(item)),
+        budgets=session.budgets,
+        nodeid=item.nodeid,
+        strict=session.strict,
+        update=session.update,
+        update_command=session.update_command(item.nodeid),
+    )
+    item.stash[_RECORDER] = rec
+    return rec
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, Any]:
+    if "perf" not in getattr(item, "fixturenames", ()):
+        return (yield)
+    with item.config.stash[_SESSION].exclusive():
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
+    try:
+        result = yield
+    finally:
+        rec = item.stash.get(_RECORDER, None)
+        if rec is not None:
+            item.config.stash[_SESSION].records.extend(rec.records())
+            for v in rec.verdicts:
+                item.user_properties.append((f"perf.{rec.key}.{v.metric}", v.outcome))
+    if rec is not None:
+        decision = rec.decision()
+        if decision.outcome == "fail":
+            pytest.fail(decision.message, pytrace=False)
+        if decision.outcome == "skip":
+            pytest.skip(decision.message)
+    return result
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    ps = session.config.stash.get(_SESSION, None)
+    if ps is None:
+        return
+    if ps.is_worker:
+        session.config.workeroutput[_WORKER_KEY] = json.dumps([r.as_dict() for r in ps.records])  # type: ignore[attr-defined]
+        return
+    if not ps.records and not ps.update:
+        return
+    ps.finish()
+    if ps.update_report is not None and ps.update_report.errors:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    ps = config.stash.get(_SESSION, None)
+    if ps is None or ps.is_worker or not ps.records:
+        return
+    tr = terminalreporter
+    tr.write_sep("=", "perf budgets")
+    tr.write_line(records_table(ps.records, with_key=True))
+    counts: dict[str, int] = {}
+    for r in ps.records:
+        counts[r.outcome] = counts.get(r.outcome, 0) + 1
+    tr.write_line(", ".join(f"{n} {o}" for o, n in sorted(counts.items())))
+    if counts.get("stale"):
+        tr.write_line("stale budgets: the code got faster or leaner; ratchet them with --update-budgets")
+    tr.write_line(f"results: {ps.json_path}")
+    if ps.update_report is not None:
+        tr.write_sep("-", "budget update")
+        tr.write_line(ps.update_report.render())

@@ -1,0 +1,192 @@
+"""Per-test recording of measurements under a budget key, and the test's resulting outcome."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .budgets.loader import BudgetSet
+from .budgets.schema import Budget, BudgetError
+from .budgets.verdict import Verdict, VerdictPolicy, decide
+from .device import DeviceInfo
+from .metrics import UnknownMetricError, parse_name
+from .report import fmt_value, records_table
+from .results import Record
+
+__all__ = ["Decision", "PerfRecorder"]
+
+#: Families whose many per-operator checks share one false-alarm budget (Bonferroni).
+_OP_FAMILIES = ("op_self_ms", "op_share")
+_FAMILY_ALPHA = 0.05
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a test's recorded verdicts mean for the test: pass, skip or fail, with the text."""
+
+    outcome: Literal["pass", "skip", "fail"]
+    message: str = ""
+
+
+@dataclass
+class PerfRecorder:
+    """Records a test's measurements under its budget key and judges them.
+
+    Made by the ``perf`` fixture; usable without pytest (pass ``budgets`` and
+    ``device``). Each :meth:`record` decides at once, so a statistical check can
+    take more samples or confirm a failure through its ``more`` callback.
+
+    Attributes:
+        key: workload key of the budgets.
+        device: the device measured.
+        budgets: the loaded budget set.
+        nodeid: the test's id (for records and the update command).
+        strict: stale and unbudgeted become failures.
+        update: the run is writing budgets: budget verdicts don't fail the test.
+        policy: statistical settings.
+        update_command: the command that creates missing budgets, for skip messages.
+    """
+
+    key: str
+    device: DeviceInfo
+    budgets: BudgetSet
+    nodeid: str = ""
+    strict: bool = False
+    update: bool = False
+    policy: VerdictPolicy = field(default_factory=VerdictPolicy)
+    update_command: str = ""
+    verdicts: list[Verdict] = field(default_factory=list)
+    unmeasured: list[tuple[str, str]] = field(default_factory=list)
+    extras: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def budget(self, metric: str) -> Budget | None:
+        """The budget that applies to ``metric`` here, or ``None``."""
+        try:
+            return self.budgets.resolve(self.key, metric, self.device)
+        except BudgetError:
+            return None
+
+    def _policy_for(self, metric: str) -> VerdictPolicy:
+        family = metric.split("[", 1)[0]
+        if family not in _OP_FAMILIES:
+            return self.policy
+        n = sum(
+            1 for m in self.budgets.budgets_for(self.key, self.device) if m.split("[", 1)[0] in _OP_FAMILIES
+        ) if not self.budgets.errors_for(self.key, self.device) else 1
+        if n <= 1:
+            return self.policy
+        conf = max(self.policy.confidence, 1.0 - _FAMILY_ALPHA / n)
+        return VerdictPolicy(confidence=conf, max_extra_rounds=self.policy.max_extra_rounds,
+                             confirm=self.policy.confirm)
+
+    def record(
+        self,
+        metric: str,
+        samples: float | Sequence[float],
+        *,
+        more: Callable[[], Sequence[float]] | None = None,
+        attribution: Sequence[str] = (),
+        extra: dict[str, Any] | None = None,
+    ) -> Verdict:
+        """Judge ``samples`` of ``metric`` against this key's budget and keep the verdict.
+
+        Args:
+            metric: registered metric name (``step_ms``, ``op_self_ms[aten::mm]``).
+            samples: one value (exact kinds) or raw samples (statistical kinds).
+            more: returns a fresh batch of samples, for extra rounds and confirmation.
+            attribution: readable lines explaining the measurement (shown on failure).
+            extra: JSON-serialisable data kept with the record (tables, per-bucket numbers).
+
+        Returns:
+            The verdict; its outcome is also applied to the test when it ends.
+        """
+        base = Verdict(key=self.key, metric=metric, outcome="error")
+        try:
+            parse_name(metric)
+        except UnknownMetricError as exc:
+            return self._keep(base.with_(reason=str(exc)), extra)
+        errors = self.budgets.errors_for(self.key, self.device)
+        if errors:
+            more_n = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+            return self._keep(base.with_(reason=f"budget file error: {errors[0]}{more_n}"), extra)
+        try:
+            budget = self.budgets.resolve(self.key, metric, self.device)
+        except BudgetError as exc:
+            return self._keep(base.with_(reason=str(exc)), extra)
+        v = decide(self.key, metric, samples, budget, more=more, policy=self._policy_for(metric))
+        if attribution:
+            v = v.with_(attribution=tuple(attribution))
+        return self._keep(v, extra)
+
+    def unmeasurable(self, metric: str, reason: str) -> None:
+        """Note that ``metric`` cannot be measured here (e.g. no energy counter), with why."""
+        self.unmeasured.append((metric, reason))
+        self.verdicts.append(Verdict(key=self.key, metric=metric, outcome="unmeasurable", reason=reason))
+
+    def _keep(self, v: Verdict, extra: dict[str, Any] | None) -> Verdict:
+        self.verdicts.append(v)
+        if extra:
+            self.extras[v.metric] = extra
+        return v
+
+    def records(self) -> list[Record]:
+        """JSON records of every verdict, with attribution filled in for failures."""
+        att = self._moved_operators()
+        out = []
+        for v in self.verdicts:
+            if v.outcome == "fail" and not v.attribution and att and not v.metric.startswith(_OP_FAMILIES):
+                v = v.with_(attribution=tuple(att))
+            out.append(Record.from_verdict(v, nodeid=self.nodeid, device=self.device, extra=self.extras.get(v.metric)))
+        return out
+
+    def _moved_operators(self, k: int = 5) -> list[str]:
+        """Per-operator verdicts of this test, largest relative move first: where the time went."""
+        ops = [v for v in self.verdicts if v.metric.startswith(_OP_FAMILIES) and v.ratio is not None]
+        ops.sort(key=lambda v: -(v.ratio or 0.0))
+        lines = []
+        for v in ops[:k]:
+            unit = v.info.unit
+            assert v.budget is not None and v.ratio is not None
+            lines.append(
+                f"{v.metric}: {fmt_value(v.value, unit)} vs budget {fmt_value(v.budget.value, unit)} "
+                f"({v.ratio - 1:+.1%}, {v.outcome})"
+            )
+        return lines
+
+    def decision(self) -> Decision:
+        """What the recorded verdicts mean for the test."""
+        if not self.verdicts:
+            return Decision("fail", f"{self.key}: the test used `perf` but recorded no measurement")
+        failing = {"error"}
+        if not self.update:
+            failing.add("fail")
+            if self.strict:
+                failing |= {"stale", "unbudgeted"}
+        records = self.records()
+        bad = [r for r in records if r.outcome in failing]
+        if bad:
+            return Decision("fail", self._failure_text(records, bad))
+        unbudgeted = [r.metric for r in records if r.outcome == "unbudgeted"]
+        if unbudgeted and not self.update:
+            return Decision(
+                "skip",
+                f"unbudgeted: {self.key} has no budget for {', '.join(unbudgeted)} on {self.device.label}; "
+                f"create it with: {self.update_command or 'pytest --update-budgets'}",
+            )
+        if self.unmeasured and len(self.unmeasured) == len(self.verdicts):
+            return Decision("skip", "; ".join(f"{m} unmeasurable: {why}" for m, why in self.unmeasured))
+        return Decision("pass")
+
+    def _failure_text(self, records: list[Record], bad: list[Record]) -> str:
+        lines = [f"perf budget check failed: {self.key} on {self.device.label}", "", records_table(records), ""]
+        for r in bad:
+            where = ""
+            if r.budget:
+                where = f" [{r.budget['source']}" + (f":{r.budget['line']}" if r.budget.get("line") else "") + "]"
+            lines.append(f"{r.metric}: {r.outcome}: {r.reason}{where}")
+            lines.extend(f"    {a}" for a in r.attribution)
+        stale = [r.metric for r in records if r.outcome == "stale"]
+        if stale:
+            lines.append(f"stale (better than budget): {', '.join(stale)}; ratchet with --update-budgets")
+        return "\n".join(lines)
