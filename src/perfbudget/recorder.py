@@ -106,14 +106,21 @@ class PerfRecorder:
             parse_name(metric)
         except UnknownMetricError as exc:
             return self._keep(base.with_(reason=str(exc)), extra)
+        problem = ""
+        budget = None
         errors = self.budgets.errors_for(self.key, self.device)
         if errors:
             more_n = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-            return self._keep(base.with_(reason=f"budget file error: {errors[0]}{more_n}"), extra)
-        try:
-            budget = self.budgets.resolve(self.key, metric, self.device)
-        except BudgetError as exc:
-            return self._keep(base.with_(reason=str(exc)), extra)
+            problem = f"budget file error: {errors[0]}{more_n}"
+        else:
+            try:
+                budget = self.budgets.resolve(self.key, metric, self.device)
+            except BudgetError as exc:
+                problem = str(exc)
+        if problem:
+            # Keep what was measured, so a broken budget file loses no data.
+            v = decide(self.key, metric, samples, None, policy=self.policy)
+            return self._keep(v.with_(outcome="error", reason=problem), extra)
         v = decide(self.key, metric, samples, budget, more=more, policy=self._policy_for(metric))
         if attribution:
             v = v.with_(attribution=tuple(attribution))

@@ -20,6 +20,7 @@ __all__ = ["BudgetSet", "load_dir", "load_file", "parse_text"]
 _TOP_KEYS = ("schema", "device", "budgets", "note")
 _ENTRY_KEYS = ("value", "tolerance", "provenance", "note")
 _INT_SELECTOR = ("count", "threads")
+_PLAIN_TAGS = ("tag:yaml.org,2002:map", "tag:yaml.org,2002:seq")
 
 
 class _Doc:
@@ -49,6 +50,12 @@ class _Doc:
 
     def _build(self, loader: yaml.SafeLoader, node: yaml.Node, keypath: tuple[str, ...]) -> Any:
         self.lines.setdefault(keypath, node.start_mark.line + 1)
+        if isinstance(node, (yaml.MappingNode, yaml.SequenceNode)) and node.tag not in _PLAIN_TAGS:
+            # We build collections ourselves, so refuse tags SafeLoader would refuse.
+            raise BudgetError(
+                f"invalid YAML: tag {node.tag!r} is not allowed", path=self.path,
+                line=node.start_mark.line + 1, keypath=keypath,
+            )
         if isinstance(node, yaml.MappingNode):
             out: dict[Any, Any] = {}
             for knode, vnode in node.value:

@@ -1,0 +1,155 @@
+"""Budget files: validation errors name file, line, key path and value; selection by device."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from perfbudget.budgets import BudgetError, load_dir, parse_text
+from perfbudget.device import DeviceInfo
+
+CPU = DeviceInfo(type="cpu", model="AMD EPYC 7763 64-Core Processor", count=2, torch="2.13.0+cpu", threads=1)
+GPU = DeviceInfo(type="cuda", model="NVIDIA H200", count=1, compute_capability="9.0", torch="2.13.0")
+
+GOOD = """\
+schema: 1
+device: {type: cpu}
+budgets:
+  encoder-train:
+    flops: 2415919104
+    step_ms: {value: 38.2, tolerance: 0.05}
+    "op_self_ms[aten::mm]": {value: 20.3}
+"""
+
+
+def one_error(text: str) -> BudgetError:
+    f = parse_text(text, "budgets/cpu.yaml")
+    assert len(f.errors) == 1, [str(e) for e in f.errors]
+    return f.errors[0]
+
+
+def test_good_file_parses_to_typed_budgets() -> None:
+    f = parse_text(GOOD, "budgets/cpu.yaml")
+    assert f.errors == []
+    b = f.entries["encoder-train"]
+    assert b["flops"].value == 2415919104 and b["flops"].tolerance == 0.0
+    assert b["step_ms"].tolerance == 0.05 and b["step_ms"].line == 6
+    assert b["op_self_ms[aten::mm]"].tolerance == 0.05  # timing default
+
+
+def test_tolerance_as_percent_string_names_file_line_key_and_value() -> None:
+    e = one_error(GOOD.replace("tolerance: 0.05", 'tolerance: "5%"'))
+    assert str(e) == "budgets/cpu.yaml:6: budgets.encoder-train.step_ms.tolerance: expected a number in [0, 1], got '5%'"
+
+
+@pytest.mark.parametrize("tol", ["-0.1", "1.5", ".nan", ".inf", "true"])
+def test_out_of_range_tolerances_are_refused(tol: str) -> None:
+    e = one_error(GOOD.replace("tolerance: 0.05", f"tolerance: {tol}"))
+    assert e.keypath == ("budgets", "encoder-train", "step_ms", "tolerance")
+
+
+def test_unknown_metric_suggests_closest_name() -> None:
+    e = one_error(GOOD.replace("step_ms:", "stepms:"))
+    assert "unknown metric 'stepms'" in str(e) and "did you mean 'step_ms'" in str(e)
+    assert e.line == 6
+
+
+def test_parametrised_metric_without_argument() -> None:
+    e = one_error(GOOD.replace('"op_self_ms[aten::mm]"', "op_self_ms"))
+    assert "needs an argument" in str(e)
+
+
+def test_duplicate_keys_are_an_error_with_both_lines() -> None:
+    e = one_error(GOOD + "    flops: 1\n")
+    assert e.line == 8 and "duplicate key (first defined on line 5)" in str(e)
+    assert e.keypath == ("budgets", "encoder-train", "flops")
+
+
+def test_malformed_yaml_names_the_line() -> None:
+    e = one_error(GOOD.replace("step_ms: {value: 38.2", "step_ms: {value: [38.2"))
+    assert e.path == "budgets/cpu.yaml" and e.line is not None and "invalid YAML" in str(e)
+
+
+def test_unsafe_tags_are_refused() -> None:
+    e = one_error("schema: 1\ndevice: !!python/object/apply:os.system ['true']\n")
+    assert "invalid YAML" in str(e) and e.line == 2
+
+
+def test_unknown_device_field_and_bad_type() -> None:
+    e = one_error(GOOD.replace("{type: cpu}", "{type: cpu, modle: EPYC}"))
+    assert e.keypath == ("device", "modle") and "did you mean 'model'" in str(e)
+    e = one_error(GOOD.replace("{type: cpu}", "{type: tpu}"))
+    assert str(e).endswith("device.type: expected 'cpu' or 'cuda', got 'tpu'")
+
+
+@pytest.mark.parametrize(
+    ("text", "keypath"),
+    [
+        (GOOD.replace("flops: 2415919104", "flops: lots"), ("budgets", "encoder-train", "flops")),
+        (GOOD.replace("value: 38.2", "value: -1"), ("budgets", "encoder-train", "step_ms", "value")),
+        (GOOD.replace("value: 38.2", "value: .nan"), ("budgets", "encoder-train", "step_ms", "value")),
+        (GOOD.replace("value: 38.2,", "valeu: 38.2,"), ("budgets", "encoder-train", "step_ms", "valeu")),
+        (GOOD.replace("schema: 1", "schema: 2"), ("schema",)),
+        (GOOD + "extra: 1\n", ("extra",)),
+    ],
+)
+def test_wrong_types_name_the_key_path(text: str, keypath: tuple[str, ...]) -> None:
+    assert one_error(text).keypath == keypath
+
+
+def test_entry_errors_only_affect_their_key(tmp_path: Path) -> None:
+    (tmp_path / "cpu.yaml").write_text(GOOD + "  other:\n    flops: oops\n")
+    bs = load_dir(tmp_path)
+    assert bs.errors_for("encoder-train", CPU) == []
+    assert len(bs.errors_for("other", CPU)) == 1
+    assert bs.resolve("encoder-train", "flops", CPU) is not None
+
+
+def test_file_level_errors_affect_every_key(tmp_path: Path) -> None:
+    (tmp_path / "cpu.yaml").write_text(GOOD)
+    (tmp_path / "broken.yaml").write_text("schema: 1\ndevice: {type: cpu\n")
+    bs = load_dir(tmp_path)
+    errs = bs.errors_for("encoder-train", CPU)
+    assert len(errs) == 1 and errs[0].path.endswith("broken.yaml")
+
+
+def test_most_specific_matching_file_wins_per_entry(tmp_path: Path) -> None:
+    (tmp_path / "cpu.yaml").write_text(GOOD)
+    (tmp_path / "cpu-epyc.yaml").write_text(
+        "schema: 1\ndevice: {type: cpu, model: AMD EPYC, threads: 1}\n"
+        "budgets:\n  encoder-train:\n    step_ms: {value: 30.0, tolerance: 0.1}\n"
+    )
+    (tmp_path / "cpu-xeon.yaml").write_text(
+        "schema: 1\ndevice: {type: cpu, model: Xeon}\nbudgets:\n  encoder-train:\n    step_ms: 99.0\n"
+    )
+    (tmp_path / "cuda.yaml").write_text("schema: 1\ndevice: {type: cuda}\nbudgets:\n  encoder-train:\n    flops: 1\n")
+    bs = load_dir(tmp_path)
+    step = bs.resolve("encoder-train", "step_ms", CPU)
+    assert step is not None and step.value == 30.0 and step.source.endswith("cpu-epyc.yaml")
+    flops = bs.resolve("encoder-train", "flops", CPU)
+    assert flops is not None and flops.value == 2415919104  # only the broad file has it
+    assert bs.resolve("encoder-train", "flops", GPU).value == 1  # type: ignore[union-attr]
+    assert bs.resolve("encoder-train", "step_ms", GPU) is None
+    two_threads = DeviceInfo(type="cpu", model=CPU.model, count=2, threads=2)
+    assert bs.resolve("encoder-train", "step_ms", two_threads).value == 38.2  # type: ignore[union-attr]
+
+
+def test_equally_specific_files_are_ambiguous(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text("schema: 1\ndevice: {type: cpu, model: EPYC}\nbudgets:\n  k:\n    flops: 1\n")
+    (tmp_path / "b.yaml").write_text("schema: 1\ndevice: {type: cpu, model: AMD}\nbudgets:\n  k:\n    flops: 2\n")
+    with pytest.raises(BudgetError, match="ambiguous"):
+        load_dir(tmp_path).resolve("k", "flops", CPU)
+
+
+def test_version_selectors_match_by_prefix(tmp_path: Path) -> None:
+    (tmp_path / "t.yaml").write_text("schema: 1\ndevice: {type: cpu, torch: '2.13'}\nbudgets:\n  k:\n    flops: 1\n")
+    bs = load_dir(tmp_path)
+    assert bs.resolve("k", "flops", CPU) is not None
+    assert bs.resolve("k", "flops", DeviceInfo(type="cpu", model="x", count=1, torch="2.12.1")) is None
+
+
+def test_budgets_path_that_is_a_file(tmp_path: Path) -> None:
+    p = tmp_path / "budgets"
+    p.write_text("")
+    assert "not a folder" in str(load_dir(p).errors[0])

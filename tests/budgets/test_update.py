@@ -1,0 +1,97 @@
+"""The ratchet updater: targets, tighten-only, provenance, atomic writes, readable diffs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from perfbudget.budgets import Measured, apply_updates, load_dir
+from perfbudget.device import DeviceInfo
+
+CPU = DeviceInfo(type="cpu", model="AMD EPYC 7763 64-Core Processor", count=2, torch="2.13.0+cpu", threads=1)
+
+
+def m(metric: str, value: float, key: str = "enc", device: DeviceInfo = CPU) -> Measured:
+    return Measured(key=key, metric=metric, value=value, samples=30, cv=0.02, device=device)
+
+
+def test_new_values_go_to_broad_and_device_files(tmp_path: Path) -> None:
+    rep = apply_updates([m("flops", 1000), m("step_ms", 38.21234)], load_dir(tmp_path), commit="abc123", date="2026-01-02")
+    assert not rep.errors
+    assert sorted(p.name for p in tmp_path.glob("*.yaml")) == ["cpu-amd-epyc-7763-64-core-processor.yaml", "cpu.yaml"]
+    bs = load_dir(tmp_path)
+    assert all(not f.errors for f in bs.files)
+    step = bs.resolve("enc", "step_ms", CPU)
+    assert step is not None and step.value == 38.21 and step.tolerance == 0.05
+    assert step.provenance is not None and step.provenance.commit == "abc123" and step.provenance.samples == 30
+    assert step.provenance.cv == 0.02 and step.provenance.date == "2026-01-02"
+    flops = bs.resolve("enc", "flops", CPU)
+    assert flops is not None and flops.source.endswith("/cpu.yaml")
+    assert "+    step_ms:" in rep.diffs[tmp_path / "cpu-amd-epyc-7763-64-core-processor.yaml"]
+
+
+def test_ratchet_tightens_only_unless_allowed(tmp_path: Path) -> None:
+    apply_updates([m("step_ms", 40.0), m("flops", 1000)], load_dir(tmp_path))
+    rep = apply_updates([m("step_ms", 44.0), m("flops", 1001)], load_dir(tmp_path))
+    assert {c.metric: c.action for c in rep.changes} == {"step_ms": "refused", "flops": "refused"}
+    assert rep.diffs == {} and "--allow-loosen" in rep.render()
+    rep = apply_updates([m("step_ms", 39.9)], load_dir(tmp_path))  # within a third of 5 %: noise
+    assert rep.changes[0].action == "kept" and rep.diffs == {}
+    rep = apply_updates([m("step_ms", 36.0), m("flops", 999)], load_dir(tmp_path))
+    assert {c.metric: c.action for c in rep.changes} == {"step_ms": "tightened", "flops": "tightened"}
+    rep = apply_updates([m("step_ms", 44.0)], load_dir(tmp_path), allow_loosen=True)
+    assert rep.changes[0].action == "loosened"
+    assert "-      value: 36.0\n+      value: 44.0" in rep.diffs[rep.changes[0].path]
+
+
+def test_existing_entry_updated_in_place_keeping_tolerance_and_note(tmp_path: Path) -> None:
+    (tmp_path / "cpu.yaml").write_text(
+        "schema: 1\ndevice: {type: cpu}\nbudgets:\n  enc:\n    step_ms: {value: 50, tolerance: 0.2, note: reviewed}\n"
+    )
+    apply_updates([m("step_ms", 30.0)], load_dir(tmp_path))
+    b = load_dir(tmp_path).resolve("enc", "step_ms", CPU)
+    assert b is not None and (b.value, b.tolerance, b.note) == (30.0, 0.2, "reviewed")
+    assert [p.name for p in tmp_path.glob("*.yaml")] == ["cpu.yaml"]
+
+
+def test_a_file_with_errors_is_never_rewritten(tmp_path: Path) -> None:
+    bad = "schema: 1\ndevice: {type: cpu}\nbudgets:\n  enc:\n    flops: many\n    step_ms: 10\n"
+    (tmp_path / "cpu.yaml").write_text(bad)
+    rep = apply_updates([m("step_ms", 5.0)], load_dir(tmp_path))
+    assert rep.errors and "cpu.yaml: not updated" in str(rep.errors[0]) and "budgets.enc.flops" in str(rep.errors[0])
+    assert (tmp_path / "cpu.yaml").read_text() == bad
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
+def test_unwritable_folder_is_a_clear_error(tmp_path: Path) -> None:
+    tmp_path.chmod(0o500)
+    try:
+        rep = apply_updates([m("step_ms", 5.0)], load_dir(tmp_path))
+    finally:
+        tmp_path.chmod(0o700)
+    assert rep.errors and str(tmp_path) in str(rep.errors[0])
+
+
+def test_unwritable_budgets_path_is_a_clear_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    rep = apply_updates([m("step_ms", 5.0)], load_dir(blocker / "budgets"))
+    assert rep.errors and "cannot create the budgets folder" in str(rep.errors[0])
+    assert str(blocker / "budgets") in str(rep.errors[0])
+
+
+def test_failed_write_leaves_the_old_file_and_no_temp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    apply_updates([m("step_ms", 40.0)], load_dir(tmp_path))
+    path = next(tmp_path.glob("*.yaml"))
+    before = path.read_text()
+
+    def boom(*a: object, **k: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", boom)
+    rep = apply_updates([m("step_ms", 30.0)], load_dir(tmp_path))
+    assert rep.errors and "No space left" in str(rep.errors[0])
+    assert path.read_text() == before
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]

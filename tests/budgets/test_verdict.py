@@ -1,0 +1,108 @@
+"""Verdicts against literal numbers: exact, bytes and the three-way statistical decision."""
+
+from __future__ import annotations
+
+import pytest
+
+from perfbudget.budgets import Budget, VerdictPolicy, decide
+from perfbudget.measure.stats import median_ci, quantile_ci
+
+
+def budget(metric: str, value: float, tolerance: float) -> Budget:
+    return Budget(key="k", metric=metric, value=value, tolerance=tolerance, source="budgets/x.yaml")
+
+
+def test_median_ci_uses_order_statistics() -> None:
+    # n=30, 95 %: ranks 10 and 21 (binomial table), coverage 0.9572.
+    lo, hi, cov = quantile_ci(list(range(1, 31)), 0.5)
+    assert (lo, hi) == (10, 21) and cov == pytest.approx(0.957226, abs=1e-6)
+    # n=5 cannot reach 95 %: the full range is returned.
+    assert median_ci([5, 1, 4, 2, 3]) == (1, 5)
+
+
+@pytest.mark.parametrize(
+    ("value", "outcome"),
+    [(100, "pass"), (101, "fail"), (99, "stale")],
+)
+def test_exact_counts(value: float, outcome: str) -> None:
+    assert decide("k", "op_count[aten::mm]", value, budget("op_count[aten::mm]", 100, 0.0)).outcome == outcome
+
+
+def test_bytes_within_two_percent() -> None:
+    b = budget("peak_allocated_mib[forward]", 100.0, 0.02)
+    assert decide("k", "peak_allocated_mib[forward]", 102.0, b).outcome == "pass"
+    assert decide("k", "peak_allocated_mib[forward]", 102.1, b).outcome == "fail"
+    assert decide("k", "peak_allocated_mib[forward]", 97.9, b).outcome == "stale"
+
+
+def test_higher_is_better_exact() -> None:
+    b = budget("theoretical_occupancy[k]", 0.5, 0.0)
+    assert decide("k", "theoretical_occupancy[k]", 0.25, b).outcome == "fail"
+    assert decide("k", "theoretical_occupancy[k]", 0.75, b).outcome == "stale"
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), [1.0, float("-inf")], []])
+def test_non_finite_or_empty_measurements_are_errors(bad: object) -> None:
+    v = decide("k", "step_ms", bad, budget("step_ms", 10, 0.05))  # type: ignore[arg-type]
+    assert v.outcome == "error"
+
+
+def test_unbudgeted_keeps_the_measurement() -> None:
+    v = decide("k", "step_ms", [10.0] * 30, None)
+    assert v.outcome == "unbudgeted" and v.value == 10.0 and v.n == 30
+
+
+SAMPLES = [10.0 + 0.01 * i for i in range(30)]  # median 10.145, CI [10.09, 10.20]
+
+
+def test_statistical_pass_when_ci_inside_limit() -> None:
+    v = decide("k", "step_ms", SAMPLES, budget("step_ms", 10.0, 0.05))
+    assert v.outcome == "pass" and v.ci == (10.09, 10.2) and v.limit == pytest.approx(10.5)
+
+
+def test_statistical_fail_requires_confirmation() -> None:
+    b = budget("step_ms", 9.0, 0.05)  # limit 9.45: the CI is entirely beyond it
+    calls: list[int] = []
+
+    def regressed() -> list[float]:
+        calls.append(1)
+        return SAMPLES
+
+    v = decide("k", "step_ms", SAMPLES, b, more=regressed)
+    assert v.outcome == "fail" and v.confirmed is True and len(calls) == 1 and v.n == 60
+
+    v = decide("k", "step_ms", SAMPLES, b, more=lambda: [9.0] * 30)
+    assert v.outcome == "pass" and v.confirmed is False and "confirmation" in v.reason
+
+    v = decide("k", "step_ms", SAMPLES, b)  # no way to confirm: fail on the first measurement
+    assert v.outcome == "fail" and v.confirmed is None
+
+
+def test_straddling_ci_measures_more_then_decides_on_point_estimate() -> None:
+    b = budget("step_ms", 10.0, 0.015)  # limit 10.15 inside the CI [10.09, 10.20]
+    rounds: list[int] = []
+
+    def more() -> list[float]:
+        rounds.append(1)
+        return SAMPLES
+
+    v = decide("k", "step_ms", SAMPLES, b, more=more, policy=VerdictPolicy(max_extra_rounds=2))
+    assert len(rounds) == 2 and v.rounds == 3 and v.n == 90
+    assert v.outcome == "pass" and v.value == pytest.approx(10.145)
+    b2 = budget("step_ms", 10.0, 0.0144)  # limit 10.144 < median 10.145
+    assert decide("k", "step_ms", SAMPLES, b2, more=more).outcome == "fail"
+
+
+def test_stale_when_ci_entirely_better_than_tolerance() -> None:
+    v = decide("k", "step_ms", SAMPLES, budget("step_ms", 11.0, 0.05))  # stale below 10.45
+    assert v.outcome == "stale"
+    v = decide("k", "step_ms", SAMPLES, budget("step_ms", 10.5, 0.05))  # 9.975: CI not below
+    assert v.outcome == "pass"
+
+
+def test_rate_metrics_fail_when_lower() -> None:
+    b = budget("throughput_samples_per_s", 1000.0, 0.05)
+    v = decide("k", "throughput_samples_per_s", [900.0 + i for i in range(30)], b)
+    assert v.outcome == "fail"
+    v = decide("k", "throughput_samples_per_s", [1000.0 + i for i in range(30)], b)
+    assert v.outcome == "pass"

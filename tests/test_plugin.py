@@ -1,0 +1,176 @@
+"""The pytest plugin end to end, in subprocess pytest runs: skip, update, fail, restore, strict, xdist."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+# In-process pytester runs restore sys.modules afterwards; importing torch here keeps it
+# loaded across runs (re-importing its C extension in one process crashes).
+import torch  # noqa: F401
+import triton  # noqa: F401
+
+TESTS = """
+import pytest
+
+@pytest.mark.budget("toy")
+def test_toy(perf):
+    perf.record("step_ms", [10.0 + 0.01 * i for i in range(30)], more=lambda: [10.0 + 0.01 * i for i in range(30)])
+    perf.record("flops", 1000)
+
+@pytest.mark.budget("mm[{n}]")
+@pytest.mark.parametrize("n", [1, 2])
+def test_param(perf, n):
+    perf.record("op_count[aten::mm]", n)
+
+def test_plain():
+    assert True
+"""
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makepyfile(test_perf=TESTS)
+    return pytester
+
+
+def run(p: pytest.Pytester, *args: str) -> pytest.RunResult:
+    # In-process keeps each run under a second; xdist runs spawn their own workers anyway.
+    return p.runpytest_inprocess("-p", "no:cacheprovider", *args)
+
+
+def results(p: pytest.Pytester) -> list[dict]:
+    return json.loads((p.path / ".perfbudget" / "results.json").read_text())["records"]
+
+
+def test_unbudgeted_skips_with_the_command_that_creates_it(project: pytest.Pytester) -> None:
+    r = run(project, "-rs")
+    r.assert_outcomes(passed=1, skipped=3)
+    r.stdout.fnmatch_lines(["*unbudgeted: toy has no budget for step_ms, flops on cpu *"
+                            "create it with: pytest test_perf.py::test_toy --update-budgets*"])
+    assert {rec["outcome"] for rec in results(project)} == {"unbudgeted"}
+
+
+def test_update_then_pass_then_tightened_fails_then_loosen_restores(project: pytest.Pytester) -> None:
+    r = run(project, "--update-budgets")
+    r.assert_outcomes(passed=4)
+    r.stdout.fnmatch_lines(["*budget update*", "--- /dev/null", "+++ b/cpu.yaml", "*added*toy.flops*"])
+    files = sorted(p.name for p in (project.path / "budgets").glob("*.yaml"))
+    assert files[0].startswith("cpu-") and files[1] == "cpu.yaml"
+    run(project).assert_outcomes(passed=4)
+
+    device_file = project.path / "budgets" / files[0]
+    text = device_file.read_text()
+    device_file.write_text(text.replace("value: 10.14", "value: 9.0"))
+    r = run(project)
+    r.assert_outcomes(passed=3, failed=1)
+    r.stdout.fnmatch_lines([
+        "*perf budget check failed: toy on cpu*",
+        "metric*budget*tol*measured*CI*n*cv*verdict*",
+        "step_ms*9 ms*5%*10.14 ms*10.09-10.2*60*FAIL*",
+        f"step_ms: fail: median 10.14 with CI 10.09-10.2 is entirely beyond the limit 9.45; confirmed*{files[0]}:*",
+    ])
+    r = run(project, "--update-budgets")
+    r.stdout.fnmatch_lines(["*refused*toy.step_ms*--allow-loosen*"])
+    assert "value: 9.0" in device_file.read_text()
+    r = run(project, "--update-budgets", "--allow-loosen")
+    r.stdout.fnmatch_lines(["*-      value: 9.0", "*+      value: 10.14", "*loosened*toy.step_ms*"])
+    run(project).assert_outcomes(passed=4)
+
+
+def test_strict_turns_stale_and_unbudgeted_into_failures(project: pytest.Pytester) -> None:
+    run(project, "--update-budgets")
+    cpu = project.path / "budgets" / "cpu.yaml"
+    cpu.write_text(cpu.read_text().replace("value: 1000", "value: 2000"))
+    r = run(project)
+    r.assert_outcomes(passed=4)
+    r.stdout.fnmatch_lines(["*toy*flops*2000*1000*STALE*", "*stale budgets*--update-budgets*"])
+    r = run(project, "--perf-strict")
+    r.assert_outcomes(passed=3, failed=1)
+    project.makepyfile(test_new="""
+def test_new(perf):
+    perf.record("flops", 1)
+""")
+    run(project, "--perf-strict", "test_new.py").assert_outcomes(failed=1)
+
+
+def test_broken_budget_file_names_file_and_key_and_other_tests_run(project: pytest.Pytester) -> None:
+    run(project, "--update-budgets")
+    cpu = project.path / "budgets" / "cpu.yaml"
+    cpu.write_text(cpu.read_text().replace("tolerance: 0.0", "tolerance: 5%", 1))
+    r = run(project)
+    # The error sits in one entry: only that key's test fails; the others still run and pass.
+    r.assert_outcomes(passed=3, failed=1)
+    r.stdout.fnmatch_lines(["*cpu.yaml:*: budgets.mm[[]1[]].op_count[[]aten::mm[]].tolerance: expected a number in [[]0, 1], got '5%'*"])
+    cpu.write_text("schema: 1\ndevice: {type: cpu\n")
+    r = run(project)
+    r.assert_outcomes(passed=1, failed=3)
+    r.stdout.fnmatch_lines(["*budget file error: *cpu.yaml:3: invalid YAML*"])
+
+
+def test_nan_measurement_and_empty_test_are_errors(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_bad="""
+def test_nan(perf):
+    perf.record("step_ms", [1.0, float("nan")])
+
+def test_nothing(perf):
+    pass
+
+def test_unknown(perf):
+    perf.record("stepms", 1.0)
+""")
+    r = run(pytester)
+    r.assert_outcomes(failed=3)
+    r.stdout.fnmatch_lines([
+        "*step_ms: error: non-finite measurement(s) [[]nan[]]*",
+        "*nothing: the test used `perf` but recorded no measurement*",
+        "*unknown metric 'stepms'; did you mean 'step_ms'*",
+    ])
+
+
+def test_gpu_marker_skips_without_cuda(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("""
+import pytest
+@pytest.mark.gpu
+def test_g(perf):
+    perf.record("step_ms", [1.0] * 30)
+""")
+    r = run(pytester, "-rs")
+    r.assert_outcomes(skipped=1)
+    r.stdout.fnmatch_lines(["*needs a CUDA GPU: torch.cuda.is_available() is False*"])
+
+
+def test_xdist_matches_serial_and_controller_writes_once(project: pytest.Pytester) -> None:
+    r = run(project, "-n", "2", "--update-budgets")
+    r.assert_outcomes(passed=4)
+    r.stdout.fnmatch_lines(["*added*toy.flops*"])
+    assert len(list((project.path / "budgets").glob("*.yaml"))) == 2
+    serial = {(x["nodeid"], x["metric"]): x["outcome"] for x in results(project)}
+    assert len(serial) == 4
+    run(project).assert_outcomes(passed=4)
+    serial = {(x["nodeid"], x["metric"]): x["outcome"] for x in results(project)}
+    run(project, "-n", "2").assert_outcomes(passed=4)
+    parallel = {(x["nodeid"], x["metric"]): x["outcome"] for x in results(project)}
+    assert parallel == serial and set(serial.values()) == {"pass"}
+
+
+def test_perf_json_option_and_junit_properties(project: pytest.Pytester) -> None:
+    out = project.path / "out" / "r.json"
+    junit = project.path / "junit.xml"
+    run(project, f"--perf-json={out}", f"--junitxml={junit}")
+    data = json.loads(out.read_text())
+    assert data["schema"] == 1 and len(data["records"]) == 4
+    rec = next(x for x in data["records"] if x["metric"] == "step_ms")
+    assert rec["n"] == 30 and rec["device"]["type"] == "cpu" and len(rec["samples"]) == 30
+    assert 'name="perf.toy.step_ms" value="unbudgeted"' in junit.read_text()
+
+
+def test_budgets_dir_option(project: pytest.Pytester, tmp_path: Path) -> None:
+    where = tmp_path / "elsewhere"
+    r = run(project, f"--budgets-dir={where}", "--update-budgets")
+    r.assert_outcomes(passed=4)
+    assert len(list(where.glob("*.yaml"))) == 2 and not (project.path / "budgets").exists()
+    r = run(project, "-rs")
+    r.stdout.fnmatch_lines(["*unbudgeted*"])
