@@ -1,3 +1,3 @@
-"""Root conftest: registers the fixture modules the perf suite uses (the plugin itself loads via its entry point)."""
+"""Root conftest: registers the fixture modules of the perf suite (the plugin loads via its entry point)."""
 
-pytest_plugins = ["pytester"]
+pytest_plugins = ["pytester", "fixtures.tiny"]

@@ -126,6 +126,23 @@ class PerfRecorder:
             v = v.with_(attribution=tuple(attribution))
         return self._keep(v, extra)
 
+    def time(self, metric: str, fn: Callable[[], Any], **bench_kwargs: Any) -> Verdict:
+        """Time ``fn`` with :func:`perfbudget.measure.timing.bench` and record ``metric`` in ms.
+
+        Extra rounds and the confirmation re-run the same benchmark.
+
+        Args:
+            metric: a millisecond timing metric (``step_ms``, ``latency_ms[forward]``).
+            fn: zero-argument callable, warm or not (the bench warms it up).
+            bench_kwargs: passed to ``bench`` (``warmup_ms``, ``min_samples``, ``threads``...).
+        """
+        from .measure.timing import bench
+
+        def sample() -> list[float]:
+            return list(bench(fn, **bench_kwargs).samples_ms)
+
+        return self.record(metric, sample(), more=sample)
+
     def unmeasurable(self, metric: str, reason: str) -> None:
         """Note that ``metric`` cannot be measured here (e.g. no energy counter), with why."""
         self.unmeasured.append((metric, reason))
