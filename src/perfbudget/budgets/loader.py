@@ -34,8 +34,9 @@ class _Doc:
     def __init__(self, text: str, path: Path) -> None:
         self.path = path
         self.lines: dict[tuple[str, ...], int] = {}
-        loader = yaml.SafeLoader(text)
+        loader: yaml.SafeLoader | None = None
         try:
+            loader = yaml.SafeLoader(text)
             node = loader.get_single_node()
             self.data = self._build(loader, node, ()) if node is not None else None
         except yaml.MarkedYAMLError as exc:
@@ -46,7 +47,8 @@ class _Doc:
         except yaml.YAMLError as exc:
             raise BudgetError(f"invalid YAML: {exc}", path=path) from None
         finally:
-            loader.dispose()
+            if loader is not None:
+                loader.dispose()
 
     def _build(self, loader: yaml.SafeLoader, node: yaml.Node, keypath: tuple[str, ...]) -> Any:
         self.lines.setdefault(keypath, node.start_mark.line + 1)

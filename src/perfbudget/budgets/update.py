@@ -105,10 +105,9 @@ def git_commit(cwd: str | Path | None = None) -> str | None:
 
 def _round(metric: str, value: float) -> float | int:
     kind = parse_name(metric).metric.kind
-    if kind == "exact" and float(value).is_integer():
-        return int(value)
     if kind == "exact":
-        return float(f"{value:.9g}")
+        # Exact budgets keep full precision: rounding could put the budget below the value.
+        return int(value) if float(value).is_integer() else float(value)
     return float(f"{value:.4g}")
 
 
@@ -205,7 +204,7 @@ def _decide(entry: Any, m: Measured, allow_loosen: bool) -> tuple[Action, float 
         return "added", None, ""
     old = float(entry["value"] if isinstance(entry, dict) else entry)
     tol = float(entry.get("tolerance", info.default_tolerance)) if isinstance(entry, dict) else info.default_tolerance
-    new = m.value
+    new = float(_round(m.metric, m.value))
     better = new < old if info.direction == "lower" else new > old
     rel = abs(new - old) / abs(old) if old else (0.0 if new == old else float("inf"))
     if new == old:
@@ -318,9 +317,9 @@ def _update_file(
         new_entry["provenance"] = prov
         entries[m.metric] = new_entry
         changed = True
-    if not changed:
-        return
     new_text = render_doc(data)
+    if not changed or new_text == old_text:
+        return
     check = parse_text(new_text, path)
     if check.errors:  # never write a file we could not read back
         report.errors.append(BudgetError(f"refusing to write an invalid file: {check.errors[0]}", path=path))
