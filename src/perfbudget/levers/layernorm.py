@@ -1,0 +1,229 @@
+"""LayerNorm whose statistics are computed in fp32 for fp16/bf16 inputs (forward and backward), output in the input dtype; Triton kernel on CUDA, PyTorch elsewhere."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+__all__ = [
+    "Backend",
+    "FP32StatsLayerNorm",
+    "fp32_stats_layer_norm",
+    "select_backend",
+    "swap_layernorms",
+    "triton_available",
+]
+
+Backend = Literal["auto", "triton", "torch"]
+_BACKENDS: tuple[str, ...] = ("auto", "triton", "torch")
+
+
+def _stat_dtype(dtype: torch.dtype) -> torch.dtype:
+    # fp16/bf16 -> fp32; fp32 stays; fp64 stays fp64 (never *less* precise than the input).
+    return torch.promote_types(dtype, torch.float32)
+
+
+class _TorchLayerNormFn(torch.autograd.Function):
+    """LayerNorm over the last dim of a 2-D tensor, statistics and gradients in fp32."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+        sd = _stat_dtype(x.dtype)
+        # Autocast must not push these ops back down to fp16.
+        with torch.autocast(x.device.type, enabled=False):
+            xf = x.to(sd)
+            mean = xf.mean(dim=-1, keepdim=True)
+            xc = xf - mean
+            var = (xc * xc).mean(dim=-1, keepdim=True)
+            rstd = torch.rsqrt(var + eps)
+            y = xc * rstd
+            if weight is not None:
+                y = y * weight.to(sd)
+            if bias is not None:
+                y = y + bias.to(sd)
+        # Keep x in its own (small) dtype and recompute x_hat in backward, as native LayerNorm does.
+        ctx.save_for_backward(x, weight, mean, rstd)
+        ctx.bias_dtype = bias.dtype if bias is not None else None
+        return y.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
+        x, weight, mean, rstd = ctx.saved_tensors
+        sd = mean.dtype
+        with torch.autocast(x.device.type, enabled=False):
+            xhat = (x.to(sd) - mean) * rstd
+            dyf = dy.to(sd)
+            g = dyf * weight.to(sd) if weight is not None else dyf
+            n = x.shape[-1]
+            c1 = (g * xhat).sum(dim=-1, keepdim=True) / n
+            c2 = g.sum(dim=-1, keepdim=True) / n
+            dx = (g - xhat * c1 - c2) * rstd
+            dw = (dyf * xhat).sum(0).to(weight.dtype) if weight is not None and ctx.needs_input_grad[1] else None
+            db = None
+            if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
+                db = dyf.sum(0).to(ctx.bias_dtype)
+        return dx.to(x.dtype), dw, db, None
+
+
+def triton_available() -> bool:
+    """Triton is installed and a CUDA device is present (the kernels' compiled target)."""
+    return torch.cuda.is_available() and importlib.util.find_spec("triton") is not None
+
+
+def select_backend(x: torch.Tensor, normalized_numel: int, backend: Backend = "auto") -> Literal["triton", "torch"]:
+    """Pick the implementation for ``x``.
+
+    Args:
+        x: the input.
+        normalized_numel: number of elements each row is normalised over.
+        backend: "auto" = Triton for CUDA tensors when Triton is installed and the row
+            fits one block, PyTorch otherwise; "triton"/"torch" force one.
+
+    Returns:
+        "triton" or "torch".
+
+    Raises:
+        RuntimeError: ``backend="triton"`` for a tensor the kernels cannot run on, with the fix.
+    """
+    if backend not in _BACKENDS:
+        raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
+    if backend == "torch":
+        return "torch"
+    if backend == "auto":
+        if not (x.is_cuda and triton_available()):
+            return "torch"
+        from perfbudget.levers import _triton_layernorm as tk
+
+        return "triton" if tk.supports(x, normalized_numel) else "torch"
+    if importlib.util.find_spec("triton") is None:
+        raise RuntimeError("backend='triton' but triton is not installed (pip install triton)")
+    from perfbudget.levers import _triton_layernorm as tk
+
+    if not tk.supports(x, normalized_numel):
+        if x.device.type == "cpu" and not tk.INTERPRET:
+            raise RuntimeError(
+                "backend='triton' on a CPU tensor needs the Triton interpreter: set "
+                "TRITON_INTERPRET=1 before perfbudget.levers._triton_layernorm is first imported"
+            )
+        raise RuntimeError(
+            f"backend='triton' cannot take this input (device {x.device}, dtype {x.dtype}, "
+            f"{normalized_numel} features; at most {tk.MAX_FEATURES}); use backend='auto'"
+        )
+    return "triton"
+
+
+def fp32_stats_layer_norm(
+    x: torch.Tensor,
+    normalized_shape: Sequence[int] | int,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    *,
+    backend: Backend = "auto",
+) -> torch.Tensor:
+    """``F.layer_norm`` with mean/variance (and the backward's reductions) in fp32 for half inputs.
+
+    Args:
+        x: input of shape (..., *normalized_shape), any float dtype.
+        normalized_shape: trailing dims to normalise over.
+        weight, bias: optional affine parameters of shape ``normalized_shape``
+            (usually fp32 master weights; applied in fp32).
+        eps: added to the variance.
+        backend: see :func:`select_backend`.
+
+    Returns:
+        Tensor of ``x``'s shape and dtype. Under autocast this keeps fp16/bf16
+        activations in their dtype (unlike ``F.layer_norm``, which autocast runs
+        in fp32 on CUDA), so the next matmul reads half the bytes.
+    """
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if tuple(x.shape[len(x.shape) - len(shape):]) != shape:
+        raise ValueError(f"input shape {tuple(x.shape)} does not end with normalized_shape {shape}")
+    if not x.is_floating_point():
+        raise ValueError(f"expected a floating-point input, got dtype {x.dtype}")
+    n = math.prod(shape)
+    x2 = x.reshape(-1, n)
+    w = weight.reshape(n) if weight is not None else None
+    b = bias.reshape(n) if bias is not None else None
+    if select_backend(x, n, backend) == "triton":
+        from perfbudget.levers._triton_layernorm import TritonLayerNormFn
+
+        y = TritonLayerNormFn.apply(x2, w, b, eps)
+    else:
+        y = _TorchLayerNormFn.apply(x2, w, b, eps)
+    return y.reshape(x.shape)
+
+
+class FP32StatsLayerNorm(nn.LayerNorm):
+    """Drop-in ``nn.LayerNorm`` computing statistics in fp32 and returning the input dtype.
+
+    A subclass, so ``isinstance(m, nn.LayerNorm)`` checks (weight-decay exclusion
+    lists, for instance) still hold. Parameters and state-dict keys are the same.
+    """
+
+    def __init__(
+        self,
+        normalized_shape: int | Sequence[int],
+        eps: float = 1e-5,
+        elementwise_affine: bool = True,
+        bias: bool = True,
+        device: Any = None,
+        dtype: torch.dtype | None = None,
+        *,
+        backend: Backend = "auto",
+    ) -> None:
+        if backend not in _BACKENDS:
+            raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
+        super().__init__(normalized_shape, eps, elementwise_affine, bias, device, dtype)
+        self.backend: Backend = backend
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return fp32_stats_layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps, backend=self.backend)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, backend={self.backend!r}"
+
+    @classmethod
+    def from_layernorm(cls, ln: nn.LayerNorm, *, backend: Backend = "auto") -> FP32StatsLayerNorm:
+        """Build one that *shares* ``ln``'s parameters (an existing optimizer keeps working)."""
+        new = cls(
+            ln.normalized_shape,
+            eps=ln.eps,
+            elementwise_affine=False,
+            bias=False,
+            backend=backend,
+        )
+        new.elementwise_affine = ln.elementwise_affine
+        new.weight = ln.weight
+        new.bias = ln.bias
+        new.train(ln.training)
+        return new
+
+
+def swap_layernorms(model: nn.Module, *, backend: Backend = "auto") -> list[str]:
+    """Replace every plain ``nn.LayerNorm`` inside ``model`` by :class:`FP32StatsLayerNorm`, in place.
+
+    Subclasses of ``nn.LayerNorm`` are left alone (they may change behaviour).
+    Parameters are shared, not copied.
+
+    Args:
+        model: the model to modify.
+        backend: passed to each new module.
+
+    Returns:
+        Qualified names of the replaced modules.
+    """
+    if type(model) is nn.LayerNorm:
+        raise ValueError("model is itself an nn.LayerNorm; use FP32StatsLayerNorm.from_layernorm(model)")
+    replaced: list[str] = []
+    for parent_name, parent in list(model.named_modules()):
+        for child_name, child in list(parent.named_children()):
+            if type(child) is nn.LayerNorm:
+                setattr(parent, child_name, FP32StatsLayerNorm.from_layernorm(child, backend=backend))
+                replaced.append(f"{parent_name}.{child_name}" if parent_name else child_name)
+    return replaced
