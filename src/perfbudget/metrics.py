@@ -47,6 +47,8 @@ class Metric:
         portable: an exact count that must hold on any device of the type, so the
             updater files it in the broad ``cpu.yaml``/``cuda.yaml`` rather than a
             per-model file.
+        quantile: which quantile of the samples a statistical metric budgets
+            (0.5: the median; 0.9 for ``*_p90``), with its distribution-free CI.
         doc: one line shown by ``perfbudget show`` and in error suggestions.
     """
 
@@ -56,6 +58,7 @@ class Metric:
     kind: Kind
     arg: str | None = None
     portable: bool = False
+    quantile: float = 0.5
     doc: str = ""
 
     @property
@@ -97,7 +100,7 @@ _REGISTRY: tuple[Metric, ...] = (
     _m("ttft_ms", "ms", "lower", "timing", "time to first token"),
     _m("token_ms", "ms", "lower", "timing", "per-token decode latency"),
     _m("e2e_ms_p50", "ms", "lower", "timing", "end-to-end request latency, median"),
-    _m("e2e_ms_p90", "ms", "lower", "timing", "end-to-end request latency, 90th percentile"),
+    _m("e2e_ms_p90", "ms", "lower", "timing", "end-to-end request latency, 90th percentile", quantile=0.9),
     _m("compile_s", "s", "lower", "timing", "torch.compile time until warm"),
     # rate: statistics over samples, higher is better
     _m("throughput_samples_per_s", "samples/s", "higher", "rate", "training or inference throughput"),

@@ -106,3 +106,11 @@ def test_rate_metrics_fail_when_lower() -> None:
     assert v.outcome == "fail"
     v = decide("k", "throughput_samples_per_s", [1000.0 + i for i in range(30)], b)
     assert v.outcome == "pass"
+
+
+def test_p90_metrics_judge_the_90th_percentile() -> None:
+    xs = [float(i) for i in range(1, 101)]  # p90 = 90.1, CI ranks 84..96 at 95 %
+    v = decide("k", "e2e_ms_p90", xs, budget("e2e_ms_p90", 90.0, 0.05))
+    assert v.value == pytest.approx(90.1) and v.ci == (84.0, 96.0) and v.outcome == "pass"
+    v = decide("k", "e2e_ms_p90", xs, budget("e2e_ms_p90", 70.0, 0.05))  # limit 73.5 < 84
+    assert v.outcome == "fail"

@@ -176,8 +176,11 @@ def _decide_stat(
     more: More | None,
     policy: VerdictPolicy,
 ) -> Verdict:
+    q = info.quantile
+
     def summary(data: list[float]) -> tuple[float, tuple[float, float]]:
-        return stats.median(data), stats.median_ci(data, policy.confidence)
+        lo, hi, _ = stats.quantile_ci(data, q, policy.confidence)
+        return stats.quantile(data, q), (lo, hi)
 
     med, ci = summary(xs)
     v = base.with_(value=med, ci=ci, n=len(xs), cv=stats.cv(xs), samples=tuple(xs))

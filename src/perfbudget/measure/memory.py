@@ -1,0 +1,376 @@
+"""Peak memory of a step: CPU from the profiler's allocator events, GPU from the caching allocator's peaks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from perfbudget.measure.timing import pinned_threads
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "MIB",
+    "PHASES",
+    "PhasePeaks",
+    "memory_events",
+    "peak_by_phase",
+    "peak_cpu_mib",
+    "peak_live_bytes",
+]
+
+MIB = 1024 * 1024
+PHASES: tuple[str, ...] = ("forward", "backward", "optimizer")
+Device = Literal["cpu", "cuda"]
+
+_STEP_MARK = "perfbudget::step"
+_PHASE_MARK = "perfbudget::phase::"
+
+
+def peak_live_bytes(deltas: Iterable[tuple[int, int]]) -> int:
+    """Peak of the running sum of allocation deltas, starting from zero.
+
+    Args:
+        deltas: ``(time_ns, nbytes)`` pairs, ``nbytes`` positive for an allocation and
+            negative for a free. Sorted by time here; ties keep their given order.
+
+    Returns:
+        The largest running total (bytes live above the starting level), at least 0.
+    """
+    level = peak = 0
+    for _, nbytes in sorted(deltas, key=lambda d: d[0]):
+        level += nbytes
+        peak = max(peak, level)
+    return peak
+
+
+def _allocation_records(prof: Any, device: Device) -> list[tuple[int, int, int | None]]:
+    """``(start_ns, nbytes, address)`` of every allocator event of a finished profile.
+
+    The address comes from the profiler's event tree; where that (experimental) API is missing,
+    the kineto ``[memory]`` records are used without addresses.
+    """
+    results = getattr(getattr(prof, "profiler", None), "kineto_results", None)
+    if results is None:
+        raise RuntimeError(
+            "profiler has no kineto results: run it with profile_memory=True and read it "
+            "after the profile context has exited"
+        )
+    try:
+        from torch._C._profiler import _EventType
+
+        out: list[tuple[int, int, int | None]] = []
+        stack = list(results.experimental_event_tree())
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children)
+            if node.tag != _EventType.Allocation:
+                continue
+            f = node.extra_fields
+            if f.device.type != device:
+                continue
+            out.append((int(node.start_time_ns), int(f.alloc_size), int(f.ptr)))
+    except (ImportError, AttributeError, RuntimeError):
+        from torch.autograd import DeviceType
+
+        want = DeviceType.CPU if device == "cpu" else DeviceType.CUDA
+        out = [
+            (int(e.start_ns()), int(e.nbytes()), None)
+            for e in results.events()
+            if e.name() == "[memory]" and e.device_type() == want
+        ]
+    out.sort(key=lambda r: r[0])
+    return out
+
+
+def _own_allocations(
+    records: Sequence[tuple[int, int, int | None]], start: int, end: int
+) -> list[tuple[int, int]]:
+    """Allocations inside ``[start, end]`` and the frees of exactly those blocks.
+
+    Frees of blocks allocated earlier are dropped. The CPU allocator remembers block sizes
+    across profiling sessions by address, so without this pairing a block allocated outside
+    profiling at a reused address is "freed" with a stale size, and the peak wanders by whole
+    tensors from run to run.
+    """
+    live: dict[int, int] = {}
+    out = []
+    for t, nbytes, ptr in records:
+        if not start <= t <= end:
+            continue
+        if ptr is None:
+            out.append((t, nbytes))
+        elif nbytes > 0:
+            live[ptr] = nbytes
+            out.append((t, nbytes))
+        elif live.get(ptr) == -nbytes:
+            del live[ptr]
+            out.append((t, nbytes))
+    return out
+
+
+def memory_events(prof: Any, *, device: Device = "cpu") -> list[tuple[int, int]]:
+    """Allocator events of a finished ``torch.profiler.profile(profile_memory=True)`` run.
+
+    One event per allocation (positive bytes) and per free (negative bytes) of a block that
+    was allocated while profiling; frees of older blocks are dropped, so the running sum
+    (see :func:`peak_live_bytes`) starts at 0 and counts the profiled code's own memory.
+
+    Args:
+        prof: the profiler object, after its context exited.
+        device: keep events of this device type only.
+
+    Returns:
+        ``(start_ns, nbytes)`` pairs in time order.
+    """
+    records = _allocation_records(prof, device)
+    if not records:
+        return []
+    return _own_allocations(records, records[0][0], records[-1][0])
+
+
+def _annotation_windows(prof: Any, prefix: str) -> list[tuple[str, int, int]]:
+    """``(name, start_ns, end_ns)`` of ``record_function`` ranges whose name starts with ``prefix``."""
+    results = prof.profiler.kineto_results
+    wins = [
+        (e.name(), int(e.start_ns()), int(e.end_ns()))
+        for e in results.events()
+        if e.name().startswith(prefix)
+    ]
+    wins.sort(key=lambda w: w[1])
+    return wins
+
+
+def _window_peaks(
+    deltas: Sequence[tuple[int, int]], windows: Sequence[tuple[str, int, int]]
+) -> list[tuple[str, int]]:
+    """Peak live bytes inside each window, relative to the level at the first window's start."""
+    if not windows:
+        return []
+    origin = windows[0][1]
+    out = []
+    for name, start, end in windows:
+        level = sum(n for t, n in deltas if origin <= t < start)
+        peak = level
+        for t, n in deltas:
+            if start <= t <= end:
+                level += n
+                peak = max(peak, level)
+        out.append((name, peak))
+    return out
+
+
+def peak_cpu_mib(
+    step: Callable[[], Any],
+    *,
+    warmup: int = 1,
+    steps: int = 1,
+    threads: int | None = 1,
+) -> float:
+    """Peak of the CPU memory a step allocates itself, in MiB.
+
+    The running sum of the step's allocations minus its frees of those same blocks, at its
+    highest: what the step needs on top of what was live before it. Blocks that were live
+    before the step and that it frees (e.g. last step's gradients under ``zero_grad``) are not
+    subtracted, so the number does not depend on what the previous step left behind.
+
+    Reconstructed from the profiler's allocator events (``profile_memory=True``): RSS and
+    tracemalloc cannot see it, because after warm-up the allocator reuses freed pages and
+    torch allocations bypass Python's allocator.
+
+    Args:
+        step: zero-argument callable.
+        warmup: unprofiled calls first (optimizer state and caches get allocated there).
+        steps: profiled calls; the largest per-step peak is returned.
+        threads: torch intra-op threads during the run (restored after); ``None`` leaves them.
+
+    Returns:
+        Peak live bytes above the step's starting level, in MiB.
+    """
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps!r}")
+    if warmup < 0:
+        raise ValueError(f"warmup must be >= 0, got {warmup!r}")
+    from torch.autograd.profiler import record_function
+    from torch.profiler import ProfilerActivity, profile
+
+    with pinned_threads(threads):
+        for _ in range(warmup):
+            step()
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            for _ in range(steps):
+                with record_function(_STEP_MARK):
+                    step()
+    records = _allocation_records(prof, "cpu")
+    windows = _annotation_windows(prof, _STEP_MARK)
+    if not windows:
+        return peak_live_bytes(memory_events(prof, device="cpu")) / MIB
+    return max(peak_live_bytes(_own_allocations(records, s, e)) for _, s, e in windows) / MIB
+
+
+@dataclass(frozen=True, kw_only=True)
+class PhasePeaks:
+    """Peak memory during each phase of a training step, in MiB."""
+
+    forward_mib: float
+    backward_mib: float
+    optimizer_mib: float
+    reference: Literal["allocated", "step_start"]
+    """``"allocated"`` (CUDA): absolute ``max_memory_allocated`` during the phase, weights
+    and everything else live included. ``"step_start"`` (CPU): peak of the bytes the step
+    itself allocated and still holds (see :func:`peak_cpu_mib`), counted from the step's start."""
+    device: Device
+
+    def by_phase(self) -> dict[str, float]:
+        """``{"forward": MiB, "backward": MiB, "optimizer": MiB}``."""
+        return {
+            "forward": self.forward_mib,
+            "backward": self.backward_mib,
+            "optimizer": self.optimizer_mib,
+        }
+
+    @property
+    def peak_mib(self) -> float:
+        """Largest of the three phases."""
+        return max(self.forward_mib, self.backward_mib, self.optimizer_mib)
+
+
+def _phase_fns(
+    forward: Callable[[], torch.Tensor],
+    backward: Callable[[torch.Tensor], Any] | None,
+    optimizer: Any,
+) -> tuple[Callable[[], Any], Callable[[Any], Any], Callable[[], Any]]:
+    def default_backward(loss: Any) -> Any:
+        return loss.backward()
+
+    def opt_phase() -> None:
+        if optimizer is None:
+            return
+        if callable(getattr(optimizer, "step", None)) and callable(
+            getattr(optimizer, "zero_grad", None)
+        ):
+            optimizer.step()
+            # Freeing the gradients belongs to this phase: it is where their memory goes.
+            optimizer.zero_grad(set_to_none=True)
+        elif callable(optimizer):
+            optimizer()
+        else:
+            raise TypeError(
+                f"optimizer must be a torch.optim.Optimizer, a callable or None, got {type(optimizer)}"
+            )
+
+    return forward, backward or default_backward, opt_phase
+
+
+def peak_by_phase(
+    forward: Callable[[], torch.Tensor],
+    *,
+    backward: Callable[[torch.Tensor], Any] | None = None,
+    optimizer: Any = None,
+    device: Device = "cuda",
+    warmup: int = 1,
+    threads: int | None = 1,
+) -> PhasePeaks:
+    """Peak memory of the forward, backward and optimizer phases of one training step.
+
+    CUDA: before each phase the allocator's peak is reset
+    (``torch.cuda.reset_peak_memory_stats``); after it, ``max_memory_allocated`` is read.
+    Allocated, never reserved or NVML "used": those include the cache and other processes.
+
+    CPU: the step runs under the profiler with ``profile_memory=True`` and each phase's
+    peak is read from the running sum of the step's own allocations and frees, counted from
+    the step's start (see :func:`peak_cpu_mib`).
+
+    Args:
+        forward: returns the loss.
+        backward: called with the loss; default ``loss.backward()``.
+        optimizer: a ``torch.optim.Optimizer`` (phase = ``step()`` then
+            ``zero_grad(set_to_none=True)``), a zero-argument callable, or ``None``.
+        device: ``"cuda"`` or ``"cpu"``.
+        warmup: unmeasured steps first (the first step allocates optimizer state).
+        threads: torch intra-op threads during the run (restored after).
+
+    Returns:
+        ``PhasePeaks`` in MiB.
+    """
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    if warmup < 0:
+        raise ValueError(f"warmup must be >= 0, got {warmup!r}")
+    import torch
+
+    fwd, bwd, opt = _phase_fns(forward, backward, optimizer)
+
+    def one_step(mark: Callable[[str], Any]) -> None:
+        with mark("forward"):
+            loss = fwd()
+        with mark("backward"):
+            bwd(loss)
+        del loss
+        with mark("optimizer"):
+            opt()
+
+    with pinned_threads(threads):
+        for _ in range(warmup):
+            one_step(lambda _name: nullcontext())
+        if device == "cuda":
+            if not torch.cuda.is_available():
+                raise RuntimeError("peak_by_phase(device='cuda') needs CUDA; none is available")
+            return _cuda_phase_peaks(fwd, bwd, opt)
+        return _cpu_phase_peaks(one_step)
+
+
+def _cuda_phase_peaks(
+    fwd: Callable[[], Any], bwd: Callable[[Any], Any], opt: Callable[[], Any]
+) -> PhasePeaks:
+    import torch
+
+    peaks: dict[str, float] = {}
+
+    def run(name: str, fn: Callable[[], Any]) -> Any:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        out = fn()
+        torch.cuda.synchronize()
+        peaks[name] = torch.cuda.max_memory_allocated() / MIB
+        return out
+
+    held = {"loss": run("forward", fwd)}
+    run("backward", lambda: bwd(held["loss"]))
+    # The loss (and the graph it keeps alive) is gone before the optimizer runs, as in a loop.
+    held.clear()
+    run("optimizer", opt)
+    return PhasePeaks(
+        forward_mib=peaks["forward"],
+        backward_mib=peaks["backward"],
+        optimizer_mib=peaks["optimizer"],
+        reference="allocated",
+        device="cuda",
+    )
+
+
+def _cpu_phase_peaks(one_step: Callable[[Callable[[str], Any]], None]) -> PhasePeaks:
+    from torch.autograd.profiler import record_function
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        one_step(lambda name: record_function(_PHASE_MARK + name))
+    windows = _annotation_windows(prof, _PHASE_MARK)
+    records = _allocation_records(prof, "cpu")
+    # Pair frees with allocations over the whole step: the loss and activations allocated in
+    # forward are freed in backward.
+    deltas = _own_allocations(records, windows[0][1], windows[-1][2]) if windows else []
+    found = {name.removeprefix(_PHASE_MARK): peak for name, peak in _window_peaks(deltas, windows)}
+    missing = [p for p in PHASES if p not in found]
+    if missing:
+        raise RuntimeError(f"profiler recorded no range for phase(s) {missing}")
+    return PhasePeaks(
+        forward_mib=found["forward"] / MIB,
+        backward_mib=found["backward"] / MIB,
+        optimizer_mib=found["optimizer"] / MIB,
+        reference="step_start",
+        device="cpu",
+    )

@@ -1,0 +1,355 @@
+"""Numerical health of training: per-layer gradient norms, non-finite gradients, GradScaler skips, loss drift."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "GradReport",
+    "LossDrift",
+    "NonFiniteGrad",
+    "ScalerReport",
+    "check_grads",
+    "compare_to_reference",
+    "count_scaler_skips",
+    "grad_norms",
+    "loss_drift",
+    "record_losses",
+]
+
+GroupBy = Literal["layer", "parameter"]
+
+
+def _layer_of(param_name: str) -> str:
+    """``"encoder.0.linear1.weight"`` -> ``"encoder.0.linear1"`` (``""`` for a top-level parameter)."""
+    return param_name.rpartition(".")[0]
+
+
+def _group(norms: Mapping[str, float], by: GroupBy) -> dict[str, float]:
+    if by == "parameter":
+        return dict(norms)
+    if by != "layer":
+        raise ValueError(f"by must be 'layer' or 'parameter', got {by!r}")
+    sq: dict[str, float] = {}
+    for name, n in norms.items():
+        layer = _layer_of(name)
+        sq[layer] = sq.get(layer, 0.0) + n * n
+    return {k: math.sqrt(v) for k, v in sq.items()}
+
+
+def grad_norms(model: torch.nn.Module, *, by: GroupBy = "layer") -> dict[str, float]:
+    """L2 norms of the gradients currently held by ``model``'s parameters.
+
+    Args:
+        model: parameters without a gradient are skipped.
+        by: ``"layer"`` combines a module's parameters (``sqrt`` of the summed squares),
+            ``"parameter"`` keeps one entry per parameter.
+
+    Returns:
+        ``{name: norm}`` in parameter order; non-finite gradients give ``inf``/``nan``.
+    """
+    import torch
+
+    norms = {
+        name: float(torch.linalg.vector_norm(p.grad.detach(), dtype=torch.float32))
+        for name, p in model.named_parameters()
+        if p.grad is not None
+    }
+    return _group(norms, by)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NonFiniteGrad:
+    """A parameter whose gradient held NaN or Inf after a step's backward."""
+
+    step: int
+    """0-based index of the step."""
+    parameter: str
+    """Parameter name, e.g. ``"2.weight"``."""
+    layer: str
+    """Module path owning the parameter."""
+    kind: Literal["nan", "inf", "nan+inf"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class GradReport:
+    """Gradient health over a run of training steps."""
+
+    steps: int
+    """Steps run (fewer than asked when stopped at the first non-finite gradient)."""
+    norms: tuple[Mapping[str, float], ...]
+    """Per step, gradient L2 norm by layer (or parameter)."""
+    nonfinite: tuple[NonFiniteGrad, ...]
+    """Every non-finite gradient, by step, in the order backward produced them."""
+
+    @property
+    def first(self) -> NonFiniteGrad | None:
+        """The first non-finite gradient: the earliest step, the first parameter backward
+        finished there (closest to the loss, i.e. where the bad values entered)."""
+        return self.nonfinite[0] if self.nonfinite else None
+
+    @property
+    def nonfinite_grads(self) -> int:
+        """Number of (step, parameter) pairs with a non-finite gradient."""
+        return len(self.nonfinite)
+
+    def lines(self) -> list[str]:
+        """Readable summary for a failure message."""
+        if not self.nonfinite:
+            return [f"all gradients finite over {self.steps} step(s)"]
+        f = self.nonfinite[0]
+        return [
+            f"non-finite gradient ({f.kind}) first at step {f.step} in {f.parameter} "
+            f"(layer {f.layer or '<root>'}); {len(self.nonfinite)} non-finite in total"
+        ]
+
+
+def check_grads(
+    step: Callable[[], Any],
+    model: torch.nn.Module,
+    *,
+    steps: int = 1,
+    by: GroupBy = "layer",
+    stop_at_first: bool = True,
+) -> GradReport:
+    """Run ``step`` ``steps`` times and watch every gradient as backward produces it.
+
+    A post-accumulate-grad hook on each parameter records the gradient's norm and whether it
+    holds NaN/Inf right after accumulation, so it works whatever the step does with the
+    gradients afterwards (clipping, ``zero_grad``). Values are read once per step (one device
+    sync per step on GPU). Gradients from a ``GradScaler``-scaled loss are seen *scaled*:
+    overflow there is expected and handled by the scaler (see :func:`count_scaler_skips`).
+
+    Args:
+        step: one training step (forward, backward, optimizer).
+        model: the module whose parameters to watch.
+        steps: steps to run.
+        by: group norms by ``"layer"`` or ``"parameter"``.
+        stop_at_first: stop after the first step with a non-finite gradient.
+
+    Returns:
+        ``GradReport`` naming the first bad parameter and step.
+    """
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps!r}")
+    import torch
+
+    # (order, name, norm, has_nan, has_inf) as tensors, filled by the hooks during one step.
+    seen: list[tuple[str, Any, Any, Any]] = []
+
+    def make_hook(name: str) -> Callable[[Any], None]:
+        def hook(p: Any) -> None:
+            g = p.grad.detach()
+            seen.append(
+                (
+                    name,
+                    torch.linalg.vector_norm(g, dtype=torch.float32),
+                    torch.isnan(g).any(),
+                    torch.isinf(g).any(),
+                )
+            )
+
+        return hook
+
+    handles = [
+        p.register_post_accumulate_grad_hook(make_hook(name))
+        for name, p in model.named_parameters()
+        if p.requires_grad
+    ]
+    norms_per_step: list[Mapping[str, float]] = []
+    bad: list[NonFiniteGrad] = []
+    ran = 0
+    try:
+        for i in range(steps):
+            seen.clear()
+            step()
+            ran += 1
+            norms: dict[str, float] = {}
+            flagged: dict[str, tuple[bool, bool]] = {}
+            order: list[str] = []
+            for name, norm, has_nan, has_inf in seen:
+                norms[name] = float(norm)
+                prev = flagged.get(name, (False, False))
+                flagged[name] = (prev[0] or bool(has_nan), prev[1] or bool(has_inf))
+                if name not in order:
+                    order.append(name)
+            norms_per_step.append(_group(norms, by))
+            step_bad = []
+            for name in order:
+                has_nan, has_inf = flagged[name]
+                if has_nan or has_inf:
+                    kind: Literal["nan", "inf", "nan+inf"] = (
+                        "nan+inf" if has_nan and has_inf else ("nan" if has_nan else "inf")
+                    )
+                    step_bad.append(
+                        NonFiniteGrad(step=i, parameter=name, layer=_layer_of(name), kind=kind)
+                    )
+            bad.extend(step_bad)
+            if step_bad and stop_at_first:
+                break
+    finally:
+        for h in handles:
+            h.remove()
+    return GradReport(steps=ran, norms=tuple(norms_per_step), nonfinite=tuple(bad))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScalerReport:
+    """Optimizer steps a ``GradScaler`` skipped because of Inf/NaN gradients."""
+
+    steps: int
+    skipped_steps: int
+    skipped_at: tuple[int, ...]
+    """0-based indices of the skipped steps."""
+    scales: tuple[float, ...]
+    """Loss scale after each step."""
+
+
+def count_scaler_skips(step: Callable[[], Any], scaler: Any, *, steps: int = 1) -> ScalerReport:
+    """Run ``step`` (which must call ``scaler.step`` and ``scaler.update``) and count skips.
+
+    ``GradScaler.update`` multiplies the scale by ``backoff_factor`` (< 1) exactly when the
+    step found Inf/NaN gradients and skipped ``optimizer.step``; the scale never decreases
+    otherwise. So a decrease across a step is a skipped step.
+
+    Args:
+        step: one training step using ``scaler``.
+        scaler: a ``torch.amp.GradScaler`` (a disabled scaler never skips).
+        steps: steps to run.
+
+    Returns:
+        ``ScalerReport``.
+    """
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps!r}")
+    enabled = bool(scaler.is_enabled())
+    if enabled:
+        backoff = float(scaler.get_backoff_factor())
+        if not backoff < 1.0:
+            raise ValueError(
+                f"skips are read from scale decreases: backoff_factor must be < 1, got {backoff}"
+            )
+    skipped: list[int] = []
+    scales: list[float] = []
+    for i in range(steps):
+        before = float(scaler.get_scale()) if enabled else 1.0
+        step()
+        after = float(scaler.get_scale()) if enabled else 1.0
+        scales.append(after)
+        if enabled and after < before:
+            skipped.append(i)
+    return ScalerReport(
+        steps=steps, skipped_steps=len(skipped), skipped_at=tuple(skipped), scales=tuple(scales)
+    )
+
+
+def record_losses(step: Callable[[], Any], *, steps: int) -> tuple[float, ...]:
+    """Run ``step`` ``steps`` times and collect the loss each call returns (tensor or number)."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps!r}")
+    out = []
+    for _ in range(steps):
+        loss = step()
+        out.append(float(loss.detach() if hasattr(loss, "detach") else loss))
+    return tuple(out)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LossDrift:
+    """How far a run's losses drift from a reference run's, step by step."""
+
+    steps: int
+    max_abs: float
+    """Largest ``|loss - reference|``."""
+    max_rel: float
+    """Largest ``|loss - reference| / |reference|`` (``inf`` for a non-finite loss)."""
+    final_rel: float
+    """Relative difference at the last step."""
+    rtol: float
+    first_step_over: int | None
+    """0-based first step whose relative difference exceeds ``rtol``, else ``None``."""
+
+    @property
+    def ok(self) -> bool:
+        """True when no step drifted beyond ``rtol``."""
+        return self.first_step_over is None
+
+
+def _rel(a: float, ref: float) -> float:
+    if not (math.isfinite(a) and math.isfinite(ref)):
+        return math.inf
+    denom = abs(ref)
+    if denom == 0:
+        return 0.0 if a == 0 else math.inf
+    return abs(a - ref) / denom
+
+
+def loss_drift(
+    losses: Sequence[float], reference: Sequence[float], *, rtol: float = 0.01
+) -> LossDrift:
+    """Compare a run's per-step losses with a reference run's (e.g. fp32 vs mixed precision).
+
+    Args:
+        losses: losses of the run under test, one per step.
+        reference: losses of the reference run, same steps and data.
+        rtol: relative tolerance per step.
+
+    Returns:
+        ``LossDrift``.
+    """
+    if len(losses) != len(reference):
+        raise ValueError(
+            f"losses and reference must have the same length, got {len(losses)} and {len(reference)}"
+        )
+    if not losses:
+        raise ValueError("no losses to compare")
+    if rtol < 0:
+        raise ValueError(f"rtol must be >= 0, got {rtol!r}")
+    rels = [_rel(float(a), float(r)) for a, r in zip(losses, reference, strict=True)]
+    abss = [
+        abs(float(a) - float(r))
+        if math.isfinite(float(a)) and math.isfinite(float(r))
+        else math.inf
+        for a, r in zip(losses, reference, strict=True)
+    ]
+    over = next((i for i, r in enumerate(rels) if r > rtol), None)
+    return LossDrift(
+        steps=len(losses),
+        max_abs=max(abss),
+        max_rel=max(rels),
+        final_rel=rels[-1],
+        rtol=rtol,
+        first_step_over=over,
+    )
+
+
+def compare_to_reference(
+    step: Callable[[], Any],
+    reference_step: Callable[[], Any],
+    *,
+    steps: int,
+    rtol: float = 0.01,
+) -> LossDrift:
+    """Run a reference (e.g. fp32) and a candidate training loop and compare their losses.
+
+    Both callables return the step's loss and must start from the same weights and see the
+    same data (separate model copies, same seed).
+
+    Args:
+        step: the candidate step (e.g. under autocast).
+        reference_step: the fp32 reference step.
+        steps: steps per run.
+        rtol: relative tolerance per step.
+
+    Returns:
+        ``LossDrift`` of the candidate against the reference.
+    """
+    ref = record_losses(reference_step, steps=steps)
+    got = record_losses(step, steps=steps)
+    return loss_drift(got, ref, rtol=rtol)

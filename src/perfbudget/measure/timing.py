@@ -1,0 +1,358 @@
+"""Wall-time sampling of a zero-argument callable: a host timer for CPU work, CUDA events for GPU work."""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from perfbudget.measure import stats
+
+__all__ = ["Samples", "bench", "pinned_threads"]
+
+Device = Literal["cpu", "cuda"]
+_DEVICES: tuple[str, ...] = ("cpu", "cuda")
+
+# triton.testing.do_bench zeroes a 256 MB buffer before every repetition: larger than the L2 of
+# any current NVIDIA part (H100: 50 MB), so each timed call starts from a cold L2.
+_L2_FLUSH_BYTES = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True, kw_only=True)
+class Samples:
+    """Raw per-call times of one benchmark run."""
+
+    samples_ms: tuple[float, ...]
+    """Per-call wall time in milliseconds, in the order measured (warm-up calls excluded)."""
+    warmup_calls: int
+    """Calls made before the first timed call and discarded."""
+    threads: int | None
+    """torch intra-op threads during the run (``None``: left as the process had it)."""
+    device: Device = "cpu"
+    """``"cpu"``: host ``perf_counter``; ``"cuda"``: CUDA events."""
+    timer: Literal["perf_counter", "cuda_event", "cuda_graph"] = "perf_counter"
+    """How each sample was taken."""
+    l2_flushed: bool = False
+    """Whether L2 was flushed before every timed call (cold-cache numbers)."""
+    calls_per_sample: int = 1
+    """Calls averaged into one sample (> 1 only for CUDA-graph replay)."""
+
+    def __post_init__(self) -> None:
+        if not self.samples_ms:
+            raise ValueError("Samples needs at least one sample, got none")
+        if self.device not in _DEVICES:
+            raise ValueError(f"device must be one of {_DEVICES}, got {self.device!r}")
+
+    @property
+    def n(self) -> int:
+        """Number of timed samples."""
+        return len(self.samples_ms)
+
+    @property
+    def median_ms(self) -> float:
+        """Median per-call time in milliseconds."""
+        return stats.median(self.samples_ms)
+
+    def summary(self, confidence: float = 0.95) -> stats.Summary:
+        """Median, distribution-free CI of the median, IQR, CV, min and max (all in ms)."""
+        return stats.summarize(self.samples_ms, confidence)
+
+
+@contextmanager
+def pinned_threads(threads: int | None) -> Iterator[None]:
+    """Set ``torch.set_num_threads(threads)`` for the block and restore the previous value.
+
+    Args:
+        threads: intra-op thread count; ``None`` leaves the setting alone.
+    """
+    if threads is None:
+        yield
+        return
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1 or None, got {threads!r}")
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def bench(
+    fn: Callable[[], Any],
+    *,
+    warmup_ms: float = 200,
+    min_samples: int = 30,
+    max_ms: float = 2000,
+    threads: int | None = 1,
+    device: Device = "cpu",
+    min_warmup_calls: int = 2,
+    max_samples: int = 100_000,
+    flush_l2: bool = False,
+    cuda_graph: bool = False,
+) -> Samples:
+    """Time ``fn()`` repeatedly and return every per-call time.
+
+    Warm-up and measurement are time budgets with floors on the call counts, as in
+    ``triton.testing.do_bench``: the first calls of a process run ~1.5x slower (lazy init,
+    allocator growth, compilation), so they are run and discarded.
+
+    CPU (``device="cpu"``): each call is timed with ``time.perf_counter``; calls are made
+    until ``max_ms`` has elapsed and at least ``min_samples`` were taken. GPU work launched
+    by ``fn`` is *not* waited for: use ``device="cuda"`` for that.
+
+    CUDA (``device="cuda"``): a 5-call estimate converts the budgets into call counts, each
+    call is bracketed by CUDA events and the host synchronizes once after the loop, so host
+    overhead between calls is not timed. ``flush_l2`` zeroes a 256 MB buffer before every
+    call (cold-cache numbers that can understate in-model cache reuse). ``cuda_graph``
+    captures several calls of ``fn`` in a CUDA graph and times replays, removing launch
+    overhead for tiny ops (``fn`` must be graph-capturable; no L2 flush in that mode).
+
+    Args:
+        fn: zero-argument callable; set-up belongs outside it (in its closure).
+        warmup_ms: warm-up time budget in milliseconds.
+        min_samples: least number of timed calls, whatever the budget.
+        max_ms: measurement time budget in milliseconds; exceeded only to reach
+            ``min_samples``.
+        threads: torch intra-op threads during the run, restored afterwards; ``None``
+            leaves them alone. One thread is the stable setting on small CPUs.
+        device: ``"cpu"`` or ``"cuda"``.
+        min_warmup_calls: least number of discarded warm-up calls.
+        max_samples: cap on the number of timed calls (protects against sub-microsecond
+            functions filling memory).
+        flush_l2: CUDA only, flush L2 before every timed call.
+        cuda_graph: CUDA only, time CUDA-graph replays.
+
+    Returns:
+        ``Samples`` with the raw per-call times in milliseconds.
+    """
+    if device not in _DEVICES:
+        raise ValueError(f"device must be one of {_DEVICES}, got {device!r}")
+    if min_samples < 1:
+        raise ValueError(f"min_samples must be >= 1, got {min_samples!r}")
+    if max_samples < min_samples:
+        raise ValueError(f"max_samples ({max_samples}) must be >= min_samples ({min_samples})")
+    if warmup_ms < 0 or max_ms < 0:
+        raise ValueError(f"warmup_ms and max_ms must be >= 0, got {warmup_ms!r}, {max_ms!r}")
+    if min_warmup_calls < 0:
+        raise ValueError(f"min_warmup_calls must be >= 0, got {min_warmup_calls!r}")
+    if device == "cpu" and (flush_l2 or cuda_graph):
+        raise ValueError("flush_l2 and cuda_graph need device='cuda'")
+    if flush_l2 and cuda_graph:
+        raise ValueError(
+            "flush_l2 cannot be combined with cuda_graph (the flush would be replayed)"
+        )
+
+    with pinned_threads(threads):
+        if device == "cpu":
+            return _bench_cpu(
+                fn,
+                warmup_ms=warmup_ms,
+                min_samples=min_samples,
+                max_ms=max_ms,
+                threads=threads,
+                min_warmup_calls=min_warmup_calls,
+                max_samples=max_samples,
+            )
+        if cuda_graph:
+            return _bench_cuda_graph(
+                fn,
+                warmup_ms=warmup_ms,
+                min_samples=min_samples,
+                max_ms=max_ms,
+                threads=threads,
+                min_warmup_calls=min_warmup_calls,
+                max_samples=max_samples,
+            )
+        return _bench_cuda(
+            fn,
+            warmup_ms=warmup_ms,
+            min_samples=min_samples,
+            max_ms=max_ms,
+            threads=threads,
+            min_warmup_calls=min_warmup_calls,
+            max_samples=max_samples,
+            flush_l2=flush_l2,
+        )
+
+
+def _bench_cpu(
+    fn: Callable[[], Any],
+    *,
+    warmup_ms: float,
+    min_samples: int,
+    max_ms: float,
+    threads: int | None,
+    min_warmup_calls: int,
+    max_samples: int,
+) -> Samples:
+    clock = time.perf_counter
+    warmup_calls = 0
+    start = clock()
+    while warmup_calls < min_warmup_calls or (clock() - start) * 1e3 < warmup_ms:
+        fn()
+        warmup_calls += 1
+    # A collection triggered by warm-up garbage would otherwise land in some timed call.
+    gc.collect()
+    samples: list[float] = []
+    start = clock()
+    while len(samples) < max_samples:
+        t0 = clock()
+        fn()
+        t1 = clock()
+        samples.append((t1 - t0) * 1e3)
+        if len(samples) >= min_samples and (t1 - start) * 1e3 >= max_ms:
+            break
+    return Samples(
+        samples_ms=tuple(samples),
+        warmup_calls=warmup_calls,
+        threads=threads,
+        device="cpu",
+        timer="perf_counter",
+    )
+
+
+def _counts_from_estimate(
+    estimate_ms: float,
+    *,
+    warmup_ms: float,
+    min_samples: int,
+    max_ms: float,
+    min_warmup_calls: int,
+    max_samples: int,
+) -> tuple[int, int]:
+    """Warm-up and repetition counts from a per-call estimate (device timers cannot stop on time)."""
+    per_call = max(estimate_ms, 1e-6)
+    n_warmup = max(min_warmup_calls, 1, math.floor(warmup_ms / per_call))
+    n_repeat = min(max_samples, max(min_samples, math.floor(max_ms / per_call)))
+    return n_warmup, n_repeat
+
+
+def _bench_cuda(
+    fn: Callable[[], Any],
+    *,
+    warmup_ms: float,
+    min_samples: int,
+    max_ms: float,
+    threads: int | None,
+    min_warmup_calls: int,
+    max_samples: int,
+    flush_l2: bool,
+) -> Samples:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("bench(device='cuda') needs CUDA; torch.cuda.is_available() is False")
+    cache = torch.empty(_L2_FLUSH_BYTES, dtype=torch.int8, device="cuda") if flush_l2 else None
+
+    fn()
+    torch.cuda.synchronize()
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        if cache is not None:
+            cache.zero_()
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    estimate_ms = start.elapsed_time(end) / 5
+    n_warmup, n_repeat = _counts_from_estimate(
+        estimate_ms,
+        warmup_ms=warmup_ms,
+        min_samples=min_samples,
+        max_ms=max_ms,
+        min_warmup_calls=min_warmup_calls,
+        max_samples=max_samples,
+    )
+    for _ in range(n_warmup):
+        fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_repeat)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_repeat)]
+    for i in range(n_repeat):
+        if cache is not None:
+            cache.zero_()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    # One synchronize for the whole loop: per-call syncs would time host overhead too.
+    torch.cuda.synchronize()
+    samples = tuple(float(s.elapsed_time(e)) for s, e in zip(starts, ends, strict=True))
+    return Samples(
+        samples_ms=samples,
+        warmup_calls=1 + 5 + n_warmup,
+        threads=threads,
+        device="cuda",
+        timer="cuda_event",
+        l2_flushed=flush_l2,
+    )
+
+
+def _bench_cuda_graph(
+    fn: Callable[[], Any],
+    *,
+    warmup_ms: float,
+    min_samples: int,
+    max_ms: float,
+    threads: int | None,
+    min_warmup_calls: int,
+    max_samples: int,
+) -> Samples:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("bench(cuda_graph=True) needs CUDA; torch.cuda.is_available() is False")
+    stream = torch.cuda.Stream()
+    # Capture must happen on a side stream, after the callable ran there at least once.
+    with torch.cuda.stream(stream):
+        fn()
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(5):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        estimate_ms = max(start.elapsed_time(end) / 5, 1e-6)
+        # Enough calls per replay that one replay lasts ~1 ms: launch cost is amortized.
+        calls_per_replay = max(1, min(1000, math.ceil(1.0 / estimate_ms)))
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls_per_replay):
+                fn()
+        torch.cuda.synchronize()
+        replay_ms = estimate_ms * calls_per_replay
+        n_warmup, n_repeat = _counts_from_estimate(
+            replay_ms,
+            warmup_ms=warmup_ms,
+            min_samples=min_samples,
+            max_ms=max_ms,
+            min_warmup_calls=min_warmup_calls,
+            max_samples=max_samples,
+        )
+        for _ in range(n_warmup):
+            graph.replay()
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_repeat)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_repeat)]
+        for i in range(n_repeat):
+            starts[i].record()
+            graph.replay()
+            ends[i].record()
+        torch.cuda.synchronize()
+    samples = tuple(
+        float(s.elapsed_time(e)) / calls_per_replay for s, e in zip(starts, ends, strict=True)
+    )
+    return Samples(
+        samples_ms=samples,
+        warmup_calls=6 + n_warmup * calls_per_replay,
+        threads=threads,
+        device="cuda",
+        timer="cuda_graph",
+        calls_per_sample=calls_per_replay,
+    )

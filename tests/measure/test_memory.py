@@ -1,0 +1,148 @@
+"""Tests of measure.memory: the running-sum peak, CPU peaks from profiler events, per-phase peaks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import nn
+
+from perfbudget.measure.memory import (
+    _own_allocations,
+    memory_events,
+    peak_by_phase,
+    peak_cpu_mib,
+    peak_live_bytes,
+)
+
+from .support import gpu_test
+
+
+def test_peak_live_bytes_is_the_running_sum_peak() -> None:
+    # levels 100, 150, 50, 250, 0
+    assert peak_live_bytes([(0, 100), (1, 50), (2, -100), (3, 200), (4, -250)]) == 250
+    # Out-of-order input is sorted by time first.
+    assert peak_live_bytes([(3, 200), (0, 100), (2, -100), (1, 50)]) == 250
+    assert peak_live_bytes([]) == 0
+    # Frees of memory allocated before the window never push the peak below zero.
+    assert peak_live_bytes([(0, -64), (1, 32)]) == 0
+
+
+def test_only_the_windows_own_blocks_are_freed() -> None:
+    records = [
+        (0, -4096, 0xA0),  # a block from before the window, freed with a (possibly stale) size
+        (1, 1000, 0xB0),
+        (2, 500, 0xC0),
+        (3, -1000, 0xB0),
+        (4, -500, 0xD0),  # address never allocated in the window: dropped
+        (9, 64, 0xE0),  # outside the window
+    ]
+    assert _own_allocations(records, 0, 5) == [(1, 1000), (2, 500), (3, -1000)]
+    assert peak_live_bytes(_own_allocations(records, 0, 5)) == 1500
+    # Without addresses every event counts.
+    assert _own_allocations([(1, 10, None), (2, -30, None)], 0, 5) == [(1, 10), (2, -30)]
+
+
+def make_model() -> nn.Module:
+    torch.manual_seed(0)
+    # Small weights, wide activations: the step's peak is dominated by batch-sized tensors.
+    return nn.Sequential(nn.Linear(64, 1024), nn.ReLU(), nn.Linear(1024, 64))
+
+
+def train_step(model: nn.Module, batch: int) -> Callable[[], None]:
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(batch, 64)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        model(x).square().mean().backward()
+        opt.step()
+
+    return step
+
+
+def test_larger_batch_raises_cpu_peak_proportionally() -> None:
+    model = make_model()
+    small = peak_cpu_mib(train_step(model, 256), warmup=1, steps=1)
+    large = peak_cpu_mib(train_step(model, 1024), warmup=1, steps=1)
+    # Activations are 1024 floats per sample per hidden tensor: 4x the batch is ~4x the peak,
+    # less the batch-independent gradients (0.5 MiB).
+    assert small > 2.0
+    assert 3.5 * small < large <= 4.0 * small
+
+
+def test_peak_is_reproducible() -> None:
+    model = make_model()
+    step = train_step(model, 128)
+    # Allocator addresses are reused across runs; the peak must not depend on it.
+    first = peak_cpu_mib(step)
+    assert all(peak_cpu_mib(step) == first for _ in range(5))
+
+
+def test_forward_only_peak_scales_with_batch() -> None:
+    model = make_model()
+    x1, x4 = torch.randn(100, 64), torch.randn(400, 64)
+    with torch.no_grad():
+        p1 = peak_cpu_mib(lambda: model(x1))
+        p4 = peak_cpu_mib(lambda: model(x4))
+    # Peak: the Linear's [B, 1024] output and the ReLU's output live together, 2 * B * 4 KiB.
+    assert p1 == pytest.approx(2 * 100 * 1024 * 4 / 2**20, rel=0.05)
+    assert p4 == pytest.approx(4 * p1, rel=0.05)
+
+
+def test_cpu_phase_peaks() -> None:
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(512, 64)
+    peaks = peak_by_phase(lambda: model(x).square().mean(), optimizer=opt, device="cpu")
+    assert peaks.reference == "step_start" and peaks.device == "cpu"
+    # Forward keeps two [512, 1024] activations (pre- and post-ReLU) for backward: >= 4 MiB.
+    assert peaks.forward_mib >= 4.0
+    # Backward adds gradients on top of what forward left live.
+    assert peaks.backward_mib > peaks.forward_mib
+    assert peaks.optimizer_mib < peaks.backward_mib
+    assert peaks.peak_mib == peaks.backward_mib
+    assert set(peaks.by_phase()) == {"forward", "backward", "optimizer"}
+
+
+def test_phase_peaks_accept_callables() -> None:
+    model = make_model()
+    x = torch.randn(64, 64)
+    calls: list[str] = []
+
+    def backward(loss: torch.Tensor) -> None:
+        calls.append("b")
+        loss.backward()
+
+    peaks = peak_by_phase(
+        lambda: model(x).sum(),
+        backward=backward,
+        optimizer=lambda: calls.append("o"),
+        device="cpu",
+        warmup=0,
+    )
+    assert calls == ["b", "o"]
+    assert peaks.forward_mib > 0
+
+
+def test_bad_optimizer_and_device() -> None:
+    with pytest.raises(TypeError, match="optimizer must be"):
+        peak_by_phase(lambda: torch.ones(1, requires_grad=True).sum(), optimizer=3, device="cpu")
+    with pytest.raises(ValueError, match="device"):
+        peak_by_phase(lambda: torch.ones(1), device="tpu")  # type: ignore[arg-type]
+
+
+def test_memory_events_needs_a_finished_profile() -> None:
+    with pytest.raises(RuntimeError, match="profile_memory=True"):
+        memory_events(object())
+
+
+@gpu_test
+def test_cuda_phase_peaks_read_allocated() -> None:
+    model = make_model().cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(4096, 64, device="cuda")
+    peaks = peak_by_phase(lambda: model(x).square().mean(), optimizer=opt, device="cuda")
+    assert peaks.reference == "allocated"
+    assert peaks.backward_mib >= peaks.forward_mib > 16
