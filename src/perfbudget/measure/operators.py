@@ -19,6 +19,7 @@ __all__ = [
     "FlopCount",
     "OpChange",
     "OpDiff",
+    "OpRounds",
     "OpRow",
     "OpTable",
     "Roofline",
@@ -26,6 +27,7 @@ __all__ = [
     "count_flops",
     "datasheet_peaks",
     "measure_cpu_peaks",
+    "profile_rounds",
     "profile_steps",
     "read_event_field",
     "table_from_events",
@@ -950,3 +952,97 @@ def profile_steps(
             peaks=resolved_peaks,
             trace_path=path,
         )
+
+
+@dataclass(frozen=True)
+class OpRounds:
+    """Per-operator samples from several independent profiled rounds (one ``OpTable`` each).
+
+    Per-op budgets are statistical: one sample per round (the round's per-step self time),
+    so a round the profiler slowed down as a whole is one outlier, not a shifted mean.
+    """
+
+    tables: tuple[OpTable, ...]
+
+    def names(self) -> tuple[str, ...]:
+        """Every operator seen in any round."""
+        return tuple(sorted({r.name for t in self.tables for r in t.rows}))
+
+    def self_ms(self, name: str) -> list[float]:
+        """Per-step self time of ``name`` in each round, in ms (0 where it did not run)."""
+        return [(t.get(name).self_ms if t.get(name) is not None else 0.0) for t in self.tables]  # type: ignore[union-attr]
+
+    def share(self, name: str) -> list[float]:
+        """Share of the profiled step of ``name`` in each round, in [0, 1]."""
+        return [(t.get(name).share if t.get(name) is not None else 0.0) for t in self.tables]  # type: ignore[union-attr]
+
+    def mean_share(self, name: str) -> float:
+        shares = self.share(name)
+        return sum(shares) / len(shares)
+
+    def top(self, min_share: float) -> list[str]:
+        """ATen operators whose mean share of the step is at least ``min_share``, largest first.
+
+        Only ``aten::`` names: ``record_function`` annotations (``Optimizer.step#...``,
+        ``perfbudget::forward``) are regions, not operators, and their self time is glue.
+        """
+        names = [n for n in self.names() if n.startswith("aten::") and self.mean_share(n) >= min_share]
+        return sorted(names, key=self.mean_share, reverse=True)
+
+    def moved_against(self, budget_ms: Mapping[str, float], k: int = 5) -> list[str]:
+        """Readable lines: operators whose median self time moved most against ``budget_ms``.
+
+        Args:
+            budget_ms: per-operator self-time budgets in ms (``op_self_ms[...]`` values).
+            k: lines to return.
+        """
+        from . import stats
+
+        moves = []
+        for name in set(budget_ms) | set(self.top(0.02)):
+            now = stats.median(self.self_ms(name))
+            was = budget_ms.get(name)
+            delta = now - (was or 0.0)
+            moves.append((abs(delta), name, now, was))
+        moves.sort(reverse=True)
+        lines = []
+        for _, name, now, was in moves[:k]:
+            if was is None:
+                lines.append(f"{name}: {now:.3f} ms/step (not budgeted)")
+            else:
+                rel = f"{(now - was) / was:+.1%}" if was else "new"
+                lines.append(f"{name}: {now:.3f} ms/step vs budget {was:.3f} ({rel})")
+        return lines
+
+
+def profile_rounds(
+    step: Callable[[], Any],
+    *,
+    rounds: int = 10,
+    steps: int = 2,
+    device: Device = "cpu",
+    threads: int | None = 1,
+) -> OpRounds:
+    """Profile ``rounds`` independent rounds of ``steps`` steps each (one warm-up step per round).
+
+    Shapes and FLOPs are not recorded, to keep the profiler's overhead low: these samples
+    feed per-operator timing budgets. Use :func:`profile_steps` for the full table.
+
+    Args:
+        step: zero-argument callable.
+        rounds: independent profiler sessions (>= 3 for a median with a CI).
+        steps: profiled steps per round.
+        device: ``"cuda"`` uses device self time.
+        threads: torch threads during the rounds.
+
+    Returns:
+        :class:`OpRounds` with one table per round.
+    """
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds!r}")
+    tables = tuple(
+        profile_steps(step, steps=steps, warmup=1, record_shapes=False, with_flops=False,
+                      device=device, threads=threads, peaks=None)
+        for _ in range(rounds)
+    )
+    return OpRounds(tables)
