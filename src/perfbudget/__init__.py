@@ -1,1 +1,45 @@
-"""perfbudget: performance budgets for PyTorch models, checked by pytest."""
+"""perfbudget: performance budgets for PyTorch models, checked by pytest on every pull request."""
+
+from .budgets import (
+    Budget,
+    BudgetError,
+    BudgetSet,
+    Measured,
+    UpdateReport,
+    Verdict,
+    VerdictPolicy,
+    apply_updates,
+    decide,
+    load_dir,
+)
+from .device import DeviceInfo, describe
+from .metrics import METRICS, Metric, parse_name
+from .recorder import Decision, PerfRecorder
+from .results import Record, Results, load_results, merge_results
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "METRICS",
+    "Budget",
+    "BudgetError",
+    "BudgetSet",
+    "Decision",
+    "DeviceInfo",
+    "Measured",
+    "Metric",
+    "PerfRecorder",
+    "Record",
+    "Results",
+    "UpdateReport",
+    "Verdict",
+    "VerdictPolicy",
+    "__version__",
+    "apply_updates",
+    "decide",
+    "describe",
+    "load_dir",
+    "load_results",
+    "merge_results",
+    "parse_name",
+]

@@ -7,6 +7,8 @@ import fcntl
 import json
 import os
 import shlex
+import sys
+import warnings
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,11 +16,19 @@ from typing import Any
 
 import pytest
 
+from . import pinning
+from .artifacts import (
+    ArtifactConfig,
+    artifact_dir,
+    describe_artifacts,
+    parse_kinds,
+    write_failure_artifacts,
+)
 from .budgets.loader import BudgetSet, load_dir
 from .budgets.update import UpdateReport, apply_updates, git_commit
 from .device import DeviceInfo, DeviceType, describe
 from .recorder import PerfRecorder
-from .report import records_table
+from .report import junit_properties, markdown_report, records_table
 from .results import Record, Results
 
 __all__ = ["PerfSession"]
@@ -26,6 +36,7 @@ __all__ = ["PerfSession"]
 _SESSION = pytest.StashKey["PerfSession"]()
 _RECORDER = pytest.StashKey[PerfRecorder]()
 _WORKER_KEY = "perfbudget_records"
+_GPU_KEY = "perfbudget_cuda_visible_devices"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -42,6 +53,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="write results JSON here (default: .perfbudget/results.json under the rootdir).")
     parser.addini("perfbudget_budgets_dir", "budget folder, relative to the rootdir", default="budgets")
     parser.addini("perfbudget_threads", "torch threads for CPU timing", default="1")
+    parser.addini("perfbudget_artifacts", "failure artifacts: all, none, or some of trace, flamegraph, memory",
+                  default="all")
+    parser.addini("perfbudget_html", "write the HTML report (with plots) beside the results JSON",
+                  type="bool", default=True)
+    parser.addini("perfbudget_pin_gpus", "under xdist, pin each worker to one GPU (CUDA_VISIBLE_DEVICES)",
+                  type="bool", default=True)
 
 
 @dataclass
@@ -57,6 +74,10 @@ class PerfSession:
     threads: int
     is_worker: bool
     budgets_dir_arg: str | None = None
+    artifacts: ArtifactConfig = field(default_factory=ArtifactConfig)
+    html: bool = True
+    pin_gpus: bool = True
+    pinned_gpu: str | None = None
     records: list[Record] = field(default_factory=list)
     update_report: UpdateReport | None = None
     _budgets: BudgetSet | None = None
@@ -78,6 +99,10 @@ class PerfSession:
             raise pytest.UsageError(
                 f"ini perfbudget_threads: expected an integer, got {config.getini('perfbudget_threads')!r}"
             ) from None
+        try:
+            kinds = parse_kinds(str(config.getini("perfbudget_artifacts")))
+        except ValueError as exc:
+            raise pytest.UsageError(f"ini perfbudget_artifacts: {exc}") from None
         return cls(
             rootdir=root,
             budgets_dir=budgets_dir,
@@ -88,6 +113,9 @@ class PerfSession:
             threads=threads,
             is_worker=hasattr(config, "workerinput"),
             budgets_dir_arg=arg,
+            artifacts=ArtifactConfig(kinds=kinds, threads=threads),
+            html=bool(config.getini("perfbudget_html")),
+            pin_gpus=bool(config.getini("perfbudget_pin_gpus")),
         )
 
     @property
@@ -108,34 +136,71 @@ class PerfSession:
         return shlex.join(cmd)
 
     @contextlib.contextmanager
-    def exclusive(self) -> Iterator[None]:
-        """Hold the run-wide timing lock: perf tests never overlap, even across xdist workers."""
+    def exclusive(self, gpu: str | None = None) -> Iterator[None]:
+        """Hold the run-wide timing lock: perf tests never overlap, even across xdist workers.
+
+        A GPU test on a worker pinned to ``gpu`` holds the run-wide lock shared and that
+        GPU's lock exclusively, so tests on different GPUs run side by side while CPU
+        timing still runs alone.
+        """
         lock_dir = self.rootdir / ".perfbudget"
         lock_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock_dir / "timing.lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(_flock(lock_dir / "timing.lock", fcntl.LOCK_SH if gpu else fcntl.LOCK_EX))
+            if gpu:
+                safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in gpu)
+                stack.enter_context(_flock(lock_dir / f"timing-gpu-{safe}.lock", fcntl.LOCK_EX))
             yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
+
+    @property
+    def artifacts_dir(self) -> Path:
+        """Failure artifacts go beside the results JSON: ``<json folder>/artifacts/<test>/``."""
+        return self.json_path.parent / "artifacts"
 
     def finish(self) -> None:
         """Controller only: write results, then apply updates from the same records."""
         results = Results(records=self.records, meta={"budgets_dir": str(self.budgets_dir)})
         self.json_path.parent.mkdir(parents=True, exist_ok=True)
         results.write(self.json_path)
+        # Reports beside the JSON: results.md (CI step summary), results.html (plots).
+        self.json_path.with_suffix(".md").write_text(markdown_report(results), encoding="utf-8")
+        if self.html:
+            from .html_report import write_html
+
+            write_html(results, self.json_path.with_suffix(".html"))
         if self.update:
             self.update_report = apply_updates(
                 results.measured(), self.budgets, allow_loosen=self.allow_loosen, commit=git_commit(self.rootdir)
             )
 
 
+@contextlib.contextmanager
+def _flock(path: Path, mode: int) -> Iterator[None]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, mode)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
 class _XdistHooks:
-    """Controller side of xdist: collect each worker's records once it finishes."""
+    """Controller side of xdist: pin workers to GPUs, collect each worker's records once it finishes."""
 
     def __init__(self, session: PerfSession) -> None:
         self.session = session
+        self._gpus: list[str] | None = None
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        if not self.session.pin_gpus:
+            return
+        if self._gpus is None:
+            self._gpus = pinning.visible_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"), pinning.nvml_gpu_count())
+        gpu = pinning.gpu_for_worker(node.workerinput["workerid"], self._gpus)
+        if gpu is not None:
+            node.workerinput[_GPU_KEY] = gpu
 
     @pytest.hookimpl
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
@@ -154,8 +219,33 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     session = PerfSession.from_config(config)
     config.stash[_SESSION] = session
+    gpu = getattr(config, "workerinput", {}).get(_GPU_KEY)
+    if gpu is not None:
+        _pin_worker(session, gpu)
     if config.pluginmanager.hasplugin("xdist") and not session.is_worker:
         config.pluginmanager.register(_XdistHooks(session), "perfbudget-xdist")
+
+
+def _pin_worker(session: PerfSession, gpu: str) -> None:
+    """Give this xdist worker its one GPU, before torch initialises CUDA."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        warnings.warn(f"perfbudget: CUDA was initialised before this worker could be pinned to GPU {gpu}; "
+                      "it sees every GPU", stacklevel=1)
+        return
+    os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+    session.pinned_gpu = gpu
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto`` with ``-m gpu`` on a GPU machine: one worker per visible GPU."""
+    if not pinning.wants_gpu_workers(str(config.getoption("markexpr", "") or "")):
+        return None
+    if not config.getini("perfbudget_pin_gpus"):
+        return None
+    gpus = pinning.visible_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"), pinning.nvml_gpu_count())
+    return len(gpus) or None
 
 
 def _device_type(item: pytest.Item) -> DeviceType:
@@ -206,7 +296,9 @@ def perf(request: pytest.FixtureRequest) -> PerfRecorder:
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, Any]:
     if "perf" not in getattr(item, "fixturenames", ()):
         return (yield)
-    with item.config.stash[_SESSION].exclusive():
+    ps = item.config.stash[_SESSION]
+    gpu = ps.pinned_gpu if item.get_closest_marker("gpu") is not None else None
+    with ps.exclusive(gpu):
         return (yield)
 
 
@@ -217,16 +309,40 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     finally:
         rec = item.stash.get(_RECORDER, None)
         if rec is not None:
-            item.config.stash[_SESSION].records.extend(rec.records())
-            for v in rec.verdicts:
-                item.user_properties.append((f"perf.{rec.key}.{v.metric}", v.outcome))
+            records = rec.records()
+            item.config.stash[_SESSION].records.extend(records)
+            item.user_properties.extend(junit_properties(records))
     if rec is not None:
         decision = rec.decision()
         if decision.outcome == "fail":
-            pytest.fail(decision.message, pytrace=False)
+            note = _failure_artifacts(item, rec, records)
+            pytest.fail(decision.message + (f"\n\n{note}" if note else ""), pytrace=False)
         if decision.outcome == "skip":
             pytest.skip(decision.message)
     return result
+
+
+def _failure_artifacts(item: pytest.Item, rec: PerfRecorder, records: list[Record]) -> str:
+    """Re-run the failing step for its artifacts; returns the lines naming them."""
+    ps = item.config.stash[_SESSION]
+    failed = [r for r in records if r.outcome == "fail"]
+    if not failed or not ps.artifacts.kinds:
+        return ""
+    if rec.failure_step is None:
+        return "failure artifacts: none (call perf.on_failure(step) to get a chrome trace and a flame graph)"
+    device = _device_type(item)
+    written = write_failure_artifacts(
+        rec.failure_step,
+        artifact_dir(ps.artifacts_dir, item.nodeid),
+        device=device,
+        memory_failure=any(r.metric.startswith("peak_allocated_mib") for r in failed),
+        config=ps.artifacts,
+    )
+    paths = {a.label: str(a.path) for a in written if a.path is not None}
+    for r in failed:
+        r.extra["artifacts"] = paths
+    item.user_properties.extend((f"perf.artifact.{a.kind}", str(a.path)) for a in written if a.path is not None)
+    return describe_artifacts(written)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -46,6 +46,9 @@ class PerfRecorder:
         update: the run is writing budgets: budget verdicts don't fail the test.
         policy: statistical settings.
         update_command: the command that creates missing budgets, for skip messages.
+        failure_step: the step re-run for failure artifacts (chrome trace, flame graph,
+            CUDA memory snapshot) if the test fails; set by :meth:`on_failure`, or by
+            :meth:`time` with the step it timed.
     """
 
     key: str
@@ -59,6 +62,13 @@ class PerfRecorder:
     verdicts: list[Verdict] = field(default_factory=list)
     unmeasured: list[tuple[str, str]] = field(default_factory=list)
     extras: dict[str, dict[str, Any]] = field(default_factory=dict)
+    failure_step: Callable[[], Any] | None = None
+
+    def on_failure(self, step: Callable[[], Any]) -> None:
+        """Re-run ``step`` for failure artifacts if this test fails (replaces the timed step)."""
+        if not callable(step):
+            raise TypeError(f"on_failure expects a zero-argument callable, got {step!r}")
+        self.failure_step = step
 
     def budget(self, metric: str) -> Budget | None:
         """The budget that applies to ``metric`` here, or ``None``."""
@@ -87,6 +97,7 @@ class PerfRecorder:
         *,
         more: Callable[[], Sequence[float]] | None = None,
         attribution: Sequence[str] = (),
+        explain: Callable[[], Sequence[str]] | None = None,
         extra: dict[str, Any] | None = None,
     ) -> Verdict:
         """Judge ``samples`` of ``metric`` against this key's budget and keep the verdict.
@@ -96,6 +107,8 @@ class PerfRecorder:
             samples: one value (exact kinds) or raw samples (statistical kinds).
             more: returns a fresh batch of samples, for extra rounds and confirmation.
             attribution: readable lines explaining the measurement (shown on failure).
+            explain: called only when the verdict fails; returns attribution lines
+                (e.g. which operators moved), so passing runs pay nothing for it.
             extra: JSON-serialisable data kept with the record (tables, per-bucket numbers).
 
         Returns:
@@ -122,11 +135,32 @@ class PerfRecorder:
             v = decide(self.key, metric, samples, None, policy=self.policy)
             return self._keep(v.with_(outcome="error", reason=problem), extra)
         v = decide(self.key, metric, samples, budget, more=more, policy=self._policy_for(metric))
+        if explain is not None and v.outcome == "fail":
+            try:
+                attribution = (*attribution, *explain())
+            except Exception as exc:  # attribution must never hide the verdict itself
+                attribution = (*attribution, f"attribution failed: {type(exc).__name__}: {exc}")
         if attribution:
             v = v.with_(attribution=tuple(attribution))
         return self._keep(v, extra)
 
-    def time(self, metric: str, fn: Callable[[], Any], **bench_kwargs: Any) -> Verdict:
+    def budgeted(self) -> dict[str, Budget]:
+        """Every metric budgeted for this key on this device (empty when budgets are broken)."""
+        if self.budgets.errors_for(self.key, self.device):
+            return {}
+        try:
+            return self.budgets.budgets_for(self.key, self.device)
+        except BudgetError:
+            return {}
+
+    def time(
+        self,
+        metric: str,
+        fn: Callable[[], Any],
+        *,
+        explain: Callable[[], Sequence[str]] | None = None,
+        **bench_kwargs: Any,
+    ) -> Verdict:
         """Time ``fn`` with :func:`perfbudget.measure.timing.bench` and record ``metric`` in ms.
 
         Extra rounds and the confirmation re-run the same benchmark.
@@ -134,6 +168,7 @@ class PerfRecorder:
         Args:
             metric: a millisecond timing metric (``step_ms``, ``latency_ms[forward]``).
             fn: zero-argument callable, warm or not (the bench warms it up).
+            explain: attribution lines computed only on failure (see :meth:`record`).
             bench_kwargs: passed to ``bench`` (``warmup_ms``, ``min_samples``, ``threads``...).
         """
         from .measure.timing import bench
@@ -141,7 +176,9 @@ class PerfRecorder:
         def sample() -> list[float]:
             return list(bench(fn, **bench_kwargs).samples_ms)
 
-        return self.record(metric, sample(), more=sample)
+        if self.failure_step is None:
+            self.failure_step = fn
+        return self.record(metric, sample(), more=sample, explain=explain)
 
     def unmeasurable(self, metric: str, reason: str) -> None:
         """Note that ``metric`` cannot be measured here (e.g. no energy counter), with why."""

@@ -103,6 +103,7 @@ class Results:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             json.dump(self.as_dict(), fh, indent=1)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; results are meant to be shared
         os.replace(tmp, path)
         return path
 

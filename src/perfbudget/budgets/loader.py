@@ -124,7 +124,7 @@ class _Validator:
             elif name in _INT_SELECTOR and (not isinstance(want, int) or isinstance(want, bool) or want < 1):
                 self.err("expected a positive integer", sub, want)
                 ok = False
-            elif name not in _INT_SELECTOR and not isinstance(want, (str, int, float)) or isinstance(want, bool):
+            elif name not in _INT_SELECTOR and (isinstance(want, bool) or not isinstance(want, (str, int, float))):
                 self.err("expected a string", sub, want)
                 ok = False
             else:

@@ -61,15 +61,22 @@ def cv(samples: Sequence[float]) -> float:
     return math.sqrt(var) / abs(mean)
 
 
-def _binom_cdf(k: int, n: int, p: float) -> float:
-    """P(X <= k) for X ~ Binomial(n, p), exact for p = 0.5 via integer arithmetic."""
-    if k < 0:
-        return 0.0
-    if k >= n:
-        return 1.0
-    if p == 0.5:
-        return sum(math.comb(n, i) for i in range(k + 1)) / (1 << n)
-    return math.fsum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k + 1))
+def _binom_cdfs(n: int, p: float) -> list[float]:
+    """``[P(X <= k) for k in 0..n]`` for ``X ~ Binomial(n, p)``, in O(n).
+
+    The pmf is built in log space (``lgamma``) so that large ``n`` neither underflows
+    (0.5**1100 is 0.0 in floats) nor costs big-integer arithmetic.
+    """
+    if p <= 0.0 or p >= 1.0:
+        return [1.0] * (n + 1) if p <= 0.0 else [0.0] * n + [1.0]
+    lp, lq = math.log(p), math.log1p(-p)
+    lgn = math.lgamma(n + 1)
+    out = []
+    acc = 0.0
+    for k in range(n + 1):
+        acc += math.exp(lgn - math.lgamma(k + 1) - math.lgamma(n - k + 1) + k * lp + (n - k) * lq)
+        out.append(min(acc, 1.0))
+    return out
 
 
 def quantile_ci(
@@ -87,19 +94,22 @@ def quantile_ci(
     """
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    if not 0.0 < q < 1.0:
+        raise ValueError(f"quantile q must be in (0, 1), got {q!r}")
     xs = _sorted_finite(samples)
     n = len(xs)
     alpha = 1.0 - confidence
+    cdf = _binom_cdfs(n, q)  # cdf[k] = P(B <= k)
     # l: largest rank with P(B <= l-1) <= alpha/2; u: smallest rank with P(B >= u) <= alpha/2.
     lo_rank = 0
     for r in range(1, n + 1):
-        if _binom_cdf(r - 1, n, q) <= alpha / 2:
+        if cdf[r - 1] <= alpha / 2:
             lo_rank = r
         else:
             break
     hi_rank = n + 1
     for r in range(n, 0, -1):
-        if 1.0 - _binom_cdf(r - 1, n, q) <= alpha / 2:
+        if 1.0 - cdf[r - 1] <= alpha / 2:
             hi_rank = r
         else:
             break
@@ -107,7 +117,7 @@ def quantile_ci(
         # Full range [x_(1), x_(n)]: covers unless all samples fall on one side.
         coverage = 1.0 - (1 - q) ** n - q**n
         return xs[0], xs[-1], coverage
-    coverage = _binom_cdf(hi_rank - 1, n, q) - _binom_cdf(lo_rank - 1, n, q)
+    coverage = cdf[hi_rank - 1] - cdf[lo_rank - 1]
     return xs[lo_rank - 1], xs[hi_rank - 1], coverage
 
 

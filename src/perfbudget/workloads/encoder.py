@@ -65,6 +65,9 @@ class EncoderConfig:
     extra_ffn_matmul: bool = False
     """Plant a regression: one extra ``aten::mm`` per FFN in forward and one in backward,
     numerically a no-op (see ``layers.PlantedMatmul``)."""
+    extra_ffn_width: int = 0
+    """Output columns of the planted matmul (0: ``d_model``); smaller plants a smaller,
+    graded operator regression."""
     batch_size: int = 8
     """Samples in the default batch (``make_batch()`` without lengths)."""
     seq_len: int = 64
@@ -104,6 +107,9 @@ class EncoderConfig:
         check_float(o, "norm_eps", self.norm_eps, low=0.0, high=1.0, low_inclusive=False)
         check_float(o, "dropout", self.dropout, low=0.0, high=1.0, high_inclusive=False)
         check_bool(o, "extra_ffn_matmul", self.extra_ffn_matmul)
+        check_int(o, "extra_ffn_width", self.extra_ffn_width, minimum=0)
+        if self.extra_ffn_width > self.d_model:
+            raise ValueError(f"{o}.extra_ffn_width: expected <= d_model ({self.d_model}), got {self.extra_ffn_width!r}")
         check_float(o, "lr", self.lr, low=0.0, high=math.inf, low_inclusive=False)
         check_float(o, "weight_decay", self.weight_decay, low=0.0, high=math.inf)
         check_int(o, "seed", self.seed, minimum=0)
@@ -199,6 +205,7 @@ class Encoder(nn.Module):
                 norm_eps=config.norm_eps,
                 dropout=config.dropout,
                 extra_ffn_matmul=config.extra_ffn_matmul,
+                extra_ffn_width=config.extra_ffn_width,
             )
             for _ in range(config.n_layers)
         )

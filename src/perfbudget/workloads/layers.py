@@ -49,20 +49,31 @@ class FeedForward(nn.Module):
     """``fc2(gelu(fc1(x)))``; names ``fc1``, ``fc2`` (and ``extra`` when planted)."""
 
     def __init__(
-        self, d_model: int, d_ff: int, *, dropout: float = 0.0, extra_matmul: bool = False
+        self,
+        d_model: int,
+        d_ff: int,
+        *,
+        dropout: float = 0.0,
+        extra_matmul: bool = False,
+        extra_width: int = 0,
     ) -> None:
         super().__init__()
         self.fc1 = nn.Linear(d_model, d_ff)
         self.act = nn.GELU()
         self.fc2 = nn.Linear(d_ff, d_model)
         self.drop = nn.Dropout(dropout)
-        self.extra = PlantedMatmul(d_ff, d_model) if extra_matmul else None
+        # extra_width < d_model plants a smaller regression (zero-padded back to d_model).
+        self.extra_width = extra_width or d_model
+        self.extra = PlantedMatmul(d_ff, self.extra_width) if extra_matmul else None
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.act(self.fc1(x))
         y = self.fc2(h)
         if self.extra is not None:
-            y = y + self.extra(h)
+            e = self.extra(h)
+            if self.extra_width != y.shape[-1]:
+                e = nn.functional.pad(e, (0, y.shape[-1] - self.extra_width))
+            y = y + e
         return self.drop(y)
 
 
@@ -169,6 +180,7 @@ class TransformerBlock(nn.Module):
         norm_eps: float,
         dropout: float = 0.0,
         extra_ffn_matmul: bool = False,
+        extra_ffn_width: int = 0,
     ) -> None:
         super().__init__()
         self.norm_position = norm_position
@@ -176,7 +188,8 @@ class TransformerBlock(nn.Module):
         self.attn = SelfAttention(d_model, n_heads, dropout=dropout)
         self.drop = nn.Dropout(dropout)
         self.norm2 = norm_factory(d_model, eps=norm_eps)
-        self.ffn = FeedForward(d_model, d_ff, dropout=dropout, extra_matmul=extra_ffn_matmul)
+        self.ffn = FeedForward(d_model, d_ff, dropout=dropout, extra_matmul=extra_ffn_matmul,
+                               extra_width=extra_ffn_width)
 
     def forward(
         self,

@@ -1,0 +1,118 @@
+"""How good is the gate? False-alarm and detection rates of the suite's timing checks, measured.
+
+Runs the encoder's timing checks (step latency/throughput and per-operator self time/share)
+in separate pytest processes, one at a time, as CI would:
+
+- A/A: unchanged code, against the budgets in ``budgets/`` -> every "fail" is a false alarm;
+- planted whole-step slowdowns (``PERFBUDGET_PLANT=step_slowdown=F``) -> detection by ``step_ms``;
+- planted single-operator slowdowns (``op_slowdown=F``: a matmul sized to add F to the
+  step's ``aten::mm`` FLOPs) -> detection by ``op_self_ms[aten::mm]``.
+
+Usage (a quiet machine, nothing else timing; budgets measured beforehand with
+``pytest perf_tests --update-budgets``)::
+
+    python benchmarks/gate_quality.py --aa 50 --runs 20 --out .perfbudget/gate-quality.md
+
+Prints a table with the counts behind every rate and the time the checks cost per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = (
+    "perf_tests/test_encoder.py::test_step_latency_and_throughput[cpu]",
+    "perf_tests/test_encoder.py::test_operators[cpu]",
+)
+TIMING_KINDS = ("timing", "rate")
+
+
+@dataclass
+class Scenario:
+    """One kind of run: what is planted and which check should catch it."""
+
+    name: str
+    plant: str
+    runs: int
+    target: str | None  # metric expected to fail; None for A/A
+    outcomes: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    measured: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    seconds: list[float] = field(default_factory=list)
+
+
+def run_once(plant: str, json_path: Path) -> tuple[list[dict], float]:
+    env = dict(os.environ, PERFBUDGET_PLANT=plant, PYTHONUNBUFFERED="1")
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", *TESTS, "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
+         f"--perf-json={json_path}"],
+        cwd=ROOT, env=env, capture_output=True, text=True,
+    )
+    took = time.perf_counter() - start
+    if proc.returncode not in (0, 1) or not json_path.exists():
+        raise RuntimeError(f"pytest failed to run (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return json.loads(json_path.read_text())["records"], took
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--aa", type=int, default=50, help="A/A runs (unchanged code)")
+    ap.add_argument("--runs", type=int, default=20, help="runs per planted slowdown at 10 %%")
+    ap.add_argument("--runs-other", type=int, default=10, help="runs per planted slowdown at 5 %% and 20 %%")
+    ap.add_argument("--out", type=Path, default=None, help="also write the Markdown table here")
+    args = ap.parse_args(argv)
+
+    scenarios = [Scenario("A/A (unchanged)", "", args.aa, None)]
+    for frac in (0.05, 0.10, 0.20):
+        n = args.runs if frac == 0.10 else args.runs_other
+        scenarios.append(Scenario(f"step +{frac:.0%}", f"step_slowdown={frac}", n, "step_ms"))
+        scenarios.append(Scenario(f"aten::mm +{frac:.0%} FLOPs", f"op_slowdown={frac}", n, "op_self_ms[aten::mm]"))
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for sc in scenarios:
+            for i in range(sc.runs):
+                records, took = run_once(sc.plant, Path(tmp) / f"r{i}.json")
+                sc.seconds.append(took)
+                for r in records:
+                    if r["kind"] in TIMING_KINDS:
+                        sc.outcomes[r["metric"]].append(r["outcome"])
+                        if isinstance(r["value"], (int, float)):
+                            sc.measured[r["metric"]].append(r["value"])
+                print(f"{sc.name:28s} run {i + 1:3d}/{sc.runs}: "
+                      f"{sum(o == 'fail' for v in sc.outcomes.values() for o in v[-1:])} failing checks, {took:.1f} s",
+                      flush=True)
+
+    lines = ["| scenario | check | runs | fail | rate | median measured |", "|---|---|---|---|---|---|"]
+    for sc in scenarios:
+        metrics = sorted(sc.outcomes) if sc.target is None else [sc.target]
+        for m in metrics:
+            outs = sc.outcomes.get(m, [])
+            fails = sum(o == "fail" for o in outs)
+            meas = sorted(sc.measured.get(m, []))
+            med = f"{meas[len(meas) // 2]:.4g}" if meas else "-"
+            what = "false alarms" if sc.target is None else "detected"
+            lines.append(f"| {sc.name} | {m} | {len(outs)} | {fails} | {what} {fails}/{len(outs)} | {med} |")
+    per_run = [s for sc in scenarios for s in sc.seconds]
+    lines.append("")
+    lines.append(f"processes: {len(per_run)}, median seconds per process (pytest start-up included): "
+                 f"{sorted(per_run)[len(per_run) // 2]:.1f}")
+    table = "\n".join(lines)
+    print(table)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

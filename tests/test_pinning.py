@@ -1,0 +1,99 @@
+"""One GPU per xdist worker: visible GPUs, the worker -> GPU mapping, when -n auto counts GPUs."""
+
+from __future__ import annotations
+
+import pytest
+
+# In-process pytester runs restore sys.modules afterwards; keep torch loaded across them.
+import torch  # noqa: F401
+
+from perfbudget.pinning import gpu_for_worker, nvml_gpu_count, visible_gpus, wants_gpu_workers
+
+
+@pytest.mark.parametrize(
+    ("env", "count", "expected"),
+    [
+        (None, 4, ["0", "1", "2", "3"]),  # unset: every GPU the driver reports
+        (None, 0, []),
+        ("2,3", 8, ["2", "3"]),  # a runner limited to some GPUs keeps that limit
+        (" 1 , 0 ", 2, ["1", "0"]),
+        ("GPU-8f2a,GPU-11c0", 2, ["GPU-8f2a", "GPU-11c0"]),
+        ("MIG-5b1e", 1, ["MIG-5b1e"]),
+        ("", 4, []),  # empty: no GPU visible
+        ("-1", 4, []),
+        ("0,-1,1", 4, ["0"]),  # CUDA ignores everything after an invalid entry
+        ("0,,1", 4, ["0"]),
+    ],
+)
+def test_visible_gpus(env: str | None, count: int, expected: list[str]) -> None:
+    assert visible_gpus(env, count) == expected
+
+
+def test_each_worker_gets_its_own_gpu_then_round_robin() -> None:
+    gpus = ["0", "1", "2", "3"]
+    assert [gpu_for_worker(f"gw{i}", gpus) for i in range(4)] == ["0", "1", "2", "3"]
+    assert gpu_for_worker("gw5", gpus) == "1"  # more workers than GPUs share
+    assert gpu_for_worker("gw1", ["2", "3"]) == "3"  # indices of the runner's own list
+    assert gpu_for_worker("gw0", []) is None
+    assert gpu_for_worker("master", gpus) is None
+    assert gpu_for_worker("gw", gpus) is None
+
+
+@pytest.mark.parametrize(
+    ("expr", "wanted"),
+    [("gpu", True), ("gpu and not slow", True), ("(cpu or gpu)", True), ("not gpu", False), ("cpu", False),
+     ("", False), ("gpus", False)],
+)
+def test_auto_workers_follow_gpus_only_when_gpu_tests_are_selected(expr: str, wanted: bool) -> None:
+    assert wants_gpu_workers(expr) is wanted
+
+
+def test_nvml_count_and_no_driver() -> None:
+    class Nvml:
+        shut = False
+
+        def nvmlInit(self) -> None:
+            pass
+
+        def nvmlDeviceGetCount(self) -> int:
+            return 8
+
+        def nvmlShutdown(self) -> None:
+            Nvml.shut = True
+
+    assert nvml_gpu_count(lambda: Nvml()) == 8 and Nvml.shut
+
+    class NoDriver(Nvml):
+        def nvmlInit(self) -> None:
+            raise OSError("NVML Shared Library Not Found")
+
+    assert nvml_gpu_count(lambda: NoDriver()) == 0
+
+
+def test_xdist_workers_are_pinned_one_gpu_each(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The controller sees two GPUs through CUDA_VISIBLE_DEVICES (no driver needed to map them);
+    # `-n auto -m gpu` starts one worker per GPU and each worker sees only its own.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
+    pytester.makeconftest("""
+import os
+
+def pytest_sessionstart(session):
+    wid = os.environ.get("PYTEST_XDIST_WORKER", "controller")
+    with open(os.path.join(str(session.config.rootpath), f"seen-{wid}.txt"), "w") as fh:
+        fh.write(os.environ.get("CUDA_VISIBLE_DEVICES", "unset"))
+""")
+    pytester.makepyfile("""
+import pytest
+
+# In-process pytester runs restore sys.modules afterwards; keep torch loaded across them.
+import torch  # noqa: F401
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("i", range(4))
+def test_g(i):
+    pass
+""")
+    r = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-n", "auto", "-m", "gpu")
+    r.stdout.fnmatch_lines(["*2 workers*"])
+    seen = {p.name: p.read_text() for p in pytester.path.glob("seen-gw*.txt")}
+    assert seen == {"seen-gw0.txt": "5", "seen-gw1.txt": "7"}

@@ -1,0 +1,326 @@
+"""Reports from results: terminal, Markdown, JUnit, HTML; a planted regression end to end; shards = one run."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+# Loaded here so in-process runs find matplotlib already imported (see the note below).
+import matplotlib.backends.backend_svg
+import matplotlib.figure  # noqa: F401
+import pytest
+import torch
+
+from perfbudget.artifacts import chrome_trace
+from perfbudget.html_report import render_html
+from perfbudget.report import (
+    bucket_rows,
+    failing_tests,
+    fmt_value,
+    junit_properties,
+    junit_xml,
+    markdown_report,
+    moved_operators,
+    op_rows,
+    op_table_extra,
+    padding_extra,
+    records_table,
+    terminal_report,
+)
+from perfbudget.results import Record, Results, load_results, merge_results
+
+DATA = Path(__file__).parent / "data" / "results"
+
+# In-process pytester runs restore sys.modules afterwards, and torch's modules cannot be
+# imported twice in one process. A profiled step imports ~900 of them (torch._dynamo...):
+# import them all now, at collection, before any in-process run can drop and re-import them.
+with tempfile.TemporaryDirectory() as _tmp:
+    chrome_trace(lambda: torch.ones(2).relu_(), Path(_tmp) / "warm.json", steps=1)
+
+
+@pytest.fixture(scope="module")
+def regression() -> Results:
+    return load_results(DATA / "regression.json")
+
+
+def rec(metric: str, value: float, budget: float | None, outcome: str, *, tol: float = 0.05, unit: str = "ms",
+        nodeid: str = "t.py::test_a", key: str = "k", **kw: object) -> Record:
+    return Record(
+        nodeid=nodeid, key=key, metric=metric, outcome=outcome, value=value, ci=None, n=30, cv=0.01,
+        budget=None if budget is None else {"value": budget, "tolerance": tol, "source": "budgets/cpu.yaml", "line": 3},
+        limit=None if budget is None else budget * (1 + tol), rounds=1, confirmed=None, reason="", samples=[],
+        attribution=[], device={"type": "cpu", "model": "Test CPU", "count": 1, "threads": 1}, unit=unit,
+        kind="timing", direction="lower", **kw,  # type: ignore[arg-type]
+    )
+
+
+# --------------------------------------------------------------------------- building blocks
+
+
+def test_fmt_value_and_records_table_keep_their_shape() -> None:
+    assert fmt_value(38.2123, "ms") == "38.21 ms" and fmt_value(6, "1") == "6" and fmt_value(None) == "-"
+    assert fmt_value(2.416e9) == "2.416e+09" and fmt_value("inf", "ms") == "inf"  # type: ignore[arg-type]
+    table = records_table([rec("step_ms", 41.0, 38.2, "fail"), rec("flops", 10, 10, "pass", unit="1")])
+    lines = table.splitlines()
+    assert lines[0].split() == ["metric", "budget", "tol", "measured", "CI", "n", "cv", "verdict"]
+    assert lines[2].split()[0] == "step_ms" and lines[2].split()[-1] == "FAIL"  # failures sort first
+
+
+def test_moved_operators_are_those_beyond_tolerance_failing_first() -> None:
+    recs = [
+        rec("op_self_ms[aten::mm]", 12.0, 8.0, "fail"),
+        rec("op_self_ms[aten::gelu]", 3.02, 3.0, "pass"),  # +0.7 %: noise, not a move
+        rec("op_self_ms[aten::add]", 0.5, 0.8, "stale"),  # -37.5 %: moved (better)
+        rec("op_count[aten::mm]", 7, 6, "fail", tol=0.0, unit="1"),
+        rec("step_ms", 41.0, 38.0, "fail"),
+    ]
+    moves = moved_operators(recs)
+    assert [(m.op, m.family) for m in moves] == [("aten::mm", "op_self_ms"), ("aten::mm", "op_count"),
+                                                 ("aten::add", "op_self_ms")]
+    assert moves[0].line() == "aten::mm op_self_ms: 12 ms vs budget 8 ms (+50.0%, fail)"
+
+
+def test_extra_tables_for_operators_and_buckets() -> None:
+    class Row:
+        def __init__(self, name: str, self_ms: float) -> None:
+            self.name, self.self_ms, self.calls, self.share = name, self_ms, 2.0, 0.5
+
+    class Table:
+        rows = (Row("aten::add", 1.0), Row("aten::mm", 3.0))
+
+    extra = op_table_extra(Table(), k=1)
+    assert extra == {"ops": [{"name": "aten::mm", "self_ms": 3.0, "calls": 2.0, "share": 0.5}]}
+    assert op_rows(extra)[0]["name"] == "aten::mm"
+    assert op_rows({"ops": {"aten::mm": {"self_ms": 2.0}}}) == [{"name": "aten::mm", "self_ms": 2.0}]
+    assert op_rows({"ops": "nonsense"}) == []
+
+    pad = padding_extra({"<=32": {"real_tokens": 90, "pad_tokens": 10}}, sorted_rate=0.02)
+    assert pad["buckets"][0]["padding_rate"] == pytest.approx(0.1) and pad["sorted_padding_rate"] == 0.02
+    assert bucket_rows({"buckets": [{"bucket": 1, "real_tokens": 3, "pad_tokens": 1}]})[0]["padding_rate"] == 0.25
+    assert bucket_rows({"padding_by_bucket": {"a": 0.1, "b": "x"}}) == [{"bucket": "a", "padding_rate": 0.1}]
+
+
+# --------------------------------------------------------------------------- the sample regression
+
+
+def test_terminal_report_explains_each_failing_test(regression: Results) -> None:
+    text = terminal_report(regression)
+    assert text.splitlines()[0] == "perf budgets on cpu AMD EPYC 7763 64-Core Processor (1 thread)"
+    assert "3 fail, 1 unbudgeted, 2 stale, 1 unmeasurable, 6 pass" in text
+    tail = text.split("regressions:", 1)[1]
+    assert "encoder-train  perf_tests/test_encoder.py::test_encoder_train_step" in tail
+    assert re.search(r"step_ms: FAIL: budget 38\.2 ms ± 5%, limit 40\.11 ms, measured 4\d\.\d+ ms \(\+\d", tail)
+    assert "budgets/cpu-amd-epyc-7763-64-core-processor.yaml:5" in tail
+    assert "aten::addmm op_self_ms: 11.68 ms vs budget 8.1 ms (+44.2%, fail)" in tail
+    assert "aten::gelu" not in tail  # within its tolerance: not named as moved
+
+
+def test_markdown_puts_verdicts_first_then_regressions_then_the_rest(regression: Results) -> None:
+    md = markdown_report(regression)
+    lines = md.splitlines()
+    assert lines[0] == "## ❌ perf budgets: 3 regressions"
+    assert "❌ **3** fail" in lines[2] and "✅ **6** pass" in lines[2]
+    order = [md.index(s) for s in ("### Regressions", "### Stale budgets", "### Unbudgeted", "<details>")]
+    assert order == sorted(order)
+    regress = md[md.index("### Regressions"):md.index("### Stale budgets")]
+    assert "#### ❌ `encoder-train` — `perf_tests/test_encoder.py::test_encoder_train_step`" in regress
+    row = next(line for line in regress.splitlines() if line.startswith("| `step_ms`"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[:4] == ["`step_ms`", "fail", "38.2 ms ± 5%", "40.11 ms"]
+    assert cells[4].startswith("**4") and re.fullmatch(r"4\d\.\d+-4\d\.\d+", cells[6])
+    assert cells[-1] == "`budgets/cpu-amd-epyc-7763-64-core-processor.yaml:5`"
+    assert "Top moved operators:" in regress
+    assert "| `aten::addmm` | op_self_ms | 8.1 ms | 11.68 ms | +44.2% | fail |" in regress
+    assert "aten::gelu" not in regress
+    assert "Attribution:" not in regress  # the recorder's lines are the operator table already
+
+
+def test_markdown_of_a_clean_run_and_of_nothing() -> None:
+    assert markdown_report([rec("step_ms", 38.0, 38.2, "pass")]).startswith("## ✅ perf budgets: all budgets hold")
+    assert markdown_report(Results()).startswith("## ⚠️ perf budgets: no perf records")
+
+
+def test_junit_properties_carry_numbers_and_moved_operators(regression: Results) -> None:
+    enc = [r for r in regression.records if r.key == "encoder-train"]
+    props = dict(junit_properties(enc))
+    assert props["perf.encoder-train.step_ms"] == "fail"
+    assert props["perf.encoder-train.step_ms.budget"] == "38.2"
+    assert props["perf.encoder-train.step_ms.limit"] == "40.11"
+    assert props["perf.encoder-train.step_ms.unit"] == "ms"
+    assert props["perf.encoder-train.step_ms.source"] == "budgets/cpu-amd-epyc-7763-64-core-processor.yaml:5"
+    assert "aten::addmm op_self_ms: 11.68 ms vs budget 8.1 ms" in props["perf.encoder-train.step_ms.moved"]
+    assert "entirely beyond the limit 40.11" in props["perf.encoder-train.step_ms.reason"]
+    assert props["perf.encoder-train.flops"] == "pass" and "perf.encoder-train.flops.moved" not in props
+
+
+def test_junit_xml_from_results_alone(regression: Results) -> None:
+    root = ET.fromstring(junit_xml(regression))
+    suite = root.find("testsuite")
+    assert suite is not None and suite.get("tests") == "3" and suite.get("failures") == "1"
+    case = next(c for c in suite.iter("testcase") if c.get("name") == "test_encoder_train_step")
+    assert case.get("classname") == "perf_tests.test_encoder"
+    failure = case.find("failure")
+    assert failure is not None and "step_ms: fail (41" in (failure.get("message") or "")
+    assert "budget 38.2 ms ± 5%" in (failure.get("message") or "")
+    assert "aten::addmm op_self_ms: 11.68 ms vs budget 8.1 ms" in (failure.text or "")
+    names = {p.get("name") for p in case.iter("property")}
+    assert {"perf.encoder-train.step_ms.moved", "perf.device"} <= names
+    decoder = next(c for c in suite.iter("testcase") if c.get("name") == "test_decoder_generate")
+    assert decoder.find("failure") is None and decoder.find("skipped") is None  # stale/pass: not skipped
+
+
+def test_html_is_self_contained_with_plots_and_names_the_failure(regression: Results) -> None:
+    page = render_html(regression)
+    assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
+    assert not re.search(r"<script|<link|src=\"http|href=\"http|url\(http", page)  # no external resources
+    assert page.count("<svg") >= 5  # measured-vs-budget per test, samples, operators, padding
+    regress = page[page.index("<h2>Regressions</h2>"):page.index("<h2>Tests</h2>")]
+    assert "38.2 ms ± 5%" in regress and "step_ms" in regress
+    assert "aten::addmm" in regress and "Top moved operators" in regress
+    assert ">measured vs budget<" in page and ">per-operator breakdown<" in page and ">padding by bucket<" in page
+    assert ">129-512<" in page  # bucket labels are text in the SVG, not paths
+    assert render_html(regression) == page  # deterministic: no dates, stable ids
+
+
+def test_failing_tests_group_metrics_headline_first(regression: Results) -> None:
+    (t,) = failing_tests(regression.records)
+    assert [r.metric for r in t.bad] == ["step_ms", "op_self_ms[aten::addmm]", "op_share[aten::addmm]"]
+    assert t.attribution == []
+
+
+def test_merged_shards_report_exactly_as_the_unsharded_run(regression: Results) -> None:
+    merged = merge_results([load_results(DATA / "shard-2.json"), load_results(DATA / "shard-1.json")])
+    for render in (terminal_report, markdown_report, junit_xml):
+        assert render(merged) == render(regression)
+    assert render_html(merged) == render_html(regression)
+
+
+# --------------------------------------------------------------------------- a planted regression, end to end
+
+PLANTED = """
+import pytest
+import torch
+
+@pytest.fixture
+def step():
+    a = torch.randn(96, 96)
+
+    def run():
+        (a @ a).relu_()
+
+    return run
+
+MM = [0.30 + 0.001 * (i % 7) for i in range(30)]
+RELU = [0.0100 + 0.0001 * (i % 5) for i in range(30)]
+
+@pytest.mark.budget("mlp")
+def test_mlp_step(perf, step):
+    perf.time("step_ms", step, warmup_ms=5, min_samples=30, max_ms=5, max_samples=40)
+    perf.record("op_self_ms[aten::mm]", MM, more=lambda: MM)
+    perf.record("op_self_ms[aten::relu_]", RELU, more=lambda: RELU)
+
+@pytest.mark.budget("mlp")
+def test_mlp_flops(perf):
+    perf.record("flops", 1769472)
+"""
+
+PLANTED_BUDGETS = """schema: 1
+device: {type: cpu}
+budgets:
+  mlp:
+    flops: 1769472
+    step_ms: {value: 0.00001, tolerance: 0.05}
+    op_self_ms[aten::mm]: {value: 0.1, tolerance: 0.05}
+    op_self_ms[aten::relu_]: {value: 0.0102, tolerance: 0.05}
+"""
+
+
+def test_planted_regression_shows_in_every_report_with_trace_and_flame_graph(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_planted=PLANTED)
+    (pytester.path / "budgets").mkdir()
+    (pytester.path / "budgets" / "cpu.yaml").write_text(PLANTED_BUDGETS)
+    r = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--junitxml=junit.xml")
+    r.assert_outcomes(passed=1, failed=1)
+    r.stdout.fnmatch_lines([
+        "*perf budget check failed: mlp on cpu*",
+        "*op_self_ms[[]aten::mm[]]: 0.303 ms vs budget 0.1 ms*",
+        "failure artifacts:",
+        "*chrome trace: *test_planted.py__test_mlp_step/trace.json*",
+        "*flame graph: *",
+    ])
+    out = pytester.path / ".perfbudget"
+    folder = out / "artifacts" / "test_planted.py__test_mlp_step"
+
+    # chrome trace of the failing step, readable by Perfetto (JSON trace events)
+    trace = json.loads((folder / "trace.json").read_text())
+    assert any(e.get("name") == "aten::mm" for e in trace["traceEvents"])
+    # flame graph, or a clear reason when py-spy may not attach here
+    flame = folder / "flamegraph.svg"
+    if flame.exists():
+        assert "<svg" in flame.read_text() and "run" in flame.read_text()
+    else:
+        r.stdout.fnmatch_lines(["*flame graph: not written: *"])
+
+    md = (out / "results.md").read_text()
+    assert md.startswith("## ❌ perf budgets: 2 regressions")
+    assert "| `step_ms` | fail | 0.00001 ms ± 5% |" in md.replace("1e-05 ms", "0.00001 ms")
+    assert "| `aten::mm` | op_self_ms | 0.1 ms | 0.303 ms | +203.0% | fail |" in md
+    assert "Artifacts: chrome trace `" in md and "trace.json`" in md
+
+    page = (out / "results.html").read_text()
+    assert page.count("<svg") >= 3 and "aten::mm" in page and "Top moved operators" in page
+    assert "trace.json" in page
+
+    case = next(c for c in ET.parse(pytester.path / "junit.xml").iter("testcase") if c.get("name") == "test_mlp_step")
+    props = {p.get("name"): p.get("value") for p in case.iter("property")}
+    assert props["perf.mlp.step_ms"] == "fail" and props["perf.mlp.step_ms.budget"] == "1e-05"
+    assert "aten::mm op_self_ms: 0.303 ms vs budget 0.1 ms" in (props["perf.mlp.step_ms.moved"] or "")
+    assert (props["perf.artifact.trace"] or "").endswith("trace.json")
+    failure = case.find("failure")
+    assert failure is not None and "op_self_ms[aten::mm]" in (failure.text or "")
+    assert "failure artifacts:" in (failure.text or "")
+
+
+SHARDED = """
+import pytest
+
+@pytest.mark.budget("{key}{{n}}")
+@pytest.mark.parametrize("n", [1, 2])
+def test_{key}(perf, n):
+    perf.record("step_ms", [{base} * n + 0.01 * i for i in range(30)], more=lambda: [{base} * n + 0.01 * i for i in range(30)])
+    perf.record("op_self_ms[aten::mm]", [{base} / 4 * n + 0.001 * i for i in range(30)],
+                more=lambda: [{base} / 4 * n + 0.001 * i for i in range(30)])
+    perf.record("op_count[aten::mm]", 3 * n)
+"""
+
+
+def test_perfbudget_merge_of_two_shards_gives_the_unsharded_report(pytester: pytest.Pytester) -> None:
+    from perfbudget.cli import main
+
+    pytester.makepyfile(test_a=SHARDED.format(key="a", base=10.0), test_b=SHARDED.format(key="b", base=4.0))
+    run = ["-p", "no:cacheprovider", "-o", "perfbudget_html=false"]
+    pytester.runpytest_inprocess(*run, "--update-budgets").assert_outcomes(passed=4)
+    cpu = next(p for p in (pytester.path / "budgets").glob("cpu-*.yaml"))
+    cpu.write_text(cpu.read_text().replace("value: 10.14", "value: 9.0"))  # plant: a[1] step_ms now fails
+
+    full = pytester.path / "full.json"
+    pytester.runpytest_inprocess(*run, f"--perf-json={full}").assert_outcomes(passed=3, failed=1)
+    pytester.runpytest_inprocess(*run, "test_b.py", "--perf-json=shards/b.json").assert_outcomes(passed=2)
+    pytester.runpytest_inprocess(*run, "test_a.py", "--perf-json=shards/a.json").assert_outcomes(passed=1, failed=1)
+    merged = pytester.path / "merged.json"
+    assert main(["merge", "shards/b.json", "shards/a.json", "-o", str(merged)]) == 0
+
+    a, b = load_results(full), load_results(merged)
+    assert len(b.records) == len(a.records) == 12
+    for render in (terminal_report, markdown_report, junit_xml):
+        assert render(b) == render(a)
+    assert "#### ❌ `a1` — `test_a.py::test_a[1]`" in markdown_report(b)
+    for fmt in ("markdown", "junit", "terminal"):
+        assert main(["report", str(merged), "-f", fmt, "-o", f"m.{fmt}"]) == 1  # regressions: exit 1
+        assert main(["report", str(full), "-f", fmt, "-o", f"f.{fmt}"]) == 1
+        assert (pytester.path / f"m.{fmt}").read_text() == (pytester.path / f"f.{fmt}").read_text()
+    shutil.rmtree(pytester.path / "shards")

@@ -1,0 +1,131 @@
+"""The pull-request check as files: workflow schema, job shape, the commands it runs, tox and README agree."""
+
+from __future__ import annotations
+
+import configparser
+import importlib.util
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from perfbudget.cli import build_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
+PERF = ROOT / ".github" / "workflows" / "perf.yml"
+
+
+@pytest.fixture(scope="module")
+def wf() -> dict[str, Any]:
+    data = yaml.safe_load(PERF.read_text())
+    data["on"] = data.pop(True, data.get("on"))  # YAML 1.1 reads the key `on` as true
+    return data
+
+
+def steps(job: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(job["steps"])
+
+
+def runs(job: dict[str, Any]) -> str:
+    return "\n".join(str(s.get("run", "")) for s in steps(job))
+
+
+def test_workflow_files_match_githubs_schema() -> None:
+    # check-jsonschema ships GitHub's workflow schema (vendored), so this works offline.
+    if importlib.util.find_spec("check_jsonschema") is None:
+        pytest.skip("check-jsonschema is not installed (it comes with `pip install -e .[dev]`)")
+    assert WORKFLOWS, "no workflow files"
+    done = subprocess.run(
+        [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows",
+         *map(str, WORKFLOWS)], capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_triggers_permissions_and_pinned_actions(wf: dict[str, Any]) -> None:
+    assert {"pull_request", "push"} <= set(wf["on"]) and wf["on"]["push"]["branches"] == ["main"]
+    assert wf["permissions"] == {"contents": "read"}
+    assert wf["concurrency"]["cancel-in-progress"] is True
+    uses = [s["uses"] for job in wf["jobs"].values() for s in steps(job) if "uses" in s]
+    assert uses and all(re.fullmatch(r"actions/[a-z-]+@v\d+", u) for u in uses), uses
+
+
+def test_cpu_job_runs_lint_types_workflows_unit_and_the_cpu_suite(wf: dict[str, Any]) -> None:
+    job = wf["jobs"]["cpu"]
+    text = runs(job)
+    for needed in (".venv/bin/ruff check src tests", ".venv/bin/mypy", "check-jsonschema --builtin-schema "
+                   "vendor.github-workflows", "scripts/test.sh", "scripts/perf.sh", "scripts/setup.sh"):
+        assert needed in text, needed
+    # Every check after set-up runs even when an earlier one failed.
+    after = steps(job)[[s.get("id") for s in steps(job)].index("setup") + 1:]
+    assert all("!cancelled()" in str(s.get("if", "")) for s in after)
+    assert '>> "$GITHUB_STEP_SUMMARY"' in text
+    upload = next(s for s in steps(job) if str(s.get("uses", "")).startswith("actions/upload-artifact"))
+    assert ".perfbudget/artifacts/" in upload["with"]["path"] and upload["with"]["name"] == "perf-shard-cpu"
+
+
+def test_gpu_job_is_a_matrix_of_self_hosted_gpu_runners_one_worker_per_gpu(wf: dict[str, Any]) -> None:
+    job = wf["jobs"]["gpu"]
+    assert job["runs-on"][:3] == ["self-hosted", "linux", "gpu"] and "matrix.gpu" in job["runs-on"][3]
+    assert "matrix" in job["strategy"] and job["strategy"]["fail-fast"] is False
+    assert "PERFBUDGET_GPU_MODELS" in str(job["strategy"]["matrix"]["gpu"])
+    assert "vars.PERFBUDGET_GPU_RUNNERS" in job["if"]
+    text = runs(job)
+    assert re.search(r"pytest perf_tests -m gpu -n auto\s+--perf-json=\.perfbudget/results-\$\{\{ matrix\.gpu \}\}\.json",
+                     text)
+    upload = next(s for s in steps(job) if str(s.get("uses", "")).startswith("actions/upload-artifact"))
+    assert upload["with"]["name"].startswith("perf-shard-gpu-")
+
+
+def test_report_job_merges_every_shard_and_is_the_gate(wf: dict[str, Any]) -> None:
+    job = wf["jobs"]["report"]
+    assert job["name"] == "perf budgets" and job["needs"] == ["cpu", "gpu"] and "always()" in job["if"]
+    download = next(s for s in steps(job) if str(s.get("uses", "")).startswith("actions/download-artifact"))
+    assert download["with"]["pattern"] == "perf-shard-*"
+    text = runs(job)
+    assert "perfbudget merge" in text and 'cat perf-report/results.md >> "$GITHUB_STEP_SUMMARY"' in text
+    gate = next(s for s in steps(job) if s.get("name") == "Gate on regressions")
+    assert "--exit-zero" not in gate["run"] and "perfbudget report" in gate["run"]
+    assert any("needs.*.result" in str(s.get("if", "")) for s in steps(job))
+
+
+def _perfbudget_commands(wf: dict[str, Any]) -> list[list[str]]:
+    out = []
+    for job in wf["jobs"].values():
+        for s in steps(job):
+            script = re.sub(r"\$\{\{[^}]*\}\}", "x", str(s.get("run", "")))
+            for line in script.replace("\\\n", " ").splitlines():
+                line = line.split(">>", 1)[0].strip()
+                if "perfbudget " in line and "bin/perfbudget" in line:
+                    argv = shlex.split(line.replace('"${files[@]}"', "a.json b.json"))
+                    out.append(argv[argv.index(next(a for a in argv if a.endswith("bin/perfbudget"))) + 1:])
+    return out
+
+
+def test_every_perfbudget_command_in_the_workflow_parses(wf: dict[str, Any]) -> None:
+    commands = _perfbudget_commands(wf)
+    assert {c[0] for c in commands} == {"report", "merge"}
+    parser = build_parser()
+    for argv in commands:
+        args = parser.parse_args(argv)  # exits (fails the test) on a bad flag
+        assert args.command in ("report", "merge")
+
+
+def test_tox_environments_match_the_readme_and_ci() -> None:
+    tox = configparser.ConfigParser(interpolation=None)
+    tox.read(ROOT / "tox.ini")
+    envs = {s.removeprefix("testenv:"): tox[s] for s in tox.sections() if s.startswith("testenv:")}
+    assert {"unit", "perf", "gpu", "lint", "type"} <= set(envs)
+    assert "pytest tests" in envs["unit"]["commands"] and "pytest perf_tests" in envs["perf"]["commands"]
+    assert "-m gpu -n auto" in envs["gpu"]["commands"]
+    assert "ruff check" in envs["lint"]["commands"] and "mypy" in envs["type"]["commands"]
+    readme = (ROOT / "README.md").read_text()
+    for env in ("unit", "perf", "gpu", "lint", "type"):
+        assert f"tox -e {env}" in readme
+    assert "**`perf budgets`**" in readme and "required status check" in readme
