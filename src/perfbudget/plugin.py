@@ -27,6 +27,8 @@ from .artifacts import (
 from .budgets.loader import BudgetSet, load_dir
 from .budgets.update import UpdateReport, apply_updates, git_commit
 from .device import DeviceInfo, DeviceType, describe
+from .preflight import DEFAULT_MAX_LOAD_PER_CORE
+from .preflight import check as preflight_check
 from .recorder import PerfRecorder
 from .report import junit_properties, markdown_report, records_table
 from .results import Record, Results
@@ -36,6 +38,8 @@ __all__ = ["PerfSession"]
 _SESSION = pytest.StashKey["PerfSession"]()
 _RECORDER = pytest.StashKey[PerfRecorder]()
 _WORKER_KEY = "perfbudget_records"
+#: pytest's own outcome exceptions (skip, fail, xfail, exit): not faults of the measurement.
+_OUTCOMES = (pytest.skip.Exception, pytest.fail.Exception, pytest.xfail.Exception, pytest.exit.Exception)
 _GPU_KEY = "perfbudget_cuda_visible_devices"
 
 
@@ -53,6 +57,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="write results JSON here (default: .perfbudget/results.json under the rootdir).")
     parser.addini("perfbudget_budgets_dir", "budget folder, relative to the rootdir", default="budgets")
     parser.addini("perfbudget_threads", "torch threads for CPU timing", default="1")
+    parser.addini("perfbudget_max_load", "1-minute load average per core above which CPU timing checks "
+                  "are not judged (skip; a failure under --perf-strict)", default=str(DEFAULT_MAX_LOAD_PER_CORE))
     parser.addini("perfbudget_artifacts", "failure artifacts: all, none, or some of trace, flamegraph, memory",
                   default="all")
     parser.addini("perfbudget_html", "write the HTML report (with plots) beside the results JSON",
@@ -72,6 +78,7 @@ class PerfSession:
     allow_loosen: bool
     json_path: Path
     threads: int
+    max_load: float
     is_worker: bool
     budgets_dir_arg: str | None = None
     artifacts: ArtifactConfig = field(default_factory=ArtifactConfig)
@@ -79,6 +86,7 @@ class PerfSession:
     pin_gpus: bool = True
     pinned_gpu: str | None = None
     records: list[Record] = field(default_factory=list)
+    errors: list[dict[str, str]] = field(default_factory=list)
     update_report: UpdateReport | None = None
     _budgets: BudgetSet | None = None
     _devices: dict[str, DeviceInfo] = field(default_factory=dict)
@@ -95,9 +103,11 @@ class PerfSession:
         json_path = Path(json_arg) if json_arg else root / ".perfbudget" / "results.json"
         try:
             threads = int(str(config.getini("perfbudget_threads")))
+            max_load = float(str(config.getini("perfbudget_max_load")))
         except ValueError:
             raise pytest.UsageError(
-                f"ini perfbudget_threads: expected an integer, got {config.getini('perfbudget_threads')!r}"
+                f"ini perfbudget_threads / perfbudget_max_load: expected an integer / a number, got "
+                f"{config.getini('perfbudget_threads')!r} / {config.getini('perfbudget_max_load')!r}"
             ) from None
         try:
             kinds = parse_kinds(str(config.getini("perfbudget_artifacts")))
@@ -111,6 +121,7 @@ class PerfSession:
             allow_loosen=bool(config.getoption("--allow-loosen")),
             json_path=json_path,
             threads=threads,
+            max_load=max_load,
             is_worker=hasattr(config, "workerinput"),
             budgets_dir_arg=arg,
             artifacts=ArtifactConfig(kinds=kinds, threads=threads),
@@ -159,15 +170,18 @@ class PerfSession:
 
     def finish(self) -> None:
         """Controller only: write results, then apply updates from the same records."""
-        results = Results(records=self.records, meta={"budgets_dir": str(self.budgets_dir)})
+        results = Results(records=self.records, meta={"budgets_dir": str(self.budgets_dir), "errors": self.errors})
         self.json_path.parent.mkdir(parents=True, exist_ok=True)
-        results.write(self.json_path)
+        results.write(self.json_path)  # first: a broken report must not lose measurements
         # Reports beside the JSON: results.md (CI step summary), results.html (plots).
-        self.json_path.with_suffix(".md").write_text(markdown_report(results), encoding="utf-8")
-        if self.html:
-            from .html_report import write_html
+        try:
+            self.json_path.with_suffix(".md").write_text(markdown_report(results), encoding="utf-8")
+            if self.html:
+                from .html_report import write_html
 
-            write_html(results, self.json_path.with_suffix(".html"))
+                write_html(results, self.json_path.with_suffix(".html"))
+        except Exception as exc:
+            warnings.warn(f"perfbudget: reports beside {self.json_path} not written: {exc!r}", stacklevel=1)
         if self.update:
             self.update_report = apply_updates(
                 results.measured(), self.budgets, allow_loosen=self.allow_loosen, commit=git_commit(self.rootdir)
@@ -206,7 +220,9 @@ class _XdistHooks:
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
         data = getattr(node, "workeroutput", {}).get(_WORKER_KEY)
         if data:
-            self.session.records.extend(Record(**r) for r in json.loads(data))
+            got = json.loads(data)
+            self.session.records.extend(Record(**r) for r in got["records"])
+            self.session.errors.extend(got["errors"])
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -287,6 +303,7 @@ def perf(request: pytest.FixtureRequest) -> PerfRecorder:
         strict=session.strict,
         update=session.update,
         update_command=session.update_command(item.nodeid),
+        preflight=preflight_check(_device_type(item), max_load_per_core=session.max_load).problems,
     )
     item.stash[_RECORDER] = rec
     return rec
@@ -304,10 +321,21 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
+    raised: BaseException | None = None
     try:
         result = yield
+    except BaseException as exc:
+        raised = exc
+        raise
     finally:
         rec = item.stash.get(_RECORDER, None)
+        if rec is not None and raised is not None and not isinstance(raised, _OUTCOMES):
+            # A fault mid-measurement (profiler, NVML, out of memory): the test fails with its
+            # own traceback; the results file still lists it with what it measured before.
+            first = str(raised).strip().splitlines()[0] if str(raised).strip() else ""
+            item.config.stash[_SESSION].errors.append(
+                {"nodeid": item.nodeid, "key": rec.key, "error": f"{type(raised).__name__}: {first}"[:500]}
+            )
         if rec is not None:
             records = rec.records()
             item.config.stash[_SESSION].records.extend(records)
@@ -350,9 +378,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if ps is None:
         return
     if ps.is_worker:
-        session.config.workeroutput[_WORKER_KEY] = json.dumps([r.as_dict() for r in ps.records])  # type: ignore[attr-defined]
+        session.config.workeroutput[_WORKER_KEY] = json.dumps(  # type: ignore[attr-defined]
+            {"records": [r.as_dict() for r in ps.records], "errors": ps.errors}
+        )
         return
-    if not ps.records and not ps.update:
+    if not ps.records and not ps.errors and not ps.update:
         return
     ps.finish()
     if ps.update_report is not None and ps.update_report.errors:
@@ -361,10 +391,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     ps = config.stash.get(_SESSION, None)
-    if ps is None or ps.is_worker or not ps.records:
+    if ps is None or ps.is_worker or not (ps.records or ps.errors):
         return
     tr = terminalreporter
     tr.write_sep("=", "perf budgets")
+    for e in ps.errors:
+        tr.write_line(f"ERROR {e['nodeid']} ({e['key']}): {e['error']}")
     tr.write_line(records_table(ps.records, with_key=True))
     counts: dict[str, int] = {}
     for r in ps.records:

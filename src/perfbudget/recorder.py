@@ -46,6 +46,8 @@ class PerfRecorder:
         update: the run is writing budgets: budget verdicts don't fail the test.
         policy: statistical settings.
         update_command: the command that creates missing budgets, for skip messages.
+        preflight: reasons timing cannot be trusted right now (busy CPU, shared or
+            throttled GPU): statistical checks are then recorded as unmeasurable.
         failure_step: the step re-run for failure artifacts (chrome trace, flame graph,
             CUDA memory snapshot) if the test fails; set by :meth:`on_failure`, or by
             :meth:`time` with the step it timed.
@@ -59,6 +61,7 @@ class PerfRecorder:
     update: bool = False
     policy: VerdictPolicy = field(default_factory=VerdictPolicy)
     update_command: str = ""
+    preflight: tuple[str, ...] = ()
     verdicts: list[Verdict] = field(default_factory=list)
     unmeasured: list[tuple[str, str]] = field(default_factory=list)
     extras: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -134,6 +137,10 @@ class PerfRecorder:
             # Keep what was measured, so a broken budget file loses no data.
             v = decide(self.key, metric, samples, None, policy=self.policy)
             return self._keep(v.with_(outcome="error", reason=problem), extra)
+        if self.preflight and parse_name(metric).metric.statistical:
+            v = decide(self.key, metric, samples, None, policy=self.policy)
+            reason = "preflight: " + "; ".join(self.preflight)
+            return self._keep(v.with_(outcome="unmeasurable", budget=budget, reason=reason), extra)
         v = decide(self.key, metric, samples, budget, more=more, policy=self._policy_for(metric))
         if explain is not None and v.outcome == "fail":
             try:
@@ -225,9 +232,20 @@ class PerfRecorder:
             if self.strict:
                 failing |= {"stale", "unbudgeted"}
         records = self.records()
+        preflighted = [r for r in records if r.outcome == "unmeasurable" and r.reason.startswith("preflight:")]
         bad = [r for r in records if r.outcome in failing]
+        if self.strict and not self.update:
+            bad += preflighted
         if bad:
             return Decision("fail", self._failure_text(records, bad))
+        if preflighted:
+            others = [r.metric for r in records if r not in preflighted]
+            ran = f"; checked anyway: {', '.join(others)}" if others else ""
+            return Decision(
+                "skip",
+                f"timing checks of {self.key} not judged ({', '.join(r.metric for r in preflighted)}): "
+                f"{preflighted[0].reason}{ran}",
+            )
         unbudgeted = [r.metric for r in records if r.outcome == "unbudgeted"]
         if unbudgeted and not self.update:
             return Decision(
