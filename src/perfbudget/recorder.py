@@ -10,6 +10,7 @@ from .budgets.loader import BudgetSet
 from .budgets.schema import Budget, BudgetError
 from .budgets.verdict import Verdict, VerdictPolicy, decide
 from .device import DeviceInfo
+from .measure.stats import median
 from .metrics import UnknownMetricError, parse_name
 from .report import fmt_value, records_table
 from .results import Record
@@ -98,7 +99,8 @@ class PerfRecorder:
         metric: str,
         samples: float | Sequence[float],
         *,
-        more: Callable[[], Sequence[float]] | None = None,
+        more: Callable[[], Any] | None = None,
+        reference: Sequence[float] | None = None,
         attribution: Sequence[str] = (),
         explain: Callable[[], Sequence[str]] | None = None,
         extra: dict[str, Any] | None = None,
@@ -108,7 +110,13 @@ class PerfRecorder:
         Args:
             metric: registered metric name (``step_ms``, ``op_self_ms[aten::mm]``).
             samples: one value (exact kinds) or raw samples (statistical kinds).
-            more: returns a fresh batch of samples, for extra rounds and confirmation.
+            more: returns a fresh batch of samples, for extra rounds and confirmation
+                (with ``reference``: a ``(samples, reference)`` pair).
+            reference: machine-speed reference times paired with ``samples`` (see
+                :func:`perfbudget.measure.timing.bench_paired`). Each sample is then
+                expressed at the budget's reference time (provenance ``ref_ms``; for a
+                new budget, this run's median reference): ``x * ref_ms / r`` for times,
+                ``x * r / ref_ms`` for rates. Host drift cancels; the code's changes stay.
             attribution: readable lines explaining the measurement (shown on failure).
             explain: called only when the verdict fails; returns attribution lines
                 (e.g. which operators moved), so passing runs pay nothing for it.
@@ -141,7 +149,12 @@ class PerfRecorder:
             v = decide(self.key, metric, samples, None, policy=self.policy)
             reason = "preflight: " + "; ".join(self.preflight)
             return self._keep(v.with_(outcome="unmeasurable", budget=budget, reason=reason), extra)
+        ref_ms: float | None = None
+        if reference is not None:
+            samples, more, ref_ms = self._normalised(metric, samples, reference, more, budget)
         v = decide(self.key, metric, samples, budget, more=more, policy=self._policy_for(metric))
+        if ref_ms is not None:
+            v = v.with_(ref_ms=ref_ms)
         if explain is not None and v.outcome == "fail":
             try:
                 attribution = (*attribution, *explain())
@@ -150,6 +163,34 @@ class PerfRecorder:
         if attribution:
             v = v.with_(attribution=tuple(attribution))
         return self._keep(v, extra)
+
+    @staticmethod
+    def _normalised(
+        metric: str,
+        samples: float | Sequence[float],
+        reference: Sequence[float],
+        more: Callable[[], Any] | None,
+        budget: Budget | None,
+    ) -> tuple[list[float], Callable[[], Sequence[float]] | None, float]:
+        xs = [samples] if isinstance(samples, (int, float)) else list(samples)
+        if len(xs) != len(reference) or not reference or min(reference) <= 0:
+            raise ValueError(f"{metric}: reference must pair one positive time with each sample")
+        prov = budget.provenance if budget is not None else None
+        frame = prov.ref_ms if prov is not None and prov.ref_ms else median(reference)
+        higher = parse_name(metric).metric.direction == "higher"
+
+        def scale(values: Sequence[float], refs: Sequence[float]) -> list[float]:
+            if higher:
+                return [x * r / frame for x, r in zip(values, refs, strict=True)]
+            return [x * frame / r for x, r in zip(values, refs, strict=True)]
+
+        more_n = None
+        if more is not None:
+            def more_n() -> list[float]:
+                fresh, refs = more()
+                return scale(fresh, refs)
+
+        return scale(xs, reference), more_n, frame
 
     def budgeted(self) -> dict[str, Budget]:
         """Every metric budgeted for this key on this device (empty when budgets are broken)."""
@@ -165,27 +206,39 @@ class PerfRecorder:
         metric: str,
         fn: Callable[[], Any],
         *,
+        reference: Callable[[], Any] | None = None,
         explain: Callable[[], Sequence[str]] | None = None,
         **bench_kwargs: Any,
     ) -> Verdict:
-        """Time ``fn`` with :func:`perfbudget.measure.timing.bench` and record ``metric`` in ms.
-
-        Extra rounds and the confirmation re-run the same benchmark.
+        """Time ``fn`` and record ``metric`` in ms; extra rounds and confirmation re-run it.
 
         Args:
             metric: a millisecond timing metric (``step_ms``, ``latency_ms[forward]``).
             fn: zero-argument callable, warm or not (the bench warms it up).
+            reference: a fixed machine-speed reference workload timed alternately with
+                ``fn`` (:func:`~perfbudget.measure.timing.bench_paired`); samples are
+                normalised by it (see :meth:`record`). ``None``: plain
+                :func:`~perfbudget.measure.timing.bench`.
             explain: attribution lines computed only on failure (see :meth:`record`).
-            bench_kwargs: passed to ``bench`` (``warmup_ms``, ``min_samples``, ``threads``...).
+            bench_kwargs: passed to the bench (``warmup_ms``, ``min_samples``, ``threads``...).
         """
-        from .measure.timing import bench
-
-        def sample() -> list[float]:
-            return list(bench(fn, **bench_kwargs).samples_ms)
+        from .measure.timing import bench, bench_paired
 
         if self.failure_step is None:
             self.failure_step = fn
-        return self.record(metric, sample(), more=sample, explain=explain)
+        if reference is None:
+
+            def sample() -> list[float]:
+                return list(bench(fn, **bench_kwargs).samples_ms)
+
+            return self.record(metric, sample(), more=sample, explain=explain)
+
+        def pair() -> tuple[list[float], list[float]]:
+            a, b = bench_paired(fn, reference, **bench_kwargs)
+            return list(a.samples_ms), list(b.samples_ms)
+
+        first, refs = pair()
+        return self.record(metric, first, reference=refs, more=pair, explain=explain)
 
     def unmeasurable(self, metric: str, reason: str) -> None:
         """Note that ``metric`` cannot be measured here (e.g. no energy counter), with why."""

@@ -52,6 +52,7 @@ class Record:
     attribution: list[str]
     device: dict[str, Any]
     unit: str = ""
+    ref_ms: float | None = None
     kind: str = ""
     direction: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
@@ -69,6 +70,7 @@ class Record:
             samples=[_num(x) for x in v.samples],  # type: ignore[misc]
             attribution=list(v.attribution), device=device.as_dict(),
             unit=info.unit, kind=info.kind, direction=info.direction, extra=dict(extra or {}),
+            ref_ms=v.ref_ms,
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -82,8 +84,12 @@ class Record:
         """The value the updater may write, or ``None`` for errors and unmeasurable metrics."""
         if self.outcome in ("error", "unmeasurable") or not isinstance(self.value, (int, float)):
             return None
+        noise = None
+        if self.ci and isinstance(self.ci[0], (int, float)) and isinstance(self.ci[1], (int, float)) and self.value:
+            # A 95 % CI spans about 2 x 1.96 standard errors.
+            noise = abs(self.ci[1] - self.ci[0]) / (2 * 1.96 * abs(float(self.value)))
         return Measured(key=self.key, metric=self.metric, value=float(self.value), samples=self.n,
-                        cv=self.cv, device=self.device_info)
+                        cv=self.cv, device=self.device_info, ref_ms=self.ref_ms, noise=noise)
 
 
 @dataclass(kw_only=True)

@@ -95,3 +95,20 @@ def test_failed_write_leaves_the_old_file_and_no_temp(tmp_path: Path, monkeypatc
     assert rep.errors and "No space left" in str(rep.errors[0])
     assert path.read_text() == before
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def test_new_tolerance_covers_three_times_the_noise_and_warns_when_an_old_one_does_not(tmp_path: Path) -> None:
+    noisy = Measured(key="enc", metric="step_ms", value=40.0, samples=30, cv=0.1, device=CPU, noise=0.041)
+    apply_updates([noisy], load_dir(tmp_path))
+    b = load_dir(tmp_path).resolve("enc", "step_ms", CPU)
+    assert b is not None and b.tolerance == 0.13 and b.provenance is not None and b.provenance.noise == 0.041
+    quiet = Measured(key="enc", metric="step_ms", value=40.0, samples=30, cv=0.01, device=CPU, noise=0.005)
+    apply_updates([Measured(key="k2", metric="step_ms", value=1.0, samples=30, cv=0.01, device=CPU, noise=0.005)],
+                  load_dir(tmp_path))
+    assert load_dir(tmp_path).resolve("k2", "step_ms", CPU).tolerance == 0.05  # type: ignore[union-attr]
+    (tmp_path / "cpu-x.yaml").unlink(missing_ok=True)
+    rep = apply_updates([quiet], load_dir(tmp_path))
+    assert rep.warnings == []
+    louder = Measured(key="k2", metric="step_ms", value=1.0, samples=30, cv=0.1, device=CPU, noise=0.03)
+    rep = apply_updates([louder], load_dir(tmp_path))
+    assert "tolerance 5.0% is below 3x the measured noise (3.0%)" in rep.warnings[0]

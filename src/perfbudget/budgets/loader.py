@@ -149,11 +149,16 @@ class _Validator:
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
                 self.err("expected a non-negative integer", (*kp, name), v)
                 return None
-        if cv is not None and (not _number(cv) or not math.isfinite(cv) or cv < 0):
-            self.err("expected a non-negative number", (*kp, "cv"), cv)
-            return None
+        for name in ("cv", "noise", "ref_ms"):
+            v = raw.get(name)
+            if v is not None and (not _number(v) or not math.isfinite(v) or v < 0):
+                self.err("expected a non-negative number", (*kp, name), v)
+                return None
         text = {k: (None if raw.get(k) is None else str(raw[k])) for k in ("device", "torch", "date", "commit")}
-        return Provenance(samples=samples, cv=cv, threads=threads, **text)
+        ref = raw.get("ref_ms")
+        noise = raw.get("noise")
+        return Provenance(samples=samples, cv=cv, threads=threads, ref_ms=None if ref is None else float(ref),
+                          noise=None if noise is None else float(noise), **text)
 
     def entry(self, key: str, metric: str, raw: Any) -> Budget | None:
         kp = ("budgets", key, metric)

@@ -20,7 +20,7 @@ __all__ = [
 SCHEMA_VERSION = 1
 
 #: Keys a ``provenance:`` block may hold (written by the updater).
-PROVENANCE_FIELDS = ("device", "torch", "samples", "date", "commit", "cv", "threads")
+PROVENANCE_FIELDS = ("device", "torch", "samples", "date", "commit", "cv", "noise", "threads", "ref_ms")
 
 
 class BudgetError(ValueError):
@@ -70,7 +70,11 @@ class Provenance:
         date: ISO date of the measurement.
         commit: git commit measured (short hash), or ``None`` outside git.
         cv: coefficient of variation of the samples (timing noise).
+        noise: relative standard error of the budgeted statistic (from its CI); the
+            updater keeps tolerances at >= 3x this.
         threads: torch threads used for CPU timing.
+        ref_ms: median time of the machine-speed reference workload measured beside the
+            value; samples are later normalised to it (``measure.reference``).
     """
 
     device: str | None = None
@@ -79,7 +83,9 @@ class Provenance:
     date: str | None = None
     commit: str | None = None
     cv: float | None = None
+    noise: float | None = None
     threads: int | None = None
+    ref_ms: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in PROVENANCE_FIELDS if getattr(self, k) is not None}

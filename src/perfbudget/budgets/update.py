@@ -37,6 +37,8 @@ class Measured:
         samples: number of samples behind ``value``.
         cv: noise of the samples, recorded in provenance for timing kinds.
         device: the device it was measured on.
+        ref_ms: the machine-speed reference time the value is normalised to, if any.
+        noise: relative standard error of ``value`` (statistical kinds), from its CI.
     """
 
     key: str
@@ -45,6 +47,8 @@ class Measured:
     samples: int
     cv: float | None
     device: DeviceInfo
+    ref_ms: float | None = None
+    noise: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,6 +71,7 @@ class UpdateReport:
     changes: list[Change] = field(default_factory=list)
     diffs: dict[Path, str] = field(default_factory=dict)
     errors: list[BudgetError] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     def render(self) -> str:
         """Readable text: the diffs, then one line per change, then errors."""
@@ -79,6 +84,8 @@ class UpdateReport:
                 lines.append(f"{c.action:>9}  {c.path.name}  {c.key}.{c.metric}: {old} -> {c.new:.6g}")
             elif c.action == "refused":
                 lines.append(f"{c.action:>9}  {c.path.name}  {c.key}.{c.metric}: {c.why}")
+        for w in self.warnings:
+            lines.append(f"  warning  {w}")
         for e in self.errors:
             lines.append(f"    error  {e}")
         if not self.diffs and not self.errors:
@@ -198,6 +205,20 @@ def render_doc(data: dict[str, Any]) -> str:
     return header + yaml.safe_dump(ordered, sort_keys=False, default_flow_style=False, width=100)
 
 
+#: Tolerances of statistical budgets stay at least this many standard errors wide.
+NOISE_MULTIPLE = 3
+
+
+def noise_tolerance(default: float, noise: float | None) -> float:
+    """The tolerance for a new budget: the kind's default, widened to 3x the measured noise
+    (rounded up to whole percent, capped at 1)."""
+    if noise is None:
+        return default
+    import math
+
+    return min(1.0, max(default, math.ceil(NOISE_MULTIPLE * noise * 100) / 100))
+
+
 def _decide(entry: Any, m: Measured, allow_loosen: bool) -> tuple[Action, float | None, str]:
     info = parse_name(m.metric).metric
     if entry is None:
@@ -297,6 +318,12 @@ def _update_file(
         entries = data["budgets"].setdefault(m.key, {})
         entry = entries.get(m.metric)
         action, old, why = _decide(entry, m, allow_loosen)
+        tol = entry.get("tolerance") if isinstance(entry, dict) else None
+        if tol is not None and m.noise is not None and float(tol) < NOISE_MULTIPLE * m.noise:
+            report.warnings.append(
+                f"{path.name} {m.key}.{m.metric}: tolerance {float(tol):.1%} is below {NOISE_MULTIPLE}x the "
+                f"measured noise ({m.noise:.1%}): expect false alarms; widen it or measure more samples"
+            )
         report.changes.append(Change(path=path, key=m.key, metric=m.metric, action=action, old=old,
                                      new=_round(m.metric, m.value), why=why))
         if action in ("kept", "refused"):
@@ -305,7 +332,8 @@ def _update_file(
         new_entry: dict[str, Any] = {"value": _round(m.metric, m.value)}
         if isinstance(entry, dict):
             new_entry.update({k: v for k, v in entry.items() if k in ("tolerance", "note")})
-        new_entry.setdefault("tolerance", info.default_tolerance)
+        # A new budget's tolerance covers its own measurement noise (>= 3 standard errors).
+        new_entry.setdefault("tolerance", noise_tolerance(info.default_tolerance, m.noise))
         prov: dict[str, Any] = {"device": m.device.label, "torch": m.device.torch, "samples": m.samples,
                                 "date": date}
         if commit:
@@ -314,6 +342,10 @@ def _update_file(
             prov["cv"] = round(m.cv, 4)
         if m.device.type == "cpu" and m.device.threads:
             prov["threads"] = m.device.threads
+        if m.ref_ms is not None:
+            prov["ref_ms"] = float(f"{m.ref_ms:.4g}")
+        if info.statistical and m.noise is not None:
+            prov["noise"] = round(m.noise, 4)
         new_entry["provenance"] = prov
         entries[m.metric] = new_entry
         changed = True

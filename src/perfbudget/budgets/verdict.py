@@ -63,6 +63,8 @@ class Verdict:
         reason: one readable sentence.
         samples: raw samples (all rounds, including the confirmation).
         attribution: readable lines explaining where the time went.
+        ref_ms: when samples were normalised by a machine-speed reference, the reference
+            time they are expressed at (each sample x ``ref_ms`` / its paired reference).
     """
 
     key: str
@@ -79,6 +81,7 @@ class Verdict:
     reason: str = ""
     samples: tuple[float, ...] = ()
     attribution: tuple[str, ...] = field(default=())
+    ref_ms: float | None = None
 
     @property
     def info(self) -> Metric:

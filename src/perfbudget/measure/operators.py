@@ -963,6 +963,8 @@ class OpRounds:
     """
 
     tables: tuple[OpTable, ...]
+    ref_ms: tuple[float, ...] = ()
+    """Machine-speed reference time measured right before each round (empty without one)."""
 
     def names(self) -> tuple[str, ...]:
         """Every operator seen in any round."""
@@ -1022,6 +1024,7 @@ def profile_rounds(
     steps: int = 2,
     device: Device = "cpu",
     threads: int | None = 1,
+    reference: Callable[[], Any] | None = None,
 ) -> OpRounds:
     """Profile ``rounds`` independent rounds of ``steps`` steps each (one warm-up step per round).
 
@@ -1034,15 +1037,26 @@ def profile_rounds(
         steps: profiled steps per round.
         device: ``"cuda"`` uses device self time.
         threads: torch threads during the rounds.
+        reference: a machine-speed reference workload, timed (unprofiled) right before
+            each round, so per-round self times can be normalised for host drift.
 
     Returns:
         :class:`OpRounds` with one table per round.
     """
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds!r}")
-    tables = tuple(
-        profile_steps(step, steps=steps, warmup=1, record_shapes=False, with_flops=False,
-                      device=device, threads=threads, peaks=None)
-        for _ in range(rounds)
-    )
-    return OpRounds(tables)
+    import torch
+
+    tables = []
+    refs = []
+    with pinned_threads(threads):
+        for _ in range(rounds):
+            if reference is not None:
+                t = time.perf_counter()
+                reference()
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                refs.append((time.perf_counter() - t) * 1e3)
+            tables.append(profile_steps(step, steps=steps, warmup=1, record_shapes=False, with_flops=False,
+                                        device=device, threads=threads, peaks=None))
+    return OpRounds(tuple(tables), tuple(refs))

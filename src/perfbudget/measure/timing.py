@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from perfbudget.measure import stats
 
-__all__ = ["Samples", "bench", "pinned_threads"]
+__all__ = ["Samples", "bench", "bench_paired", "pinned_threads"]
 
 Device = Literal["cpu", "cuda"]
 _DEVICES: tuple[str, ...] = ("cpu", "cuda")
@@ -355,4 +355,74 @@ def _bench_cuda_graph(
         device="cuda",
         timer="cuda_graph",
         calls_per_sample=calls_per_replay,
+    )
+
+
+def bench_paired(
+    fn: Callable[[], Any],
+    ref: Callable[[], Any],
+    *,
+    warmup_ms: float = 200,
+    min_samples: int = 30,
+    max_ms: float = 2000,
+    threads: int | None = 1,
+    device: Device = "cpu",
+    max_samples: int = 100_000,
+) -> tuple[Samples, Samples]:
+    """Time ``fn`` and a fixed reference ``ref`` alternately: ``fn, ref, fn, ref, ...``.
+
+    Shared machines drift (host contention, frequency): on small cloud VMs the same step
+    moves by +-10 % over seconds. A reference measured right next to every sample drifts
+    with it, so ``fn_i / ref_i`` cancels the machine's speed of the moment while keeping
+    ``fn``'s own changes (see ``PerfRecorder.time(reference=...)``).
+
+    CUDA calls are synchronised after each call (host clock): meant for step-sized work
+    (milliseconds); use :func:`bench` with CUDA events for small kernels.
+
+    Args:
+        fn: the code under test.
+        ref: a fixed reference workload of similar character (same device, similar mix of
+            Python dispatch and kernels), e.g. :func:`perfbudget.measure.reference.reference_step`.
+        warmup_ms, min_samples, max_ms, threads, device, max_samples: as in :func:`bench`;
+            the time budgets cover both callables.
+
+    Returns:
+        ``(fn samples, ref samples)``, pairwise aligned.
+    """
+    if device not in _DEVICES:
+        raise ValueError(f"device must be one of {_DEVICES}, got {device!r}")
+    if min_samples < 1 or max_samples < min_samples:
+        raise ValueError(f"need 1 <= min_samples <= max_samples, got {min_samples!r}, {max_samples!r}")
+    import torch
+
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    clock = time.perf_counter
+    with pinned_threads(threads):
+        start = clock()
+        calls = 0
+        while calls < 2 or (clock() - start) * 1e3 < warmup_ms:
+            fn()
+            ref()
+            calls += 1
+        sync()
+        gc.collect()
+        a: list[float] = []
+        b: list[float] = []
+        start = clock()
+        while len(a) < max_samples:
+            t0 = clock()
+            fn()
+            sync()
+            t1 = clock()
+            ref()
+            sync()
+            t2 = clock()
+            a.append((t1 - t0) * 1e3)
+            b.append((t2 - t1) * 1e3)
+            if len(a) >= min_samples and (t2 - start) * 1e3 >= max_ms:
+                break
+    timer: Literal["perf_counter"] = "perf_counter"
+    return (
+        Samples(samples_ms=tuple(a), warmup_calls=calls, threads=threads, device=device, timer=timer),
+        Samples(samples_ms=tuple(b), warmup_calls=calls, threads=threads, device=device, timer=timer),
     )

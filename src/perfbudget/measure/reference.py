@@ -1,0 +1,49 @@
+"""A fixed reference workload whose time tracks the machine's speed of the moment."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+__all__ = ["REFERENCE_VERSION", "reference_step"]
+
+#: Bump when the reference changes: budgets normalised to an older reference are not comparable.
+REFERENCE_VERSION = 1
+
+
+def reference_step(device: Literal["cpu", "cuda"] = "cpu", *, repeat: int = 3) -> Callable[[], Any]:
+    """A warm, deterministic training step of a small MLP with LayerNorm and AdamW.
+
+    Its mix (Python dispatch, small GEMMs, elementwise and optimizer kernels) resembles a
+    small model's step, so host contention and frequency changes slow it by about the
+    same factor as the code under test. It never changes with the project's code: it is
+    the yardstick timing samples are normalised by.
+
+    Args:
+        device: where it runs.
+        repeat: steps per call (about 3 x 2 ms on one CPU core).
+
+    Returns:
+        A zero-argument callable.
+    """
+    import torch
+    from torch import nn
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1234)
+        model = nn.Sequential(
+            nn.Linear(128, 256), nn.GELU(), nn.Linear(256, 256), nn.LayerNorm(256), nn.Linear(256, 10)
+        ).to(device)
+        x = torch.randn(64, 128, device=device)
+        y = torch.randint(0, 10, (64,), device=device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step() -> None:
+        for _ in range(repeat):
+            opt.zero_grad(set_to_none=True)
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+
+    for _ in range(2):
+        step()
+    return step
