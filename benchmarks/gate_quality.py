@@ -52,7 +52,7 @@ class Scenario:
     name: str
     plant: str
     runs: int
-    target: str | None  # metric expected to fail; None for A/A
+    target: tuple[str, ...] | None  # metrics expected to fail (any of them detects); None for A/A
     outcomes: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
     measured: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     ratios: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
@@ -84,9 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     scenarios = [Scenario("A/A (unchanged)", "", args.aa, None)]
     for frac in (0.05, 0.10, 0.20):
         n = args.runs if frac == 0.10 else args.runs_other
-        scenarios.append(Scenario(f"step +{frac:.0%}", f"step_slowdown={frac}", n, "encoder-train.step_ms"))
+        scenarios.append(Scenario(f"step +{frac:.0%}", f"step_slowdown={frac}", n, ("encoder-train.step_ms", "encoder-train.throughput_samples_per_s")))
         scenarios.append(Scenario(f"aten::mm +{frac:.0%} FLOPs", f"op_slowdown={frac}", n,
-                                  "encoder-train.op_self_ms[aten::mm]"))
+                                  ("encoder-train.op_self_ms[aten::mm]", "encoder-train.op_share[aten::mm]")))
 
     with tempfile.TemporaryDirectory() as tmp:
         for sc in scenarios:
@@ -101,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
                             sc.measured[r["metric"]].append(r["value"])
                             if r["budget"]:
                                 sc.ratios[r["metric"]].append(r["value"] / r["budget"]["value"])
+                if sc.target:
+                    sc.outcomes["any of them"].append(
+                        "fail" if any(sc.outcomes[t][-1:] == ["fail"] for t in sc.target) else "pass")
                 print(f"{sc.name:28s} run {i + 1:3d}/{sc.runs}: "
                       f"{sum(o == 'fail' for v in sc.outcomes.values() for o in v[-1:])} failing checks, {took:.1f} s",
                       flush=True)
@@ -108,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = ["| scenario | check | runs | fail | rate | median measured/budget | sd of measured/budget |",
              "|---|---|---|---|---|---|---|"]
     for sc in scenarios:
-        metrics = sorted(sc.outcomes) if sc.target is None else [sc.target]
+        metrics = sorted(sc.outcomes) if sc.target is None else [*sc.target, "any of them"]
         for m in metrics:
             key = m
             outs = sc.outcomes.get(key, [])
