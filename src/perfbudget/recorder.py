@@ -20,6 +20,9 @@ __all__ = ["Decision", "PerfRecorder"]
 #: Families whose many per-operator checks share one false-alarm budget (Bonferroni).
 _OP_FAMILIES = ("op_self_ms", "op_share")
 _FAMILY_ALPHA = 0.05
+#: Beyond this relative change of the machine-speed reference against the budget's, the
+#: machine is not the one the budget describes: timing checks are not judged.
+REFERENCE_MISMATCH = 0.30
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,10 @@ class PerfRecorder:
             return self._keep(v.with_(outcome="unmeasurable", budget=budget, reason=reason), extra)
         ref_ms: float | None = None
         if reference is not None:
+            mismatch = self._reference_mismatch(reference, budget)
+            if mismatch:
+                v = decide(self.key, metric, samples, None, policy=self.policy)
+                return self._keep(v.with_(outcome="unmeasurable", budget=budget, reason=mismatch), extra)
             samples, more, ref_ms = self._normalised(metric, samples, reference, more, budget)
         v = decide(self.key, metric, samples, budget, more=more, policy=self._policy_for(metric))
         if ref_ms is not None:
@@ -163,6 +170,21 @@ class PerfRecorder:
         if attribution:
             v = v.with_(attribution=tuple(attribution))
         return self._keep(v, extra)
+
+    @staticmethod
+    def _reference_mismatch(reference: Sequence[float], budget: Budget | None) -> str:
+        """Why this machine is not the one the budget describes, judged by the reference."""
+        prov = budget.provenance if budget is not None else None
+        if prov is None or not prov.ref_ms or not reference:
+            return ""
+        now = median(reference)
+        change = now / prov.ref_ms - 1
+        if abs(change) <= REFERENCE_MISMATCH:
+            return ""
+        return (
+            f"preflight: the machine-speed reference ran {now:.3g} ms here vs {prov.ref_ms:.3g} ms when the "
+            f"budget was measured ({change:+.0%}): a different or busier machine than the budget describes"
+        )
 
     @staticmethod
     def _normalised(
