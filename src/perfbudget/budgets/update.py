@@ -9,7 +9,7 @@ import fcntl
 import os
 import subprocess
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -21,7 +21,7 @@ from ..metrics import parse_name
 from .loader import BudgetSet, parse_text
 from .schema import SCHEMA_VERSION, BudgetError
 
-__all__ = ["Change", "Measured", "UpdateReport", "apply_updates", "git_commit"]
+__all__ = ["Change", "Measured", "UpdateReport", "apply_updates", "git_commit", "widen_tolerances"]
 
 Action = Literal["added", "tightened", "loosened", "kept", "refused"]
 
@@ -368,3 +368,55 @@ def _update_file(
         tofile=f"b/{path.name}",
     )
     report.diffs[path] = "".join(diff)
+
+
+def widen_tolerances(
+    floors: Mapping[tuple[str, str], float],
+    budgets: BudgetSet,
+    device: DeviceInfo,
+    *,
+    why: str,
+) -> UpdateReport:
+    """Raise tolerances to measured floors (never lower them), where each budget lives.
+
+    Used with between-run noise measured by repeated A/A runs (``benchmarks/gate_quality.py``):
+    a budget's own update run sees only within-run noise, while a check in another process
+    also meets the spread between processes.
+
+    Args:
+        floors: ``(key, metric) -> minimum tolerance``.
+        budgets: the loaded budget set.
+        device: the device whose budgets apply.
+        why: recorded as the entry's ``note``.
+
+    Returns:
+        An :class:`UpdateReport` with the diff of every file changed.
+    """
+    report = UpdateReport()
+    per_file: dict[Path, dict[tuple[str, str], float]] = {}
+    for (key, metric), floor in floors.items():
+        b = budgets.resolve(key, metric, device)
+        if b is not None and floor > b.tolerance:
+            per_file.setdefault(Path(b.source), {})[(key, metric)] = min(1.0, floor)
+    with _locked(budgets.root):
+        for path, items in sorted(per_file.items()):
+            old_text = path.read_text(encoding="utf-8")
+            data = _raw_doc(old_text, {})
+            for (key, metric), tol in items.items():
+                entry = data["budgets"][key][metric]
+                if not isinstance(entry, dict):
+                    entry = data["budgets"][key][metric] = {"value": entry}
+                old = float(entry.get("tolerance", 0.0))
+                entry["tolerance"] = round(tol, 2)
+                entry["note"] = why
+                report.changes.append(Change(path=path, key=key, metric=metric, action="loosened",
+                                             old=old, new=round(tol, 2), why="tolerance"))
+            new_text = render_doc(data)
+            if parse_text(new_text, path).errors:
+                report.errors.append(BudgetError("refusing to write an invalid file", path=path))
+                continue
+            _atomic_write(path, new_text)
+            report.diffs[path] = "".join(difflib.unified_diff(
+                old_text.splitlines(keepends=True), new_text.splitlines(keepends=True),
+                fromfile=f"a/{path.name}", tofile=f"b/{path.name}"))
+    return report
