@@ -112,3 +112,17 @@ def test_new_tolerance_covers_three_times_the_noise_and_warns_when_an_old_one_do
     louder = Measured(key="k2", metric="step_ms", value=1.0, samples=30, cv=0.1, device=CPU, noise=0.03)
     rep = apply_updates([louder], load_dir(tmp_path))
     assert "tolerance 5.0% is below 3x the measured noise (3.0%)" in rep.warnings[0]
+
+
+def test_widen_tolerances_only_raises_and_notes_why(tmp_path: Path) -> None:
+    from perfbudget.budgets.update import widen_tolerances
+
+    apply_updates([m("step_ms", 40.0), m("ttft_ms", 3.0)], load_dir(tmp_path))
+    rep = widen_tolerances({("enc", "step_ms"): 0.12, ("enc", "ttft_ms"): 0.01, ("nope", "step_ms"): 0.5},
+                           load_dir(tmp_path), CPU, why="tolerance floor from 25 A/A runs")
+    bs = load_dir(tmp_path)
+    step, ttft = bs.resolve("enc", "step_ms", CPU), bs.resolve("enc", "ttft_ms", CPU)
+    assert step is not None and step.tolerance == 0.12 and step.note == "tolerance floor from 25 A/A runs"
+    assert step.value == 40.0  # the budget itself is untouched
+    assert ttft is not None and ttft.tolerance == 0.05  # never narrowed
+    assert [c.metric for c in rep.changes] == ["step_ms"] and len(rep.diffs) == 1
