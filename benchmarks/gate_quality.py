@@ -41,6 +41,7 @@ TESTS = (
 TESTS_AA = (
     *TESTS,
     "perf_tests/test_segmentation.py::test_step_latency_and_throughput[cpu]",
+    "perf_tests/test_segmentation.py::test_operators[cpu]",
     "perf_tests/test_tiny.py::test_tiny_mlp_step_time",
 )
 TIMING_KINDS = ("timing", "rate")
@@ -102,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="after the A/A runs, raise each timing budget's tolerance to the between-run "
                          "noise they measured: |median(measured/budget) - 1| + 3 x sd(measured/budget)")
     ap.add_argument("--aa-only", action="store_true", help="run only the A/A scenario")
+    ap.add_argument("--tests", nargs="+", default=None, help="A/A on these test ids instead")
     args = ap.parse_args(argv)
 
     scenarios = [Scenario("A/A (unchanged)", "", args.aa, None)]
@@ -113,10 +115,11 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.aa_only:
         scenarios = scenarios[:1]
+    aa_tests = tuple(args.tests) if args.tests else TESTS_AA
     with tempfile.TemporaryDirectory() as tmp:
         for sc in scenarios:
             for i in range(sc.runs):
-                records, took = run_once(sc.plant, Path(tmp) / f"r{i}.json", TESTS_AA if sc.target is None else TESTS)
+                records, took = run_once(sc.plant, Path(tmp) / f"r{i}.json", aa_tests if sc.target is None else TESTS)
                 sc.seconds.append(took)
                 for r in records:
                     if r["kind"] in TIMING_KINDS:
