@@ -132,14 +132,7 @@ def bench(
     Returns:
         ``Samples`` with the raw per-call times in milliseconds.
     """
-    if device not in _DEVICES:
-        raise ValueError(f"device must be one of {_DEVICES}, got {device!r}")
-    if min_samples < 1:
-        raise ValueError(f"min_samples must be >= 1, got {min_samples!r}")
-    if max_samples < min_samples:
-        raise ValueError(f"max_samples ({max_samples}) must be >= min_samples ({min_samples})")
-    if warmup_ms < 0 or max_ms < 0:
-        raise ValueError(f"warmup_ms and max_ms must be >= 0, got {warmup_ms!r}, {max_ms!r}")
+    _check_budgets(device, warmup_ms=warmup_ms, min_samples=min_samples, max_ms=max_ms, max_samples=max_samples)
     if min_warmup_calls < 0:
         raise ValueError(f"min_warmup_calls must be >= 0, got {min_warmup_calls!r}")
     if device == "cpu" and (flush_l2 or cuda_graph):
@@ -149,37 +142,32 @@ def bench(
             "flush_l2 cannot be combined with cuda_graph (the flush would be replayed)"
         )
 
+    common = dict(
+        warmup_ms=warmup_ms,
+        min_samples=min_samples,
+        max_ms=max_ms,
+        threads=threads,
+        min_warmup_calls=min_warmup_calls,
+        max_samples=max_samples,
+    )
     with pinned_threads(threads):
         if device == "cpu":
-            return _bench_cpu(
-                fn,
-                warmup_ms=warmup_ms,
-                min_samples=min_samples,
-                max_ms=max_ms,
-                threads=threads,
-                min_warmup_calls=min_warmup_calls,
-                max_samples=max_samples,
-            )
+            return _bench_cpu(fn, **common)  # type: ignore[arg-type]
         if cuda_graph:
-            return _bench_cuda_graph(
-                fn,
-                warmup_ms=warmup_ms,
-                min_samples=min_samples,
-                max_ms=max_ms,
-                threads=threads,
-                min_warmup_calls=min_warmup_calls,
-                max_samples=max_samples,
-            )
-        return _bench_cuda(
-            fn,
-            warmup_ms=warmup_ms,
-            min_samples=min_samples,
-            max_ms=max_ms,
-            threads=threads,
-            min_warmup_calls=min_warmup_calls,
-            max_samples=max_samples,
-            flush_l2=flush_l2,
-        )
+            return _bench_cuda_graph(fn, **common)  # type: ignore[arg-type]
+        return _bench_cuda(fn, flush_l2=flush_l2, **common)  # type: ignore[arg-type]
+
+
+def _check_budgets(device: str, *, warmup_ms: float, min_samples: int, max_ms: float, max_samples: int) -> None:
+    """The argument checks shared by :func:`bench` and :func:`bench_paired`."""
+    if device not in _DEVICES:
+        raise ValueError(f"device must be one of {_DEVICES}, got {device!r}")
+    if min_samples < 1:
+        raise ValueError(f"min_samples must be >= 1, got {min_samples!r}")
+    if max_samples < min_samples:
+        raise ValueError(f"max_samples ({max_samples}) must be >= min_samples ({min_samples})")
+    if warmup_ms < 0 or max_ms < 0:
+        raise ValueError(f"warmup_ms and max_ms must be >= 0, got {warmup_ms!r}, {max_ms!r}")
 
 
 def _bench_cpu(
@@ -389,10 +377,7 @@ def bench_paired(
     Returns:
         ``(fn samples, ref samples)``, pairwise aligned.
     """
-    if device not in _DEVICES:
-        raise ValueError(f"device must be one of {_DEVICES}, got {device!r}")
-    if min_samples < 1 or max_samples < min_samples:
-        raise ValueError(f"need 1 <= min_samples <= max_samples, got {min_samples!r}, {max_samples!r}")
+    _check_budgets(device, warmup_ms=warmup_ms, min_samples=min_samples, max_ms=max_ms, max_samples=max_samples)
     import torch
 
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
