@@ -9,7 +9,7 @@ import torch
 
 from fixtures.measuring import machine_reference
 from perfbudget.measure.timing import pinned_threads
-from perfbudget.workloads import DecoderWorkload
+from torchlevers.workloads import DecoderWorkload
 
 pytestmark = pytest.mark.budget("decoder-serve")
 

@@ -6,10 +6,10 @@ import pytest
 
 from fixtures.measuring import record_operators, time_step
 from fixtures.workloads import SIZES, TrainStep, _encoder
-from perfbudget.levers import PrecisionPolicy
 from perfbudget.measure import memory, numerics
 from perfbudget.measure.operators import count_flops
-from perfbudget.workloads import EncoderConfig, EncoderWorkload
+from torchlevers import PrecisionPolicy
+from torchlevers.workloads import EncoderConfig, EncoderWorkload
 
 pytestmark = pytest.mark.budget("encoder-train")
 

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from fixtures.data import LengthSample
 from fixtures.plant import plant
 from fixtures.workloads import _encoder
-from perfbudget.levers import (
+from perfbudget.measure.timing import pinned_threads
+from torchlevers import (
     PerLayerClipper,
     PrecisionPolicy,
     clip_global_norm,
@@ -20,8 +21,7 @@ from perfbudget.levers import (
     plan_bucketed,
     plan_static,
 )
-from perfbudget.measure.timing import pinned_threads
-from perfbudget.workloads.planted import OverflowProne, TwoScale, overflow_batches, two_scale_batch
+from torchlevers.workloads.planted import OverflowProne, TwoScale, overflow_batches, two_scale_batch
 
 SPEEDUP_SAMPLES = 24  # three static batches of 8 at 512 tokens: ~0.7 s per round on one core
 SPEEDUP_ROUNDS = 6

@@ -8,7 +8,7 @@ import pytest
 
 from fixtures.data import LengthSample
 from fixtures.plant import plant
-from perfbudget.levers import BatchPlan, plan_bucketed, plan_sorted, plan_static
+from torchlevers import BatchPlan, plan_bucketed, plan_sorted, plan_static
 
 
 def _plans(s: LengthSample) -> dict[str, BatchPlan]:

@@ -8,7 +8,7 @@ from fixtures.measuring import record_operators, time_step
 from fixtures.workloads import SIZES, TrainStep
 from perfbudget.measure import memory
 from perfbudget.measure.operators import count_flops
-from perfbudget.workloads import SegConfig, SegWorkload
+from torchlevers.workloads import SegConfig, SegWorkload
 
 pytestmark = pytest.mark.budget("segmentation-train")
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from perfbudget.levers.bucketing import (
+from torchlevers.bucketing import (
     BucketBatchSampler,
     BucketCollator,
     BucketFileError,

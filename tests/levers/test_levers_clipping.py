@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from perfbudget.levers.clipping import (
+from torchlevers.clipping import (
     ClipReport,
     PerLayerClipConfig,
     PerLayerClipper,

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from perfbudget.levers.ids import IdSpace, check_ids, normalize_ids
+from torchlevers.ids import IdSpace, check_ids, normalize_ids
 
 VOCAB = 30522
 

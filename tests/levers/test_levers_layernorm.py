@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from perfbudget.levers.layernorm import (
+from torchlevers.layernorm import (
     FP32StatsLayerNorm,
     fp32_stats_layer_norm,
     select_backend,

@@ -22,7 +22,7 @@ CHILD = textwrap.dedent(
     import json
     import torch
     import torch.nn.functional as F
-    from perfbudget.levers.layernorm import fp32_stats_layer_norm, select_backend
+    from torchlevers.layernorm import fp32_stats_layer_norm, select_backend
 
     torch.set_num_threads(1)
     out = {}

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from perfbudget.levers.precision import PrecisionPolicy, StepReport
+from torchlevers.precision import PrecisionPolicy, StepReport
 
 STEPS = 50
 LOSS_MEAN_RTOL = 0.01  # mean loss over the 50 steps within 1 % of fp32's

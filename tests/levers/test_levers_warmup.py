@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from perfbudget.levers.bucketing import (
+from torchlevers.bucketing import (
     BucketBatchSampler,
     BucketCollator,
     Buckets,
     shape_class_batches,
 )
-from perfbudget.levers.warmup import (
+from torchlevers.warmup import (
     CompileConfig,
     CompiledStep,
     CudaAllocConf,

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from perfbudget.workloads import (
+from torchlevers.workloads import (
     SIZES,
     WORKLOADS,
     DecoderConfig,

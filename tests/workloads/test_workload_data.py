@@ -7,7 +7,7 @@ import statistics
 import pytest
 import torch
 
-from perfbudget.workloads import (
+from torchlevers.workloads import (
     CLS_ID,
     FIRST_TOKEN_ID,
     PAD_ID,

@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from perfbudget.workloads import DecoderWorkload, GenerationTiming, config_for
+from torchlevers.workloads import DecoderWorkload, GenerationTiming, config_for
 
 
 @pytest.fixture(scope="module")

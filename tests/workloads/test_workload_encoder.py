@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from torch.profiler import ProfilerActivity, profile
 from torch.utils.flop_counter import FlopCounterMode
 
-from perfbudget.workloads import (
+from torchlevers.workloads import (
     PAD_ID,
     EncoderConfig,
     EncoderWorkload,

@@ -6,14 +6,14 @@ import functools
 
 import torch
 
-from perfbudget.levers import (
+from torchlevers import (
     BucketCollator,
     FP32StatsLayerNorm,
     PerLayerClipper,
     PrecisionPolicy,
     clip_global_norm,
 )
-from perfbudget.workloads import (
+from torchlevers.workloads import (
     DecoderConfig,
     DecoderWorkload,
     EncoderConfig,

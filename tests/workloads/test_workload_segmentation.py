@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from perfbudget.workloads import SegWorkload, config_for
+from torchlevers.workloads import SegWorkload, config_for
 
 
 def tiny(**overrides: Any) -> SegWorkload:

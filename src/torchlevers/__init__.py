@@ -1,6 +1,6 @@
-"""The optimisation levers: layered mixed precision, per-layer clipping, length bucketing, fp32-statistics LayerNorm, id normalisation, warm-up/compile."""
+"""torchlevers: the optimisation levers (layered mixed precision, per-layer clipping, length bucketing, fp32-statistics LayerNorm, id normalisation, compile warm-up) and the reference workloads they are measured on."""
 
-from perfbudget.levers.bucketing import (
+from torchlevers.bucketing import (
     BUCKET_FILE_FORMAT,
     BUCKET_FILE_VERSION,
     BatchPlan,
@@ -27,28 +27,28 @@ from perfbudget.levers.bucketing import (
     shape_class_batches,
     skewed_lengths,
 )
-from perfbudget.levers.clipping import (
+from torchlevers.clipping import (
     ClipReport,
     LayerClip,
     PerLayerClipConfig,
     PerLayerClipper,
     clip_global_norm,
 )
-from perfbudget.levers.ids import IdSpace, check_ids, normalize_ids
-from perfbudget.levers.layernorm import (
+from torchlevers.ids import IdSpace, check_ids, normalize_ids
+from torchlevers.layernorm import (
     FP32StatsLayerNorm,
     fp32_stats_layer_norm,
     select_backend,
     swap_layernorms,
     triton_available,
 )
-from perfbudget.levers.precision import (
+from torchlevers.precision import (
     MixedPrecision,
     PrecisionPolicy,
     StepReport,
     count_nonfinite_grads,
 )
-from perfbudget.levers.warmup import (
+from torchlevers.warmup import (
     CompileConfig,
     CompiledStep,
     CudaAllocConf,

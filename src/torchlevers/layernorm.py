@@ -97,18 +97,18 @@ def select_backend(x: torch.Tensor, normalized_numel: int, backend: Backend = "a
     if backend == "auto":
         if not (x.is_cuda and triton_available()):
             return "torch"
-        from perfbudget.levers import _triton_layernorm as tk
+        from torchlevers import _triton_layernorm as tk
 
         return "triton" if tk.supports(x, normalized_numel) else "torch"
     if importlib.util.find_spec("triton") is None:
         raise RuntimeError("backend='triton' but triton is not installed (pip install triton)")
-    from perfbudget.levers import _triton_layernorm as tk
+    from torchlevers import _triton_layernorm as tk
 
     if not tk.supports(x, normalized_numel):
         if x.device.type == "cpu" and not tk.INTERPRET:
             raise RuntimeError(
                 "backend='triton' on a CPU tensor needs the Triton interpreter: set "
-                "TRITON_INTERPRET=1 before perfbudget.levers._triton_layernorm is first imported"
+                "TRITON_INTERPRET=1 before torchlevers._triton_layernorm is first imported"
             )
         raise RuntimeError(
             f"backend='triton' cannot take this input (device {x.device}, dtype {x.dtype}, "
@@ -151,7 +151,7 @@ def fp32_stats_layer_norm(
     w = weight.reshape(n) if weight is not None else None
     b = bias.reshape(n) if bias is not None else None
     if select_backend(x, n, backend) == "triton":
-        from perfbudget.levers._triton_layernorm import TritonLayerNormFn
+        from torchlevers._triton_layernorm import TritonLayerNormFn
 
         y = TritonLayerNormFn.apply(x2, w, b, eps)
     else:
