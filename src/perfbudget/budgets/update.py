@@ -6,12 +6,14 @@ import contextlib
 import datetime as _dt
 import difflib
 import fcntl
+import math
 import os
 import subprocess
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any, Literal
 
 import yaml
@@ -21,7 +23,15 @@ from ..metrics import parse_name
 from .loader import BudgetSet, parse_text
 from .schema import SCHEMA_VERSION, BudgetError
 
-__all__ = ["Change", "Measured", "UpdateReport", "apply_updates", "git_commit", "widen_tolerances"]
+__all__ = [
+    "Change",
+    "Measured",
+    "UpdateReport",
+    "apply_updates",
+    "git_commit",
+    "measured_value",
+    "widen_tolerances",
+]
 
 Action = Literal["added", "tightened", "loosened", "kept", "refused"]
 
@@ -49,6 +59,30 @@ class Measured:
     device: DeviceInfo
     ref_ms: float | None = None
     noise: float | None = None
+
+
+def measured_value(
+    *,
+    key: str,
+    metric: str,
+    value: float,
+    n: int,
+    cv: float | None,
+    device: DeviceInfo,
+    ci: tuple[float, float] | None = None,
+    confidence: float | None = None,
+    ref_ms: float | None = None,
+) -> Measured | None:
+    """The :class:`Measured` for a judged value, with its noise (relative standard error)
+    taken from its CI at the CI's own confidence; ``None`` when ``value`` is not finite."""
+    if not math.isfinite(value):
+        return None
+    noise = None
+    if ci is not None and value and all(math.isfinite(x) for x in ci):
+        z = NormalDist().inv_cdf(0.5 + (confidence or 0.95) / 2)
+        noise = abs(ci[1] - ci[0]) / (2 * z * abs(value))
+    return Measured(key=key, metric=metric, value=float(value), samples=n, cv=cv, device=device,
+                    ref_ms=ref_ms, noise=noise)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -65,6 +65,7 @@ class Verdict:
         attribution: readable lines explaining where the time went.
         ref_ms: when samples were normalised by a machine-speed reference, the reference
             time they are expressed at (each sample x ``ref_ms`` / its paired reference).
+        confidence: coverage of ``ci``.
     """
 
     key: str
@@ -82,6 +83,7 @@ class Verdict:
     samples: tuple[float, ...] = ()
     attribution: tuple[str, ...] = field(default=())
     ref_ms: float | None = None
+    confidence: float | None = None
 
     @property
     def info(self) -> Metric:
@@ -186,7 +188,7 @@ def _decide_stat(
         return stats.quantile(data, q), (lo, hi)
 
     med, ci = summary(xs)
-    v = base.with_(value=med, ci=ci, n=len(xs), cv=stats.cv(xs), samples=tuple(xs))
+    v = base.with_(value=med, ci=ci, n=len(xs), cv=stats.cv(xs), samples=tuple(xs), confidence=policy.confidence)
     if budget is None:
         return v.with_(outcome="unbudgeted", reason="no budget for this metric on this device")
     bad, stale = _limits(info, budget)
