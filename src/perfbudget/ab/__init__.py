@@ -1,0 +1,48 @@
+"""Lockstep A/B against a base commit: both sides measured in one job, taking turns on one machine.
+
+``perfbudget ab --base REF [-- pytest args]`` (``ab.cli``) checks the base out as a git
+worktree (``ab.trees``), runs the base and the head as two pytest processes that take
+turns through a coordinator (``ab.coordinator``, ``ab.pairs``; the client is
+``perfbudget.measure.turns``), in process pairs until every timing check is decided
+(``ab.run``), and merges the pairs into one record per check (``ab.compare``) with the
+verdict on head/base (``ab.verdict``). Never imports pytest: the sides are subprocesses.
+"""
+
+from .compare import ABInfo, Comparison, PairRecords, compare_pairs
+from .coordinator import Coordinator, Turn, TurnLog
+from .pairs import PairRun, SideCommand, SideRun, SideSetup, pytest_command, run_pair
+from .run import ABConfig, ABRun, UsageError, run_ab
+from .trees import BaseTree, GitError, build_shim, instrument_dir, prepare_base, side_env
+from .verdict import ABPolicy, RatioVerdict, describe_change, judge_ratios, pair_ratio, t_quantile
+
+__all__ = [
+    "ABConfig",
+    "ABInfo",
+    "ABPolicy",
+    "ABRun",
+    "BaseTree",
+    "Comparison",
+    "Coordinator",
+    "GitError",
+    "PairRecords",
+    "PairRun",
+    "RatioVerdict",
+    "SideCommand",
+    "SideRun",
+    "SideSetup",
+    "Turn",
+    "TurnLog",
+    "UsageError",
+    "build_shim",
+    "compare_pairs",
+    "describe_change",
+    "instrument_dir",
+    "judge_ratios",
+    "pair_ratio",
+    "prepare_base",
+    "pytest_command",
+    "run_ab",
+    "run_pair",
+    "side_env",
+    "t_quantile",
+]

@@ -1,0 +1,143 @@
+"""``perfbudget ab --base REF [-- pytest args]``: the lockstep A/B run from the command line.
+
+Exit codes: 0 every check passed; 1 a check failed or errored, or the head's pytest
+failed (as pytest itself would exit); 2 usage error (bad arguments, a base that is not a
+commit here, not inside a git checkout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from ..results import Record
+from .compare import ABInfo
+from .run import EXIT_USAGE, ABConfig, ABRun, UsageError, run_ab
+from .trees import GitError, repo_root
+
+__all__ = ["add_arguments", "build_parser", "cmd_ab", "main", "register", "summary"]
+
+_DESCRIPTION = """\
+Measure the base commit and this working tree in one job, on one machine: two pytest
+processes run the same tests and take turns (short bursts, exactly one running at a
+time), in process pairs until every timing check is decided. Timing and rate checks are
+judged on head/base with a CI from the pairs; exact and bytes checks keep their budget
+verdict and show any change from the base.
+
+  perfbudget ab --base origin/main -- perf_tests
+  perfbudget ab --base "$BASE_SHA" --merge-base -- perf_tests -k encoder
+"""
+
+_EPILOG = """exit codes:
+  0  every check passed
+  1  a check failed or errored, or the head's pytest failed
+  2  usage error: bad arguments, a base that is not a commit here, not a git checkout
+"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``ab`` options, on a parser of its own or a ``perfbudget`` subcommand."""
+    p.add_argument("--base", required=True, metavar="REF", help="the base commit-ish (a SHA, origin/main)")
+    p.add_argument("--merge-base", action="store_true",
+                   help="measure `git merge-base HEAD REF` instead of REF (what a pull request changes)")
+    p.add_argument("--min-pairs", type=int, default=2, metavar="N", help="process pairs run in any case (default 2)")
+    p.add_argument("--max-pairs", type=int, default=6, metavar="N",
+                   help="most process pairs; checks still undecided are then decided on the estimate (default 6)")
+    p.add_argument("--max-minutes", type=float, default=40.0, metavar="MIN",
+                   help="wall-clock bound: no pair starts that would likely end later (default 40)")
+    p.add_argument("--out", metavar="PATH", help="merged results JSON (default .perfbudget/ab/results.json)")
+    p.add_argument("pytest_args", nargs="*", metavar="-- PYTEST_ARGS",
+                   help="what both sides pass to pytest, after `--` (e.g. -- perf_tests -k encoder)")
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``ab`` subcommand to the ``perfbudget`` parser's subparsers.
+
+    The subcommand's ``func(args, out)`` returns the exit code.
+    """
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "ab", help="lockstep A/B run against a base commit (the pull-request timing verdict)",
+        description=_DESCRIPTION, epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(p)
+    p.set_defaults(func=cmd_ab)
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """A parser for ``perfbudget ab`` alone."""
+    p = argparse.ArgumentParser(prog="perfbudget ab", description=_DESCRIPTION, epilog=_EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    p.set_defaults(func=cmd_ab)
+    return p
+
+
+def cmd_ab(args: argparse.Namespace, out: TextIO) -> int:
+    """Run ``perfbudget ab`` from parsed arguments; returns the exit code."""
+    pytest_args = list(args.pytest_args)
+    if pytest_args and pytest_args[0] == "--":
+        pytest_args = pytest_args[1:]  # argparse keeps a `--` that follows the options on some versions
+    try:
+        root = repo_root(Path.cwd())
+        config = ABConfig(root=root, base=args.base, merge_base=args.merge_base, min_pairs=args.min_pairs,
+                          max_pairs=args.max_pairs, max_minutes=args.max_minutes,
+                          out=Path(args.out).resolve() if args.out else None, pytest_args=tuple(pytest_args))
+        run = run_ab(config)
+    except (UsageError, GitError) as exc:
+        print(f"perfbudget ab: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    for problem in run.problems:
+        print(f"perfbudget ab: {problem}", file=sys.stderr)
+    out.write(summary(run) + "\n")
+    return run.exit_code
+
+
+def summary(run: ABRun) -> str:
+    """A few lines for the terminal: totals, every compared timing check, every failure."""
+    recs = run.results.records
+    counts: dict[str, int] = {}
+    for r in recs:
+        counts[r.outcome] = counts.get(r.outcome, 0) + 1
+    meta = run.results.meta.get("ab", {})
+    lines = [
+        f"perfbudget ab: {len(recs)} check(s): " + ", ".join(f"{n} {o}" for o, n in sorted(counts.items()))
+        + f"; {len(run.pairs)} pair(s) ({run.stopped}), {meta.get('wall_s', 0):.0f} s; results: {run.path}",
+    ]
+    timed = [r for r in recs if r.base is not None and r.base.ratio_ci is not None]
+    if timed:
+        lines.append(f"  {'outcome':<8} {'head/base':>9} {'CI':>15} {'pairs':>5}  check")
+        for r in timed:
+            b = r.base
+            assert b is not None and b.ratio is not None and b.ratio_ci is not None
+            ci = f"{b.ratio_ci[0]:.3f}-{b.ratio_ci[1]:.3f}"
+            lines.append(f"  {r.outcome:<8} {b.ratio:>9.3f} {ci:>15} {b.pairs:>5}  {_name(r)}")
+    for r in recs:
+        if r.outcome in ("fail", "error"):
+            lines.append(f"{r.outcome.upper()} {_name(r)}: {r.reason}")
+    not_compared = [(r, info) for r in recs if (info := ABInfo.of(r)) is not None and not info.compared]
+    if not_compared:
+        shown = "; ".join(f"{_name(r)} ({info.note})" for r, info in not_compared[:5])
+        lines.append(f"{len(not_compared)} check(s) not compared with the base (judged against the stored "
+                     f"budgets): {shown}" + (" ..." if len(not_compared) > 5 else ""))
+    return "\n".join(lines)
+
+
+def _name(r: Record) -> str:
+    return f"{r.nodeid} {r.key}.{r.metric}"
+
+
+def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int:
+    """``perfbudget ab`` alone; returns the exit code."""
+    try:
+        args = build_parser().parse_args(list(argv) if argv is not None else None)
+    except SystemExit as exc:  # argparse: --help exits 0, usage errors 2
+        return int(exc.code or 0)
+    return cmd_ab(args, out or sys.stdout)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

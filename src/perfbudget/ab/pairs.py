@@ -1,0 +1,200 @@
+"""Run one process pair: the base and the head side at once, taking turns through a coordinator."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..measure.turns import ENV_BURST_MS, ENV_SIDE, ENV_SOCKET, SIDES
+from .coordinator import Coordinator, TurnLog
+from .trees import side_env
+
+__all__ = ["PairRun", "SideCommand", "SideRun", "SideSetup", "pytest_command", "run_pair"]
+
+# Seconds between SIGTERM and SIGKILL for a side that outlived the time limit.
+_KILL_GRACE_S = 10.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class SideSetup:
+    """What the command of one side needs to know."""
+
+    side: str
+    """``base`` or ``head``."""
+    tree: Path
+    """The side's checkout (its working directory)."""
+    results: Path
+    """Where the side writes its results JSON."""
+
+
+SideCommand = Callable[[SideSetup], Sequence[str]]
+"""The argv that runs one side (``pytest_command`` in real runs; a small script in tests)."""
+
+
+def pytest_command(pytest_args: Sequence[str] = (), *, python: str = sys.executable) -> SideCommand:
+    """``python -m pytest --perf-collect --perf-json <results> -p no:cacheprovider <args>``.
+
+    The base side also gets ``--continue-on-collection-errors``: a base test module that
+    needs what only the head's instrument has is reported as missing from the base, and
+    the rest of the base still runs.
+    """
+    args = tuple(pytest_args)
+
+    def command(setup: SideSetup) -> list[str]:
+        extra = ["--continue-on-collection-errors"] if setup.side == "base" else []
+        return [python, "-m", "pytest", "--perf-collect", "--perf-json", str(setup.results),
+                "-p", "no:cacheprovider", *extra, *args]
+
+    return command
+
+
+@dataclass(frozen=True, kw_only=True)
+class SideRun:
+    """How one side's process went."""
+
+    side: str
+    results: Path
+    """Its results JSON (may be missing when the process failed early)."""
+    log: Path
+    """Its standard output and error."""
+    returncode: int | None
+    """The exit status; ``None`` when it was killed at the time limit."""
+    wall_s: float
+
+    def tail(self, lines: int = 15) -> str:
+        """The last lines of its output, for error messages."""
+        try:
+            text = self.log.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.rstrip().splitlines()[-lines:])
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"side": self.side, "results": str(self.results), "log": str(self.log),
+                "returncode": self.returncode, "wall_s": round(self.wall_s, 3)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PairRun:
+    """One process pair."""
+
+    index: int
+    """1-based pair number."""
+    first: str
+    """The side that got the machine first."""
+    sides: Mapping[str, SideRun]
+    turns: TurnLog
+    wall_s: float
+    timed_out: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"pair": self.index, "first": self.first, "wall_s": round(self.wall_s, 3),
+                "timed_out": self.timed_out, "sides": [self.sides[s].as_dict() for s in SIDES if s in self.sides],
+                "turns": self.turns.as_dict()}
+
+
+def run_pair(
+    index: int,
+    *,
+    trees: Mapping[str, Path],
+    shims: Mapping[str, Path],
+    workdir: Path,
+    command: SideCommand,
+    first: str,
+    timeout_s: float,
+    burst_ms: float | None = None,
+    env: Mapping[str, str] | None = None,
+) -> PairRun:
+    """Run both sides of pair ``index`` to the end, taking turns, and return how it went.
+
+    Args:
+        index: pair number; the side files go to ``workdir/pair-<index>/<side>.json|.log``.
+        trees: each side's checkout (its working directory).
+        shims: each side's import shim (leads its ``PYTHONPATH``).
+        workdir: the A/B run's folder.
+        command: the argv of one side.
+        first: the side granted the machine first.
+        timeout_s: wall-clock limit for the pair; sides still running then are killed.
+        burst_ms: burst length passed to the sides (``None``: the instrument's default).
+        env: base environment of the sides (default: this process's).
+    """
+    folder = workdir / f"pair-{index}"
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    # Unix socket paths are limited to ~107 bytes: keep it in a short temporary folder.
+    sockdir = Path(tempfile.mkdtemp(prefix="perfbudget-ab-"))
+    sockpath = sockdir / "turns.sock"
+    coordinator = Coordinator(sockpath, first=first).start()
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    started: dict[str, float] = {}
+    ended: dict[str, float] = {}
+    logs = {s: folder / f"{s}.log" for s in SIDES}
+    results = {s: folder / f"{s}.json" for s in SIDES}
+    t0 = time.monotonic()
+    timed_out = False
+    killed: set[str] = set()
+    try:
+        for side in (first, *(s for s in SIDES if s != first)):
+            extra = {ENV_SOCKET: str(sockpath), ENV_SIDE: side}
+            if burst_ms is not None:
+                extra[ENV_BURST_MS] = f"{burst_ms:g}"
+            argv = list(command(SideSetup(side=side, tree=trees[side], results=results[side])))
+            with open(logs[side], "wb") as out:
+                out.write(f"$ (cd {trees[side]} && {' '.join(argv)})\n".encode())
+                out.flush()
+                procs[side] = subprocess.Popen(
+                    argv, cwd=trees[side], env=side_env(shims[side], base_env=env, **extra),
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                    start_new_session=True,  # its own process group: a timeout kills its children too
+                )
+            started[side] = time.monotonic()
+        while len(ended) < len(procs):
+            for side, proc in procs.items():
+                if side not in ended and proc.poll() is not None:
+                    ended[side] = time.monotonic()
+                    coordinator.side_exited(side)
+            if time.monotonic() - t0 > timeout_s:
+                timed_out = True
+                break
+            time.sleep(0.05)
+    finally:
+        for side, proc in procs.items():
+            if proc.poll() is None:
+                _kill(proc)
+                killed.add(side)
+                ended.setdefault(side, time.monotonic())
+                coordinator.side_exited(side)
+        turn_log = coordinator.close()
+        shutil.rmtree(sockdir, ignore_errors=True)
+    sides = {
+        s: SideRun(side=s, results=results[s], log=logs[s],
+                   returncode=None if s in killed else procs[s].returncode,
+                   wall_s=ended.get(s, time.monotonic()) - started.get(s, t0))
+        for s in procs
+    }
+    return PairRun(index=index, first=first, sides=sides, turns=turn_log, wall_s=time.monotonic() - t0,
+                   timed_out=timed_out)
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the side's process group, then SIGKILL what is left after a grace period."""
+    for sig, wait_s in ((signal.SIGTERM, _KILL_GRACE_S), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        try:
+            proc.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue

@@ -1,0 +1,286 @@
+"""Judge head/base ratios from process pairs (lockstep A/B); decides, never measures.
+
+The process pair is the unit of replication: each pair gives one ratio ``r_i`` of the
+sides' medians (or the metric's quantile). On ``y_i = ln r_i``:
+
+    ybar   = mean(y_i)                                       over n pairs
+    s_p^2  = (nu0 * sigma0^2 + (n - 1) * s^2) / (nu0 + n - 1)   s: observed sd of y_i
+    CI     = exp(ybar -+ t(conf, nu0 + n - 1) * s_p / sqrt(n))
+
+``sigma0`` is a prior per-pair sd for the metric's kind, worth ``nu0`` degrees of freedom:
+with 2 pairs a plain t(1) interval is ~9x the standard error and decides nothing; the
+prior keeps it usable, and the observed spread takes over as pairs accumulate (this is
+the posterior of the mean under a normal model with a scaled-inverse-chi^2 prior on the
+variance). Measured per-pair sds on a 2-vCPU VM (reference/gate-measurements-2026-12.md
+section 3): encoder step 1.7 %, decoder 2.0 %, segmentation 4.4 %. The timing prior of
+2.5 % lets two well-behaved pairs (spread <= 2 %) pass a 5 % tolerance, while a noisier
+check's own spread widens its interval and asks for more pairs.
+
+Three-way against the tolerance ``t`` (lower is better; mirrored for rates): the CI
+entirely above ``1 + t`` fails, entirely at or below passes, straddling asks for another
+pair; at the last pair the point estimate decides.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ..measure import stats
+from ..metrics import Direction
+
+__all__ = [
+    "PRIOR_DF",
+    "PRIOR_SD",
+    "ABPolicy",
+    "RatioVerdict",
+    "State",
+    "describe_change",
+    "judge_ratios",
+    "pair_ratio",
+    "t_quantile",
+]
+
+State = Literal["pass", "fail", "undecided"]
+
+#: Prior per-pair sd of ln(head/base) by metric kind. Timing: just above the measured 1.7 %
+#: (encoder) and 2.0 % (decoder); segmentation's 4.4 % shows in its own observed spread.
+#: Rates are inverse times, so the same. Energy windows add the power meter's own noise.
+PRIOR_SD: Mapping[str, float] = {"timing": 0.025, "rate": 0.025, "energy": 0.05}
+#: Degrees of freedom the prior is worth: from 5 pairs on, the observed spread weighs more.
+PRIOR_DF = 3.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ABPolicy:
+    """How the A/B verdict is reached.
+
+    Attributes:
+        confidence: two-sided coverage of the CI of the ratio.
+        prior_sd: prior per-pair sd of the log-ratio, by metric kind.
+        prior_df: degrees of freedom the prior is worth.
+        tolerance_from_budgets: take a check's tolerance from its budget when it has one
+            (else the metric's default tolerance).
+    """
+
+    confidence: float = 0.95
+    prior_sd: Mapping[str, float] = field(default_factory=lambda: dict(PRIOR_SD))
+    prior_df: float = PRIOR_DF
+    tolerance_from_budgets: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0.5 <= self.confidence < 1.0:
+            raise ValueError(f"confidence must be in [0.5, 1), got {self.confidence!r}")
+        if not self.prior_df >= 0:
+            raise ValueError(f"prior_df must be >= 0, got {self.prior_df!r}")
+        bad = {k: v for k, v in self.prior_sd.items() if not (isinstance(v, (int, float)) and v > 0)}
+        if bad:
+            raise ValueError(f"prior_sd: expected positive numbers, got {bad!r}")
+
+    def sd_for(self, kind: str) -> float:
+        """The prior sd for ``kind`` (the largest one for a kind without its own)."""
+        return self.prior_sd.get(kind, max(self.prior_sd.values(), default=PRIOR_SD["energy"]))
+
+
+@dataclass(frozen=True, kw_only=True)
+class RatioVerdict:
+    """The A/B judgement of one statistical check.
+
+    Attributes:
+        state: pass, fail, or undecided (wants another pair).
+        ratio: head/base, the geometric mean over pairs.
+        ci: CI of ``ratio``.
+        pairs: process pairs behind it.
+        sd: pooled per-pair sd of ln(head/base).
+        df: degrees of freedom of the t interval.
+        limit: the ratio beyond which the check fails (1 + tolerance, or 1 - tolerance for
+            higher-is-better metrics).
+        by_estimate: decided on the point estimate at the last pair (the CI straddled).
+        improved: the CI lies entirely better than the tolerance on the good side.
+        reason: one readable sentence.
+    """
+
+    state: State
+    ratio: float
+    ci: tuple[float, float]
+    pairs: int
+    sd: float
+    df: float
+    limit: float
+    by_estimate: bool = False
+    improved: bool = False
+    reason: str = ""
+
+
+@functools.lru_cache(maxsize=256)
+def t_quantile(p: float, df: float) -> float:
+    """The ``p`` quantile of Student's t with ``df`` degrees of freedom (``df`` > 0, real).
+
+    Bisection on the CDF, ``1 - I_x(df/2, 1/2) / 2`` with ``x = df / (df + t^2)``.
+    """
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"p must be in (0, 1), got {p!r}")
+    if not df > 0:
+        raise ValueError(f"df must be > 0, got {df!r}")
+    if p < 0.5:
+        return -t_quantile(1.0 - p, df)
+    if p == 0.5:
+        return 0.0
+
+    def cdf(t: float) -> float:
+        return 1.0 - 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
+
+    lo, hi = 0.0, 1.0
+    while cdf(hi) < p:
+        hi *= 2.0
+    for _ in range(200):
+        mid = (lo + hi) / 2.0
+        if cdf(mid) < p:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-12 * max(1.0, hi):
+            break
+    return (lo + hi) / 2.0
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """Regularised incomplete beta ``I_x(a, b)`` (continued fraction, Numerical Recipes 6.4)."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    ln_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    if x < (a + 1.0) / (a + b + 2.0):
+        return math.exp(ln_front) * _betacf(a, b, x) / a
+    return 1.0 - math.exp(ln_front) * _betacf(b, a, 1.0 - x) / b
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    tiny = 1e-300
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 500):
+        m2 = 2 * m
+        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        h *= d * c
+        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        delta = d * c
+        h *= delta
+        if abs(delta - 1.0) < 1e-15:
+            break
+    return h
+
+
+def pair_ratio(head: Sequence[float], base: Sequence[float], *, quantile: float = 0.5) -> float:
+    """head/base of one process pair: the ratio of the sides' ``quantile`` (the median by default).
+
+    Raises:
+        ValueError: a side has no samples, or the base's statistic is not positive.
+    """
+    if not head or not base:
+        raise ValueError(f"pair_ratio needs samples on both sides, got {len(head)} head and {len(base)} base")
+    h, b = stats.quantile(head, quantile), stats.quantile(base, quantile)
+    if not (h > 0 and b > 0):
+        raise ValueError(f"pair_ratio needs positive statistics, got head {h!r} and base {b!r}")
+    return h / b
+
+
+def judge_ratios(
+    pair_ratios: Sequence[float],
+    *,
+    tolerance: float,
+    direction: Direction,
+    prior_sd: float,
+    prior_df: float = PRIOR_DF,
+    confidence: float = 0.95,
+    final: bool = False,
+) -> RatioVerdict:
+    """Three-way verdict on head/base from one ratio per process pair.
+
+    Args:
+        pair_ratios: head/base of each pair (see :func:`pair_ratio`).
+        tolerance: relative change accepted in the bad direction (0.05: 5 %).
+        direction: ``lower`` (times: a ratio above 1 is worse) or ``higher`` (rates).
+        prior_sd: prior per-pair sd of ln(head/base) (0.025: 2.5 %).
+        prior_df: degrees of freedom the prior is worth (0: plain t interval, needs 2 pairs).
+        confidence: two-sided coverage of the CI.
+        final: no more pairs will come: a straddling CI is decided on the point estimate.
+
+    Raises:
+        ValueError: no ratios, a ratio that is not a positive finite number, or bad settings.
+    """
+    rs = [float(r) for r in pair_ratios]
+    if not rs:
+        raise ValueError("judge_ratios needs at least one pair ratio, got none")
+    bad = [r for r in rs if not (math.isfinite(r) and r > 0)]
+    if bad:
+        raise ValueError(f"pair ratios must be positive finite numbers, got {bad[:3]}")
+    if not (math.isfinite(tolerance) and tolerance >= 0):
+        raise ValueError(f"tolerance must be a number >= 0, got {tolerance!r}")
+    if direction not in ("lower", "higher"):
+        raise ValueError(f"direction must be 'lower' or 'higher', got {direction!r}")
+    if not (prior_sd > 0 and prior_df >= 0):
+        raise ValueError(f"prior_sd must be > 0 and prior_df >= 0, got {prior_sd!r}, {prior_df!r}")
+    n = len(rs)
+    ys = [math.log(r) for r in rs]
+    ybar = sum(ys) / n
+    ss = sum((y - ybar) ** 2 for y in ys)  # (n - 1) * s^2
+    df = prior_df + n - 1
+    if df <= 0:
+        raise ValueError(f"one pair needs a prior (prior_df > 0), got prior_df={prior_df!r}")
+    sd = math.sqrt((prior_df * prior_sd**2 + ss) / df)
+    half = t_quantile(0.5 + confidence / 2.0, df) * sd / math.sqrt(n)
+    ratio = math.exp(ybar)
+    lo, hi = math.exp(ybar - half), math.exp(ybar + half)
+    lower = direction == "lower"
+    limit = 1.0 + tolerance if lower else 1.0 - tolerance
+    good_limit = 1.0 - tolerance if lower else 1.0 + tolerance
+    worse = (lambda x: x > limit) if lower else (lambda x: x < limit)
+    best, worst = (lo, hi) if lower else (hi, lo)  # the CI's ends on the good and the bad side
+    improved = worst < good_limit if lower else worst > good_limit
+
+    change = f"{(ratio - 1) * 100:+.1f} %"
+    what = (f"head/base {ratio:.4g} ({change}; {confidence:.0%} CI {lo:.4g}-{hi:.4g}, "
+            f"{n} pair{'s' if n != 1 else ''}, sd {sd:.1%} per pair)")
+    bound = f"{'+' if lower else '-'}{tolerance * 100:.3g} %"
+
+    def verdict(state: State, reason: str, *, by_estimate: bool = False) -> RatioVerdict:
+        return RatioVerdict(state=state, ratio=ratio, ci=(lo, hi), pairs=n, sd=sd, df=df, limit=limit,
+                            by_estimate=by_estimate, improved=improved, reason=f"{what} {reason}")
+
+    if worse(best):
+        return verdict("fail", f"is entirely beyond the tolerance {bound}")
+    if not worse(worst):
+        return verdict("pass", f"is within the tolerance {bound}"
+                               + (f"; better than the base by more than {tolerance * 100:.3g} %" if improved else ""))
+    if not final:
+        return verdict("undecided", f"straddles the tolerance {bound}")
+    if worse(ratio):
+        return verdict("fail", f"straddles the tolerance {bound} after the last pair; the estimate is beyond it",
+                       by_estimate=True)
+    return verdict("pass", f"straddles the tolerance {bound} after the last pair; the estimate is within it",
+                   by_estimate=True)
+
+
+def describe_change(head: float, base: float, *, unit: str = "") -> str:
+    """``same as the base (12)`` or ``base 12 -> head 14 (+16.7 %)`` for an exact or bytes metric."""
+    u = f" {unit}" if unit and unit != "1" else ""
+    if head == base or math.isclose(head, base, rel_tol=1e-9, abs_tol=1e-12):
+        return f"same as the base ({head:g}{u})"
+    if base != 0:
+        return f"base {base:g}{u} -> head {head:g}{u} ({(head / base - 1) * 100:+.1f} %)"
+    return f"base {base:g}{u} -> head {head:g}{u}"

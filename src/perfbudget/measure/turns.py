@@ -1,0 +1,254 @@
+"""Take turns with a second process on one machine: the client side of a lockstep A/B run.
+
+A lockstep A/B run (``perfbudget ab``) starts two pytest processes, the base commit's and
+the working tree's, and a coordinator that lends the machine to one of them at a time.
+The instrument's timers call :func:`pass_turn` at every burst boundary: the process hands
+the machine to the other one and blocks until it is handed back, so both sides are
+measured in short alternating bursts under the same machine state, and exactly one runs
+at a time (its non-timed work included).
+
+Outside such a run (``PERFBUDGET_TURNS`` unset) every function here is a cheap no-op.
+The coordinator lives in ``perfbudget.ab.coordinator``; the wire protocol is one ASCII
+line per message:
+
+    client -> coordinator   ``JOIN <side> <pid>``, ``PASS``, ``LEAVE``
+    coordinator -> client   ``GO`` (you hold the machine), ``SOLO`` (the other side has
+                            left: run freely from now on), ``NO <reason>`` (refused)
+
+Stdlib only: the timers import this, and it must not pull in torch or pytest.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import math
+import os
+import socket
+import threading
+import warnings
+from dataclasses import dataclass
+
+__all__ = [
+    "DEFAULT_BURST_MS",
+    "DEFAULT_WAIT_S",
+    "ENV_BURST_MS",
+    "ENV_SIDE",
+    "ENV_SOCKET",
+    "ENV_WAIT_S",
+    "SIDES",
+    "TurnsWarning",
+    "active",
+    "burst_ms",
+    "join",
+    "leave",
+    "pass_turn",
+]
+
+ENV_SOCKET = "PERFBUDGET_TURNS"
+"""Path of the coordinator's Unix socket; set only in the processes of a lockstep A/B run."""
+ENV_SIDE = "PERFBUDGET_TURNS_SIDE"
+"""Which side this process is: ``base`` or ``head``."""
+ENV_BURST_MS = "PERFBUDGET_TURNS_BURST_MS"
+"""Target length of one burst in milliseconds (default :data:`DEFAULT_BURST_MS`)."""
+ENV_WAIT_S = "PERFBUDGET_TURNS_WAIT_S"
+"""Longest wait for the turn before giving up on turn-taking (default :data:`DEFAULT_WAIT_S`)."""
+
+SIDES: tuple[str, ...] = ("base", "head")
+
+# ~0.4 s bursts gave an A/A ratio sd of 1.7 % per process pair on a 2-vCPU VM: long enough
+# that the hand-over (two socket round trips, ~0.1 ms) is noise, short enough that both
+# sides see the same minutes of machine state (reference/gate-measurements-2026-12.md §3).
+DEFAULT_BURST_MS = 400.0
+# The other side may legitimately keep the machine for minutes (torch.compile, a session
+# fixture building a workload); past this the run is assumed broken, and this process
+# stops waiting rather than hang its CI job.
+DEFAULT_WAIT_S = 1800.0
+_CONNECT_S = 10.0
+
+
+class TurnsWarning(RuntimeWarning):
+    """Turn-taking stopped early: what follows ran without the other side standing still."""
+
+
+@dataclass(kw_only=True)
+class _Client:
+    """The connection of this process to the coordinator."""
+
+    sock: socket.socket
+    side: str
+    pid: int
+    """The process that joined; a forked child inherits the object but must not use it."""
+    buffer: bytes = b""
+
+
+_lock = threading.RLock()
+_client: _Client | None = None
+_stopped = False
+"""Set once this process stops taking turns (left, alone, refused or the coordinator gone)."""
+
+
+def active() -> bool:
+    """Whether this process takes turns: it runs under ``perfbudget ab`` and has not stopped.
+
+    False outside an A/B run, after :func:`leave`, once the other side has left, and in a
+    forked child of the process that joined.
+    """
+    if _stopped or not os.environ.get(ENV_SOCKET):
+        return False
+    return _client is None or _client.pid == os.getpid()
+
+
+def burst_ms() -> float:
+    """Target burst length in milliseconds, from ``PERFBUDGET_TURNS_BURST_MS`` (default 400).
+
+    Raises:
+        ValueError: naming the variable when it is not a positive number.
+    """
+    return _positive_env(ENV_BURST_MS, DEFAULT_BURST_MS, "milliseconds")
+
+
+def join() -> None:
+    """Connect to the coordinator and block until this process holds the machine.
+
+    Idempotent, and a no-op outside an A/B run. Call it early (before set-up work), so that
+    the set-up of one side does not run during the other side's timed bursts.
+
+    Raises:
+        ValueError: ``PERFBUDGET_TURNS_SIDE`` is not ``base`` or ``head``.
+    """
+    with _lock:
+        if active() and _client is None:
+            _join_locked()
+
+
+def pass_turn() -> None:
+    """Hand the machine to the other side and block until it is handed back.
+
+    Called by the timers at every burst boundary. Joins first when :func:`join` was not
+    called; a no-op outside an A/B run or once turn-taking stopped.
+    """
+    if not active():
+        return
+    with _lock:
+        if not active():
+            return
+        if _client is None:
+            _join_locked()
+            return
+        try:
+            _client.sock.sendall(b"PASS\n")
+        except OSError as exc:
+            _stop(f"lost the coordinator while passing the turn: {exc}")
+            return
+        _await_turn(_client)
+
+
+def leave() -> None:
+    """Give up the turn for good: the other side runs freely from now on.
+
+    Registered with ``atexit`` by :func:`join`; closing the socket (the process dying)
+    has the same effect on the coordinator.
+    """
+    global _client, _stopped
+    with _lock:
+        client = _client
+        if client is not None and client.pid == os.getpid():
+            with contextlib.suppress(OSError):  # the coordinator is gone already: nothing to leave
+                client.sock.sendall(b"LEAVE\n")
+            _close(client)
+            _client = None
+        _stopped = True
+
+
+# --------------------------------------------------------------------------- internals
+
+
+def _positive_env(name: str, default: float, unit: str) -> float:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name}: expected a positive number of {unit}, got {raw!r}")
+    return value
+
+
+def _join_locked() -> None:
+    global _client
+    path = os.environ.get(ENV_SOCKET, "")
+    side = os.environ.get(ENV_SIDE, "")
+    if side not in SIDES:
+        raise ValueError(f"{ENV_SIDE}: expected one of {SIDES}, got {side!r} (set by `perfbudget ab`)")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(_CONNECT_S)
+        sock.connect(path)
+        sock.sendall(f"JOIN {side} {os.getpid()}\n".encode())
+    except OSError as exc:
+        sock.close()
+        _stop(f"cannot reach the coordinator at {ENV_SOCKET}={path!r}: {exc}")
+        return
+    _client = _Client(sock=sock, side=side, pid=os.getpid())
+    atexit.register(leave)
+    _await_turn(_client)
+
+
+def _await_turn(client: _Client) -> None:
+    """Block until the coordinator answers ``GO``; stop taking turns on anything else."""
+    wait_s = _positive_env(ENV_WAIT_S, DEFAULT_WAIT_S, "seconds")
+    try:
+        client.sock.settimeout(wait_s)
+        line = _readline(client)
+    except TimeoutError:
+        _stop(f"waited {wait_s:g} s for the turn ({ENV_WAIT_S}); the other side seems stuck")
+        return
+    except OSError as exc:
+        _stop(f"lost the coordinator while waiting for the turn: {exc}")
+        return
+    if line == "GO":
+        return
+    if line == "SOLO":
+        _stop(None)  # the other side finished or failed: the normal end of turn-taking
+        return
+    if line.startswith("NO"):
+        _stop(f"the coordinator refused {client.side!r}: {line[2:].strip() or 'no reason given'}")
+        return
+    if not line:
+        _stop("the coordinator closed the connection")
+        return
+    _stop(f"unexpected message from the coordinator: {line!r}")
+
+
+def _readline(client: _Client) -> str:
+    """One line from the coordinator ('' at end of stream)."""
+    while b"\n" not in client.buffer:
+        chunk = client.sock.recv(256)
+        if not chunk:
+            return ""
+        client.buffer += chunk
+    line, client.buffer = client.buffer.split(b"\n", 1)
+    return line.decode("ascii", "replace").strip()
+
+
+def _close(client: _Client) -> None:
+    with contextlib.suppress(OSError):
+        client.sock.close()
+
+
+def _stop(problem: str | None) -> None:
+    """Stop taking turns for the rest of the process; warn unless it is the normal end."""
+    global _client, _stopped
+    if _client is not None:
+        _close(_client)
+        _client = None
+    _stopped = True
+    if problem:
+        warnings.warn(
+            f"perfbudget turns: {problem}; measuring on without taking turns "
+            "(the A/B comparison of what follows is not in lockstep)",
+            TurnsWarning, stacklevel=3,
+        )

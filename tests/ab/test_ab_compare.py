@@ -1,0 +1,169 @@
+"""Merging process pairs into one A/B record per check, on constructed records (no processes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from perfbudget.ab.compare import ABInfo, PairRecords, compare_pairs
+from perfbudget.budgets.loader import BudgetSet, parse_text
+from perfbudget.device import DeviceInfo
+from perfbudget.results import Record, Results
+
+DEV = DeviceInfo(type="cpu", model="test cpu", count=2, threads=1)
+NODE = "perf_tests/test_enc.py::test_train"
+
+BUDGETS = """\
+schema: 1
+device:
+  type: cpu
+budgets:
+  enc:
+    step_ms:
+      value: 10.0
+      tolerance: 0.2
+    flops:
+      value: 1000
+      tolerance: 0.0
+  dec:
+    tokens_per_s:
+      value: 100.0
+      tolerance: 0.05
+"""
+
+
+def budgets(text: str = BUDGETS) -> BudgetSet:
+    return BudgetSet(root=Path("budgets"), files=[parse_text(text, "budgets/cpu.yaml")])
+
+
+def rec(metric: str, samples: tuple[float, ...] = (), value: float | None = None, *, key: str = "enc",
+        outcome: str = "pass", reason: str = "", nodeid: str = NODE) -> Record:
+    kind = {"step_ms": "timing", "tokens_per_s": "rate", "flops": "exact"}.get(metric.split("[")[0], "timing")
+    if value is None and samples:
+        value = sorted(samples)[len(samples) // 2]
+    return Record(nodeid=nodeid, key=key, metric=metric, outcome=outcome, value=value, samples=samples,
+                  n=len(samples), device=DEV, kind=kind, reason=reason)
+
+
+def pair(head: list[Record] | None, base: list[Record] | None, problem: str = "") -> PairRecords:
+    return PairRecords(head=None if head is None else Results(records=head),
+                       base=None if base is None else Results(records=base), base_problem=problem)
+
+
+def steps(median: float) -> tuple[float, ...]:
+    return (median * 0.98, median * 0.99, median, median * 1.01, median * 1.02)
+
+
+def one(pairs: list[PairRecords], **kw: object) -> Record:
+    (r,) = compare_pairs(pairs, budgets=budgets(), **kw).records  # type: ignore[arg-type]
+    return r
+
+
+def test_a_slower_head_fails_on_the_ratio_with_the_base_side_recorded() -> None:
+    pairs = [pair([rec("step_ms", steps(13.0), key="other")], [rec("step_ms", steps(10.0), key="other")]),
+             pair([rec("step_ms", steps(12.6), key="other")], [rec("step_ms", steps(10.0), key="other")])]
+    r = one(pairs)
+    assert r.outcome == "fail" and r.value == pytest.approx(12.8) and r.n == 10 and r.rounds == 2
+    assert r.base is not None and r.base.value == pytest.approx(10.0) and r.base.pairs == 2
+    assert r.base.pair_ratios == pytest.approx((1.3, 1.26)) and r.base.ratio == pytest.approx((1.3 * 1.26) ** 0.5)
+    assert r.base.ratio_ci is not None and r.base.ratio_ci[0] > 1.05 and len(r.base.samples) == 10
+    assert r.limit == pytest.approx(10.5)  # the base's value x (1 + the default 5 %)
+    info = ABInfo.of(r)
+    assert info is not None and info.compared and info.tolerance == 0.05 and info.tolerance_from == "default for timing"
+    assert "[tolerance from default for timing]" in r.reason and r.budget is None
+
+
+def test_the_budgets_tolerance_applies_where_the_key_has_one() -> None:
+    pairs = [pair([rec("step_ms", steps(11.0))], [rec("step_ms", steps(10.0))]),
+             pair([rec("step_ms", steps(11.1))], [rec("step_ms", steps(10.0))])]
+    r = one(pairs)
+    info = ABInfo.of(r)
+    assert r.outcome == "pass" and info is not None and info.tolerance == 0.2
+    assert info.tolerance_from == "budgets/cpu.yaml:6" and r.budget is not None and r.budget.tolerance == 0.2
+
+
+def test_undecided_checks_are_listed_until_the_last_pair_decides_them() -> None:
+    pairs = [pair([rec("step_ms", steps(10.8), key="x")], [rec("step_ms", steps(10.0), key="x")]),
+             pair([rec("step_ms", steps(10.2), key="x")], [rec("step_ms", steps(10.0), key="x")])]
+    provisional = compare_pairs(pairs, budgets=budgets())
+    assert provisional.undecided == ((NODE, "x", "step_ms"),)
+    final = compare_pairs(pairs, budgets=budgets(), final=True)
+    assert final.undecided == () and final.records[0].outcome == "pass"
+    info = ABInfo.of(final.records[0])
+    assert info is not None and info.by_estimate
+
+
+def test_rates_fail_when_the_head_is_slower() -> None:
+    pairs = [pair([rec("tokens_per_s", steps(80.0), key="dec")], [rec("tokens_per_s", steps(100.0), key="dec")])
+             for _ in range(3)]
+    r = one(pairs)
+    assert r.outcome == "fail" and r.base is not None and r.base.ratio == pytest.approx(0.8)
+
+
+def test_a_check_the_base_lacks_is_judged_against_the_stored_budget() -> None:
+    pairs = [pair([rec("step_ms", steps(10.5))], [rec("step_ms", steps(10.0), nodeid="elsewhere")]) for _ in range(2)]
+    cmp = compare_pairs(pairs, budgets=budgets())
+    r = cmp.records[0]
+    assert cmp.not_compared == ((NODE, "enc", "step_ms"),) and cmp.base_only == (("elsewhere", "enc", "step_ms"),)
+    assert r.outcome == "pass" and r.base is None and r.budget is not None and r.n == 10
+    assert r.reason.startswith("not compared with the base: the base lacks it; against the stored budget:")
+    info = ABInfo.of(r)
+    assert info is not None and not info.compared and info.note == "the base lacks it"
+    over = compare_pairs([pair([rec("step_ms", steps(13.0))], [])], budgets=budgets()).records[0]
+    assert over.outcome == "fail"  # 13 ms against 10 ms +20 %
+
+
+def test_a_base_that_could_not_run_is_named_with_its_problem() -> None:
+    r = one([pair([rec("step_ms", steps(10.5))], None, "pytest exited 2; no records")])
+    assert "the base could not run under this instrument (pytest exited 2; no records)" in r.reason
+    unbudgeted = one([pair([rec("step_ms", steps(1.0), key="nobudget")], None, "pytest exited 4")])
+    assert unbudgeted.outcome == "unbudgeted"
+
+
+def test_a_base_error_is_not_compared_and_says_why() -> None:
+    r = one([pair([rec("step_ms", steps(10.5))], [rec("step_ms", outcome="error", reason="ImportError: x")])])
+    assert "not compared with the base: base error: ImportError: x" in r.reason
+
+
+def test_pairs_without_a_base_value_are_skipped_and_counted() -> None:
+    pairs = [pair([rec("step_ms", steps(10.0))], [rec("step_ms", steps(10.0))]),
+             pair([rec("step_ms", steps(10.0))], [rec("step_ms", outcome="error", reason="boom")]),
+             pair([rec("step_ms", steps(10.0))], [rec("step_ms", steps(10.0))])]
+    r = one(pairs)
+    assert r.outcome == "pass" and r.base is not None and r.base.pairs == 2
+    assert "1 pair(s) without a usable base value (base error: boom)" in r.reason
+
+
+def test_exact_checks_keep_the_heads_verdict_and_show_the_change() -> None:
+    same = one([pair([rec("flops", value=1000.0, reason="within budget")], [rec("flops", value=1000.0)])])
+    assert same.outcome == "pass" and same.reason == "within budget; vs base: same as the base (1000)"
+    assert same.base is not None and same.base.value == 1000.0 and same.base.ratio == 1.0
+    grew = one([pair([rec("flops", value=1100.0, outcome="fail", reason="1100 is worse than the limit 1000")],
+                     [rec("flops", value=1000.0)])])
+    assert grew.outcome == "fail" and "vs base: base 1000 -> head 1100 (+10.0 %)" in grew.reason
+    lacking = one([pair([rec("flops", value=1000.0, reason="within budget")], [])])
+    assert lacking.base is None and "not compared with the base: the base lacks it" in lacking.reason
+
+
+def test_head_errors_are_kept_as_they_are() -> None:
+    head = rec("step_ms", outcome="error", reason="RuntimeError: boom")
+    assert one([pair([head], [rec("step_ms", steps(10.0))])]) == head
+
+
+def test_a_broken_budget_file_is_an_error_for_every_check() -> None:
+    broken = budgets("schema: 1\ndevice: {type: cpu}\nbudgets: [oops]\n")
+    r = compare_pairs([pair([rec("step_ms", steps(10.0))], [rec("step_ms", steps(10.0))])], budgets=broken).records[0]
+    assert r.outcome == "error" and r.reason.startswith("budgets: budgets/cpu.yaml")
+
+
+def test_records_keep_the_heads_order_and_json_round_trip(tmp_path: Path) -> None:
+    head = [rec("step_ms", steps(10.0), key="b"), rec("step_ms", steps(10.0), key="a"), rec("flops", value=1.0, key="a")]
+    base = [rec("step_ms", steps(10.0), key="a"), rec("step_ms", steps(10.0), key="b"), rec("flops", value=1.0, key="a")]
+    cmp = compare_pairs([pair(head, base), pair(head, base)], budgets=budgets())
+    assert [(r.key, r.metric) for r in cmp.records] == [("b", "step_ms"), ("a", "step_ms"), ("a", "flops")]
+    from perfbudget.results import load_results
+
+    back = load_results(Results(records=cmp.records).write(tmp_path / "r.json")).records
+    assert [r.base for r in back] == [r.base for r in cmp.records]
+    assert [ABInfo.of(r) for r in back] == [ABInfo.of(r) for r in cmp.records]

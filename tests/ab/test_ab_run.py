@@ -1,0 +1,157 @@
+"""``perfbudget ab`` end to end with two tiny fake sides taking turns for real (no pytest sides)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from ab_support import HERE
+
+from perfbudget.ab.cli import build_parser, main, register
+from perfbudget.ab.compare import ABInfo
+from perfbudget.ab.pairs import SideSetup
+from perfbudget.ab.run import ABConfig, ABRun, UsageError, run_ab
+from perfbudget.results import load_results
+
+FAKE_SIDE = HERE / "fake_side.py"
+
+# Busy work proportional to FACTOR: a planted slowdown is a change of the library's code.
+FAKELIB = """\
+FACTOR = {factor}
+FLOPS = {flops}
+EXTRA = {extra}
+
+
+def step():
+    x = 0
+    for i in range(int(6000 * FACTOR)):
+        x += i
+    return x
+"""
+
+BUDGETS = """\
+schema: 1
+device:
+  type: cpu
+budgets:
+  fake-step:
+    step_ms:
+      value: 1.0
+      tolerance: 0.2
+    flops:
+      value: 1000
+      tolerance: 0.0
+"""
+
+
+def lib(factor: float = 1.0, flops: int = 1000, extra: bool = False) -> str:
+    return FAKELIB.format(factor=factor, flops=flops, extra=extra)
+
+
+def fake_command(setup: SideSetup) -> list[str]:
+    return [sys.executable, str(FAKE_SIDE), str(setup.results)]
+
+
+def run(repo: Path, **kw: object) -> ABRun:
+    config = ABConfig(root=repo, base="HEAD", min_pairs=2, max_pairs=4, burst_ms=15, **kw)  # type: ignore[arg-type]
+    return run_ab(config, command=fake_command, say=lambda line: None)
+
+
+def bursts(path: Path) -> list[tuple[float, float]]:
+    return [tuple(x) for x in json.loads(Path(str(path) + ".bursts.json").read_text())]
+
+
+def assert_never_both_running(result: ABRun) -> None:
+    for pair in result.pairs:
+        base, head = (bursts(pair.sides[s].results) for s in ("base", "head"))
+        assert len(base) == len(head) == 6
+        for b0, b1 in base:
+            assert all(b1 <= h0 or h1 <= b0 for h0, h1 in head)
+
+
+def test_aa_passes_through_real_turn_taking(make_repo: Callable[..., Path]) -> None:
+    repo = make_repo({"src/fakelib/__init__.py": lib(), "budgets/cpu.yaml": BUDGETS})
+    result = run(repo)
+    assert result.exit_code == 0, [r.reason for r in result.results.records]
+    step, flops = result.results.records
+    assert step.metric == "step_ms" and step.outcome == "pass" and step.base is not None
+    assert 2 <= step.base.pairs <= 4 and 0.8 < step.base.ratio < 1.2  # type: ignore[operator]
+    assert flops.outcome == "pass" and "same as the base (1000)" in flops.reason
+    assert result.pairs[0].first == "base" and result.pairs[1].first == "head"
+    assert all(p.turns.grants("base") >= 6 and p.turns.grants("head") >= 6 for p in result.pairs)
+    assert_never_both_running(result)
+    saved = load_results(repo / ".perfbudget" / "ab" / "results.json")
+    meta = saved.meta["ab"]
+    assert meta["base_commit"] and meta["pairs"] == len(result.pairs) and meta["stopped"] in ("decided", "max pairs")
+    assert saved.records[0].base == step.base
+
+
+def test_a_planted_slowdown_fails_and_exact_changes_are_shown(make_repo: Callable[..., Path]) -> None:
+    repo = make_repo({"src/fakelib/__init__.py": lib(), "budgets/cpu.yaml": BUDGETS},
+                     {"src/fakelib/__init__.py": lib(factor=1.8, flops=1200, extra=True)})
+    result = run(repo)
+    assert result.exit_code == 1
+    by_metric = {r.metric: r for r in result.results.records}
+    step = by_metric["step_ms"]
+    assert step.outcome == "fail" and step.base is not None and step.base.ratio_ci is not None
+    assert step.base.ratio_ci[0] > 1.2 and "entirely beyond the tolerance +20 %" in step.reason
+    assert "[tolerance from" in step.reason and "cpu.yaml:6]" in step.reason
+    assert "vs base: base 1000 -> head 1200 (+20.0 %)" in by_metric["flops"].reason
+    extra = by_metric["latency_ms[extra]"]
+    info = ABInfo.of(extra)
+    assert info is not None and not info.compared and extra.outcome == "unbudgeted"
+    assert "not compared with the base: the base lacks it" in extra.reason
+    assert_never_both_running(result)
+
+
+def test_a_base_that_cannot_run_is_reported_and_judged_on_budgets(make_repo: Callable[..., Path]) -> None:
+    no_step_budget = BUDGETS.replace("    step_ms:\n      value: 1.0\n      tolerance: 0.2\n", "")
+    repo = make_repo({"src/fakelib/__init__.py": "raise ImportError('the base predates fakelib')\n",
+                      "budgets/cpu.yaml": no_step_budget},
+                     {"src/fakelib/__init__.py": lib()})
+    result = run(repo)
+    assert result.stopped == "base unavailable" and len(result.pairs) == 1
+    step, flops = result.results.records
+    assert step.outcome == "unbudgeted" and step.base is None
+    assert "the base could not run under this instrument (pytest exited 1;" in step.reason
+    assert flops.outcome == "pass" and "not compared with the base" in flops.reason
+    assert any("base: pytest exited 1 and wrote no results" in p and "predates fakelib" in p for p in result.problems)
+    assert result.exit_code == 0
+
+
+def test_a_head_that_fails_is_an_error_exit(make_repo: Callable[..., Path]) -> None:
+    repo = make_repo({"src/fakelib/__init__.py": lib(), "budgets/cpu.yaml": BUDGETS},
+                     {"src/fakelib/__init__.py": "raise RuntimeError('broken head')\n"})
+    result = run(repo)
+    assert result.exit_code == 1 and result.stopped == "head failed" and result.results.records == []
+    assert any("head: pytest exited 1" in p and "broken head" in p for p in result.problems)
+
+
+def test_usage_errors(make_repo: Callable[..., Path], monkeypatch: pytest.MonkeyPatch,
+                      capsys: pytest.CaptureFixture[str]) -> None:
+    repo = make_repo({"a.txt": "a\n"})
+    with pytest.raises(UsageError, match="drop -n/--dist"):
+        ABConfig(root=repo, base="HEAD", pytest_args=("perf_tests", "-n", "2"))
+    with pytest.raises(UsageError, match="--max-pairs: expected >= --min-pairs"):
+        ABConfig(root=repo, base="HEAD", min_pairs=3, max_pairs=2)
+    monkeypatch.chdir(repo)
+    assert main(["--base", "no-such-ref"]) == 2
+    assert "--base 'no-such-ref': not a commit" in capsys.readouterr().err
+    assert main(["--base", "HEAD", "--", "-n4"]) == 2
+    assert main(["--min-pairs", "1"]) == 2  # --base is required (argparse)
+
+
+def test_the_command_line_takes_pytest_args_after_a_double_dash() -> None:
+    args = build_parser().parse_args(["--base", "origin/main", "--merge-base", "--max-pairs", "8", "--",
+                                      "perf_tests", "-k", "encoder", "--perf-strict"])
+    assert args.base == "origin/main" and args.merge_base and args.max_pairs == 8 and args.min_pairs == 2
+    assert [a for a in args.pytest_args if a != "--"] == ["perf_tests", "-k", "encoder", "--perf-strict"]
+    # The same options as a subcommand of the `perfbudget` command.
+    top = argparse.ArgumentParser(prog="perfbudget")
+    register(top.add_subparsers(dest="command", required=True))
+    sub = top.parse_args(["ab", "--base", "abc123", "--", "perf_tests"])
+    assert sub.command == "ab" and sub.base == "abc123" and callable(sub.func)

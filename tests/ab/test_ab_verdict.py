@@ -1,0 +1,142 @@
+"""The A/B verdict on literal numbers: t quantiles, pooled CIs over process pairs, three-way decisions."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from perfbudget.ab.verdict import (
+    PRIOR_DF,
+    PRIOR_SD,
+    ABPolicy,
+    RatioVerdict,
+    describe_change,
+    judge_ratios,
+    pair_ratio,
+    t_quantile,
+)
+from perfbudget.metrics import Direction
+
+
+@pytest.mark.parametrize(("p", "df", "expected"), [
+    (0.975, 1, 12.7062047), (0.975, 2, 4.3026527), (0.975, 4, 2.7764451), (0.975, 5, 2.5705818),
+    (0.975, 10, 2.2281389), (0.975, 30, 2.0422725), (0.95, 5, 2.0150484), (0.025, 5, -2.5705818),
+    (0.5, 3, 0.0),
+])
+def test_t_quantile_matches_the_table(p: float, df: float, expected: float) -> None:
+    assert t_quantile(p, df) == pytest.approx(expected, abs=1e-6)
+
+
+def test_t_quantile_refuses_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="p must be in"):
+        t_quantile(1.0, 3)
+    with pytest.raises(ValueError, match="df must be > 0"):
+        t_quantile(0.9, 0)
+
+
+def test_defaults_are_the_documented_constants() -> None:
+    assert dict(PRIOR_SD) == {"timing": 0.025, "rate": 0.025, "energy": 0.05} and PRIOR_DF == 3.0
+    policy = ABPolicy()
+    assert policy.confidence == 0.95 and policy.sd_for("timing") == 0.025 and policy.sd_for("other") == 0.05
+
+
+def judge(rs: list[float], *, tol: float = 0.05, direction: Direction = "lower", final: bool = False) -> RatioVerdict:
+    return judge_ratios(rs, tolerance=tol, direction=direction, prior_sd=0.025, final=final)
+
+
+def test_lockstep_aa_of_the_encoder_passes() -> None:
+    # The five lockstep A/A pairs measured for the encoder step (gate-measurements §3).
+    v = judge([0.994, 0.998, 1.003, 1.031, 0.987])
+    assert v.state == "pass" and not v.by_estimate and not v.improved
+    assert v.ratio == pytest.approx(1.00249, abs=1e-5) and v.df == 7.0
+    assert v.ci == pytest.approx((0.98079, 1.02466), abs=1e-5) and v.sd == pytest.approx(0.02069, abs=1e-5)
+    assert "within the tolerance +5 %" in v.reason and "5 pairs" in v.reason
+
+
+def test_a_ten_percent_plant_fails_at_three_pairs_and_is_undecided_at_two() -> None:
+    # The +10 % encoder plant as measured: 1.125, 1.069, 1.114.
+    two = judge([1.125, 1.069])
+    assert two.state == "undecided" and two.ci == pytest.approx((1.0376, 1.15904), abs=1e-5)
+    three = judge([1.125, 1.069, 1.114])
+    assert three.state == "fail" and three.ratio == pytest.approx(1.1024, abs=1e-4)
+    assert three.ci == pytest.approx((1.06089, 1.14553), abs=1e-5) and three.limit == pytest.approx(1.05)
+    assert "entirely beyond the tolerance +5 %" in three.reason
+
+
+def test_two_clean_pairs_suffice_for_an_aa_but_one_does_not() -> None:
+    assert judge([1.0, 1.0]).state == "pass"
+    assert judge([1.01, 0.99]).ci == pytest.approx((0.95622, 1.04568), abs=1e-5)
+    assert judge([1.02]).state == "undecided"  # one pair: the prior alone gives t(3)
+    with pytest.raises(ValueError, match="one pair needs a prior"):
+        judge_ratios([1.02], tolerance=0.05, direction="lower", prior_sd=0.025, prior_df=0)
+
+
+def test_straddling_at_the_last_pair_is_decided_on_the_estimate() -> None:
+    # The +5 % plant as measured (1.015, 1.037, 1.061): mean +3.7 % against a 5 % tolerance.
+    assert judge([1.015, 1.037, 1.061]).state == "undecided"
+    last = judge([1.015, 1.037, 1.061], final=True)
+    assert last.state == "pass" and last.by_estimate and "the estimate is within it" in last.reason
+    beyond = judge([1.03, 1.09, 1.05], final=True)
+    assert beyond.state == "fail" and beyond.by_estimate and "the estimate is beyond it" in beyond.reason
+
+
+def test_observed_spread_widens_the_interval_of_a_noisy_check() -> None:
+    # Segmentation A/A pairs (sd 4.4 %): the pooled sd rises above the 2.5 % prior.
+    v = judge([1.046, 0.964, 1.000, 1.063])
+    assert v.state == "undecided" and v.sd == pytest.approx(0.03599, abs=1e-5)
+    assert judge([1.046, 0.964, 1.000, 1.063, 1.02, 0.99], final=True).state == "pass"
+
+
+def test_rates_are_judged_higher_is_better() -> None:
+    slower = judge([0.88, 0.90, 0.89], direction="higher")
+    assert slower.state == "fail" and slower.limit == pytest.approx(0.95) and "tolerance -5 %" in slower.reason
+    faster = judge([1.12, 1.10, 1.11], direction="higher")
+    assert faster.state == "pass" and faster.improved and "better than the base by more than 5 %" in faster.reason
+
+
+def test_a_faster_head_passes_and_says_so() -> None:
+    v = judge([0.85, 0.86, 0.84])
+    assert v.state == "pass" and v.improved
+
+
+def test_the_tolerance_moves_the_verdict() -> None:
+    assert judge([1.125, 1.069, 1.114], tol=0.2).state == "pass"
+    assert judge([1.3, 1.32], tol=0.2).state == "fail"
+
+
+@pytest.mark.parametrize(("ratios", "message"), [
+    ([], "at least one pair ratio"), ([1.0, -1.0], "positive finite"), ([1.0, math.nan], "positive finite"),
+])
+def test_bad_ratios_are_refused(ratios: list[float], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        judge(ratios)
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="direction must be"):
+        judge([1.0], direction="up")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="tolerance must be"):
+        judge([1.0], tol=-0.1)
+    with pytest.raises(ValueError, match="confidence must be"):
+        ABPolicy(confidence=1.0)
+    with pytest.raises(ValueError, match="prior_sd: expected positive numbers"):
+        ABPolicy(prior_sd={"timing": 0.0})
+
+
+def test_pair_ratio_is_the_ratio_of_the_sides_quantiles() -> None:
+    assert pair_ratio([2.0, 2.2, 2.4], [2.0, 2.0, 2.0]) == pytest.approx(1.1)
+    head = [float(x) for x in range(1, 11)]
+    base = [x / 2 for x in head]
+    assert pair_ratio(head, base, quantile=0.9) == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="samples on both sides"):
+        pair_ratio([], [1.0])
+    with pytest.raises(ValueError, match="positive statistics"):
+        pair_ratio([1.0], [0.0])
+
+
+def test_describe_change_shows_any_change_of_an_exact_value() -> None:
+    assert describe_change(12, 12) == "same as the base (12)"
+    assert describe_change(14, 12) == "base 12 -> head 14 (+16.7 %)"
+    assert describe_change(3, 0) == "base 0 -> head 3"
+    assert describe_change(101.5, 100.0, unit="MiB") == "base 100 MiB -> head 101.5 MiB (+1.5 %)"
