@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
+from perfbudget.ab.cli import build_parser as build_ab_parser
 from perfbudget.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,7 +86,7 @@ def test_gpu_job_is_a_matrix_of_self_hosted_gpu_runners_one_worker_per_gpu(wf: d
 
 def test_report_job_merges_every_shard_and_is_the_gate(wf: dict[str, Any]) -> None:
     job = wf["jobs"]["report"]
-    assert job["name"] == "perf budgets" and job["needs"] == ["cpu", "gpu"] and "always()" in job["if"]
+    assert job["name"] == "perf budgets" and job["needs"] == ["cpu", "gpu", "ab"] and "always()" in job["if"]
     download = next(s for s in steps(job) if str(s.get("uses", "")).startswith("actions/download-artifact"))
     assert download["with"]["pattern"] == "perf-shard-*"
     text = runs(job)
@@ -110,11 +111,31 @@ def _perfbudget_commands(wf: dict[str, Any]) -> list[list[str]]:
 
 def test_every_perfbudget_command_in_the_workflow_parses(wf: dict[str, Any]) -> None:
     commands = _perfbudget_commands(wf)
-    assert {c[0] for c in commands} == {"report", "merge"}
+    assert {c[0] for c in commands} == {"report", "merge", "ab"}
     parser = build_parser()
     for argv in commands:
+        if argv[0] == "ab":
+            args = build_ab_parser().parse_args(argv[1:])  # the `ab` subcommand's own options
+            assert args.base and args.merge_base and "perf_tests" in args.pytest_args
+            continue
         args = parser.parse_args(argv)  # exits (fails the test) on a bad flag
         assert args.command in ("report", "merge")
+
+
+def test_pull_requests_run_the_lockstep_ab_and_pushes_keep_the_stored_budgets(wf: dict[str, Any]) -> None:
+    job = wf["jobs"]["ab"]
+    assert job["if"] == "${{ github.event_name == 'pull_request' }}"
+    checkout = next(s for s in steps(job) if str(s.get("uses", "")).startswith("actions/checkout"))
+    assert checkout["with"]["fetch-depth"] == 0  # the base commit must be in the clone
+    text = runs(job)
+    assert text.index("scripts/setup.sh") < text.index("perfbudget ab")
+    assert re.search(r"\.venv/bin/perfbudget ab --base \$\{\{ github\.event\.pull_request\.base\.sha \}\} "
+                     r"--merge-base\s.*-- perf_tests", text)
+    upload = next(s for s in steps(job) if str(s.get("uses", "")).startswith("actions/upload-artifact"))
+    assert upload["with"]["name"] == "perf-shard-ab" and "!cancelled()" in upload["if"]
+    assert ".perfbudget/results-ab.json" in upload["with"]["path"]  # merged by the report job
+    suite = next(s for s in steps(wf["jobs"]["cpu"]) if "scripts/perf.sh" in str(s.get("run", "")))
+    assert "github.event_name != 'pull_request'" in suite["if"]
 
 
 def test_tox_environments_match_the_readme_and_ci() -> None:

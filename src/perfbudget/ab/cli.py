@@ -103,9 +103,10 @@ def summary(run: ABRun) -> str:
     for r in recs:
         counts[r.outcome] = counts.get(r.outcome, 0) + 1
     meta = run.results.meta.get("ab", {})
+    tally = ", ".join(f"{n} {o}" for o, n in sorted(counts.items())) or "none recorded"
     lines = [
-        f"perfbudget ab: {len(recs)} check(s): " + ", ".join(f"{n} {o}" for o, n in sorted(counts.items()))
-        + f"; {len(run.pairs)} pair(s) ({run.stopped}), {meta.get('wall_s', 0):.0f} s; results: {run.path}",
+        f"perfbudget ab: {len(recs)} check(s): {tally}; {len(run.pairs)} pair(s) ({run.stopped}), "
+        f"{meta.get('wall_s', 0):.0f} s; results: {run.path}",
     ]
     timed = [r for r in recs if r.base is not None and r.base.ratio_ci is not None]
     if timed:
