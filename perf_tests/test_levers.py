@@ -32,7 +32,7 @@ def test_bucketing_speedup(perf, device: str, length_sample: LengthSample) -> No
     static = plan_static(lengths, batch_size=8, max_len=length_sample.max_len)
     bucketed = static if plant().no_bucketing else plan_bucketed(lengths, length_sample.buckets, batch_size=8)
     batches = {
-        name: [w.make_batch([int(lengths[i]) for i in b], seq_len=width) for b, width in zip(plan.batches, plan.padded_lens, strict=True)]
+        name: [w.make_batch(list(real), seq_len=width) for real, width in zip(plan.real_lens, plan.padded_lens, strict=True)]
         for name, plan in (("static", static), ("bucketed", bucketed))
     }
 

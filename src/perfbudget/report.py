@@ -232,7 +232,7 @@ def padding_extra(per_bucket: Mapping[Any, Any], *, sorted_rate: float | None = 
 
     Args:
         per_bucket: bucket label -> object with ``real_tokens`` and ``pad_tokens``
-            (``levers.bucketing.PaddingStats``) or a mapping with those keys.
+            (``measure.padding.PaddingStats``) or a mapping with those keys.
         sorted_rate: padding rate of length-sorted batching, the lower bound to compare with.
 
     Returns:

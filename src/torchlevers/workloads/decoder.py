@@ -376,7 +376,10 @@ class DecoderWorkload:
         n = cfg.n_requests if n is None else n
         check_int("DecoderWorkload.requests", "n", n)
         seed = cfg.seed if seed is None else seed
-        lengths = QueryLengthDistribution(max_tokens=cfg.max_prompt_tokens).sample(n, seed=seed)
+        # No long tail: prompts are clipped at max_prompt_tokens, far below where the tail starts.
+        lengths = QueryLengthDistribution(max_tokens=cfg.max_prompt_tokens, tail_fraction=0.0).sample(
+            n, seed=seed
+        )
         g = torch.Generator().manual_seed(seed + 1)
         return [
             Request(
