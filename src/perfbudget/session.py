@@ -17,8 +17,9 @@ from .artifacts import ArtifactConfig, parse_kinds
 from .budgets.loader import BudgetSet, load_dir
 from .budgets.update import UpdateReport, apply_updates, git_commit
 from .device import DeviceInfo, DeviceType, describe
+from .metrics import lookup
 from .preflight import DEFAULT_MAX_LOAD_PER_CORE
-from .results import Record, Results
+from .results import BudgetRef, Record, Results
 
 __all__ = ["PerfSession", "add_options", "flock"]
 
@@ -167,6 +168,7 @@ class PerfSession:
         """Controller only: write results, then reports, then apply updates from the same records."""
         from .report import markdown_report
 
+        self.records.extend(self.not_measured())
         results = Results(records=self.records, meta={
             "budgets_dir": str(self.budgets_dir), "errors": self.errors,
             "mode": "collect" if self.collect else "update" if self.update else "check",
@@ -186,6 +188,39 @@ class PerfSession:
             self.update_report = apply_updates(
                 results.measured(), self.budgets, allow_loosen=self.allow_loosen, commit=git_commit(self.rootdir)
             )
+
+
+    def not_measured(self) -> list[Record]:
+        """A record for every budget that applies to a key this run measured on a device, but
+        that no test recorded: a budget that applies is judged or reported, never dropped."""
+        seen: dict[tuple[str, str], Record] = {}
+        recorded: set[tuple[str, str, str]] = set()
+        for r in self.records:
+            if r.device is None:
+                continue
+            seen.setdefault((r.key, r.device.type), r)
+            recorded.add((r.key, r.device.type, r.metric))
+        out = []
+        for (key, _), first in sorted(seen.items()):
+            assert first.device is not None
+            try:
+                budgets = self.budgets.budgets_for(key, first.device)
+            except Exception:  # broken budgets are reported by the checks themselves
+                continue
+            for metric, budget in sorted(budgets.items()):
+                if (key, first.device.type, metric) in recorded:
+                    continue
+                try:
+                    info = lookup(metric)
+                except ValueError:
+                    continue
+                out.append(Record(
+                    nodeid="", key=key, metric=metric, outcome="not_measured", budget=BudgetRef.of(budget),
+                    reason=f"budgeted for {key} on {first.device.label} but no test of this run recorded it "
+                           "(deselected, renamed, or below the recording threshold)",
+                    device=first.device, unit=info.unit, kind=info.kind, direction=info.direction,
+                ))
+        return out
 
 
 @contextlib.contextmanager

@@ -214,10 +214,16 @@ def profile_rounds(
         raise ValueError(f"rounds must be >= 1, got {rounds!r}")
     import torch
 
+    from ..timing import Bursts
+
     tables = []
     refs = []
+    # Lockstep A/B: the other side runs between rounds (each round warms up its own step).
+    bursts = Bursts()
     with pinned_threads(threads):
-        for _ in range(rounds):
+        for i in range(rounds):
+            if i:
+                bursts.tick()
             if reference is not None:
                 t = time.perf_counter()
                 reference()
