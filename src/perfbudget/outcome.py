@@ -10,17 +10,18 @@ from .results import Record
 __all__ = ["decision_text", "judged_summary"]
 
 
-def judged_summary(decision: Decision, *, with_unbudgeted: bool = True, with_unmeasurable: bool = True) -> list[str]:
-    """One line per group: judged (with outcomes), not judged, unbudgeted, unmeasurable, not measured."""
+def judged_summary(decision: Decision, *, skip: frozenset[str] = frozenset()) -> list[str]:
+    """One line per group: judged (with outcomes), not judged, unbudgeted, unmeasurable, not
+    measured; groups named in ``skip`` are left out (already said elsewhere)."""
     lines = []
     if decision.judged:
         lines.append("judged: " + ", ".join(f"{v.metric} {v.outcome}" for v in decision.judged))
-    if decision.not_judged:
+    if decision.not_judged and "not_judged" not in skip:
         lines.append("not judged: " + ", ".join(v.metric for v in decision.not_judged)
                      + f" ({decision.not_judged[0].reason})")
-    if decision.unbudgeted and with_unbudgeted:
+    if decision.unbudgeted and "unbudgeted" not in skip:
         lines.append("unbudgeted: " + ", ".join(v.metric for v in decision.unbudgeted))
-    if decision.unmeasurable and with_unmeasurable:
+    if decision.unmeasurable and "unmeasurable" not in skip:
         lines.append("unmeasurable: " + "; ".join(f"{v.metric}: {v.reason}" for v in decision.unmeasurable))
     if decision.not_measured:
         lines.append("not measured: " + ", ".join(m for m, _ in decision.not_measured)
@@ -61,7 +62,8 @@ def decision_text(
     if decision.outcome == "skip":
         head = []
         if decision.not_judged:
-            head.append(f"timing checks of {key} not judged: {decision.not_judged[0].reason}")
+            names = ", ".join(v.metric for v in decision.not_judged)
+            head.append(f"timing checks of {key} not judged ({names}): {decision.not_judged[0].reason}")
         if decision.unbudgeted:
             head.append(
                 f"unbudgeted: {key} has no budget for {', '.join(v.metric for v in decision.unbudgeted)} on "
@@ -70,6 +72,7 @@ def decision_text(
         only_unmeasurable = not head and bool(decision.unmeasurable)
         if only_unmeasurable:
             head.append("; ".join(f"{v.metric} unmeasurable: {v.reason}" for v in decision.unmeasurable))
-        summary = judged_summary(decision, with_unbudgeted=False, with_unmeasurable=not only_unmeasurable)
+        said = {"not_judged", "unbudgeted"} | ({"unmeasurable"} if only_unmeasurable else set())
+        summary = judged_summary(decision, skip=frozenset(said))
         return " — ".join([*head, *summary])
     return ""
