@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import pytest
 
 from fixtures.data import LengthSample
 from fixtures.plant import plant
+from perfbudget.measure.padding import padding_rate, padding_rate_by_width
 from torchlevers import BatchPlan, plan_bucketed, plan_sorted, plan_static
 
 
@@ -20,14 +19,8 @@ def _plans(s: LengthSample) -> dict[str, BatchPlan]:
     }
 
 
-def _by_width(plan: BatchPlan, s: LengthSample) -> dict[str, float]:
-    """Padding rate per padded width (per bucket), for the report's plot."""
-    real: dict[int, int] = defaultdict(int)
-    total: dict[int, int] = defaultdict(int)
-    for batch, width in zip(plan.batches, plan.padded_lens, strict=True):
-        real[width] += int(s.lengths[list(batch)].sum())
-        total[width] += len(batch) * width
-    return {str(w): 1 - real[w] / total[w] for w in sorted(total)}
+def _rate(plan: BatchPlan) -> float:
+    return padding_rate(plan.real_lens, plan.padded_lens)
 
 
 @pytest.mark.cpu
@@ -35,10 +28,11 @@ def _by_width(plan: BatchPlan, s: LengthSample) -> dict[str, float]:
 @pytest.mark.budget("padding-{strategy}")
 def test_padding_rate(perf, length_sample: LengthSample, strategy: str) -> None:
     plans = _plans(length_sample)
-    rate = plans[strategy].padding(length_sample.lengths).padding_rate
-    perf.record("padding_rate", rate, extra={"padding_by_width": _by_width(plans[strategy], length_sample)})
+    plan = plans[strategy]
+    rate = _rate(plan)
+    # Padding per padded width (per bucket), for the report's plot.
+    by_width = {str(w): r for w, r in padding_rate_by_width(plan.real_lens, plan.padded_lens).items()}
+    perf.record("padding_rate", rate, extra={"padding_by_width": by_width})
     if strategy == "bucketed":
-        lower_bound = plans["sorted"].padding(length_sample.lengths).padding_rate
-        static = plans["static"].padding(length_sample.lengths).padding_rate
-        perf.record("ratio[bucketed_vs_sorted_padding]", rate / lower_bound)
-        perf.record("ratio[bucketed_vs_static_padding]", rate / static)
+        perf.record("ratio[bucketed_vs_sorted_padding]", rate / _rate(plans["sorted"]))
+        perf.record("ratio[bucketed_vs_static_padding]", rate / _rate(plans["static"]))

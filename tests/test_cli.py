@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from perfbudget.device import DeviceInfo
 from perfbudget.results import load_results
 
 DATA = Path(__file__).parent / "data" / "results"
-REGRESSION, BASE = str(DATA / "regression.json"), str(DATA / "base.json")
+REGRESSION, BASE, AB = str(DATA / "regression.json"), str(DATA / "base.json"), str(DATA / "ab.json")
 EPYC = DeviceInfo(type="cpu", model="AMD EPYC 7763 64-Core Processor", count=2, torch="2.13.0+cpu", threads=1)
 
 
@@ -60,6 +61,27 @@ def test_report_formats_and_exit_codes(tmp_path: Path, capsys: pytest.CaptureFix
     assert "wrote junit report of 13 records" in capsys.readouterr().err
     code, text = run("report", REGRESSION, "-f", "markdown", "--title", "perf (h100)", "--exit-zero")
     assert text.startswith("## ❌ perf (h100): 3 regressions")
+
+
+def test_report_of_a_lockstep_ab_results_file(tmp_path: Path) -> None:
+    code, text = run("report", AB)
+    assert code == EXIT_REGRESSION and "head/base" in text and "vs base: base 38.03 ms" in text
+    for fmt, shows in (("markdown", "| base | head/base | ratio CI | pairs |"), ("junit", "step_ms.ratio_ci"),
+                       ("html", ">head vs base commit (up to 3 process pairs)<")):
+        out = tmp_path / f"ab.{fmt}"
+        assert run("report", AB, "-f", fmt, "-o", str(out))[0] == EXIT_REGRESSION
+        assert shows in out.read_text()
+    assert run("report", AB, "--exit-zero")[0] == EXIT_OK
+
+
+def test_a_malformed_extra_is_an_input_error_naming_file_and_key(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    data = json.loads(Path(REGRESSION).read_text())
+    data["records"][0]["extra"] = {"padding_by_width": [0.1]}
+    bad = tmp_path / "bad-extra.json"
+    bad.write_text(json.dumps(data))
+    assert run("report", str(bad), "-f", "html")[0] == EXIT_INPUT
+    assert f"{bad}: extra['padding_by_width']: expected a mapping, got [0.1]" in capsys.readouterr().err
 
 
 def test_input_errors_name_the_file_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -127,8 +149,7 @@ def test_diff_statuses_threshold_and_devices() -> None:
     changes, _ = diff_results(base, new, threshold=0.3)
     assert {c.metric for c in changes if c.status == "worse"} == {"op_self_ms[aten::addmm]"}
     # another machine: matched on key and metric, and said so
-    for r in new.records:
-        r.device = {**r.device, "model": "Other CPU"}
+    new.records = [r.with_(device=replace(r.device, model="Other CPU")) for r in new.records if r.device]
     changes, note = diff_results(base, new)
     assert "no common device" in note and any(c.status == "worse" for c in changes)
 

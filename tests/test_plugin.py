@@ -38,7 +38,8 @@ def project(pytester: pytest.Pytester) -> pytest.Pytester:
 
 def run(p: pytest.Pytester, *args: str) -> pytest.RunResult:
     # In-process keeps each run under a second; xdist runs spawn their own workers anyway.
-    return p.runpytest_inprocess("-p", "no:cacheprovider", *args)
+    # The samples are literal numbers: the machine's load must not set them aside.
+    return p.runpytest_inprocess("-p", "no:cacheprovider", "-o", "perfbudget_max_load=1e9", *args)
 
 
 def results(p: pytest.Pytester) -> list[dict]:

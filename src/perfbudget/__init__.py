@@ -13,19 +13,24 @@ from .budgets import (
     load_dir,
 )
 from .device import DeviceInfo, describe
+from .judge import Decision, Judge, JudgeConfig
 from .metrics import METRICS, Metric, parse_name
-from .recorder import Decision, PerfRecorder
-from .results import Record, Results, load_results, merge_results
+from .recorder import PerfRecorder
+from .results import BaseSide, BudgetRef, Record, Results, load_results, merge_results
 
 __version__ = "0.1.0"
 
 __all__ = [
     "METRICS",
+    "BaseSide",
     "Budget",
     "BudgetError",
+    "BudgetRef",
     "BudgetSet",
     "Decision",
     "DeviceInfo",
+    "Judge",
+    "JudgeConfig",
     "Measured",
     "Metric",
     "PerfRecorder",

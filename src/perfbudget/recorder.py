@@ -1,75 +1,86 @@
-"""Per-test recording of measurements under a budget key, and the test's resulting outcome."""
+"""What a test measured, collected under its budget key: the public measuring API behind ``perf``.
+
+Every method measures through :mod:`perfbudget.measure` (whose timers take turns in a
+lockstep A/B run), hands the samples to the :class:`~perfbudget.judge.Judge` and keeps
+the verdict. Usable without pytest: ``PerfRecorder(Judge(key, device, budgets))``.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
 
-from .budgets.loader import BudgetSet
-from .budgets.schema import Budget, BudgetError
-from .budgets.verdict import Verdict, VerdictPolicy, decide
-from .device import DeviceInfo
-from .measure.stats import median
+from .budgets.verdict import Verdict
+from .judge import OP_FAMILIES, Decision, Judge
+from .measure import stats
 from .metrics import UnknownMetricError, parse_name
-from .report import fmt_value, records_table
 from .results import Record
 
-__all__ = ["Decision", "PerfRecorder"]
+__all__ = ["NEW_OP_SHARE_CHECK", "NEW_OP_SHARE_UPDATE", "OP_ROUNDS", "PerfRecorder", "ServeRound"]
 
-#: Families whose many per-operator checks share one false-alarm budget (Bonferroni).
-_OP_FAMILIES = ("op_self_ms", "op_share")
-_FAMILY_ALPHA = 0.05
-#: Beyond this relative change of the machine-speed reference against the budget's, the
-#: machine is not the one the budget describes: timing checks are not judged.
-REFERENCE_MISMATCH = 0.30
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What a test's recorded verdicts mean for the test: pass, skip or fail, with the text."""
-
-    outcome: Literal["pass", "skip", "fail"]
-    message: str = ""
+#: Profiled rounds behind each per-operator sample set (one sample per round).
+OP_ROUNDS = 16
+#: Operators above this share of the step get budgets when budgets are written...
+NEW_OP_SHARE_UPDATE = 0.05
+#: ...and a new operator must pass this share before a check run calls it unbudgeted.
+#: The gap keeps an operator hovering at 5 % from flipping between runs.
+NEW_OP_SHARE_CHECK = 0.07
+#: Per-operator families whose budgets name the operators a test must record.
+_OP_BUDGET_FAMILIES = ("op_self_ms", "op_share", "op_count")
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
+class ServeRound:
+    """Latencies of one round of streamed requests, each paired with its reference time."""
+
+    samples: dict[str, tuple[list[float], list[float]]]
+    """metric -> (samples, paired machine-speed reference times)."""
+
+
 class PerfRecorder:
-    """Records a test's measurements under its budget key and judges them.
+    """Records a test's measurements under its budget key.
 
-    Made by the ``perf`` fixture; usable without pytest (pass ``budgets`` and
-    ``device``). Each :meth:`record` decides at once, so a statistical check can
-    take more samples or confirm a failure through its ``more`` callback.
-
-    Attributes:
-        key: workload key of the budgets.
-        device: the device measured.
-        budgets: the loaded budget set.
+    Args:
+        judge: decides each metric against the budgets (it knows key, device, budgets).
         nodeid: the test's id (for records and the update command).
-        strict: stale and unbudgeted become failures.
-        update: the run is writing budgets: budget verdicts don't fail the test.
-        policy: statistical settings.
         update_command: the command that creates missing budgets, for skip messages.
-        preflight: reasons timing cannot be trusted right now (busy CPU, shared or
-            throttled GPU): statistical checks are then recorded as unmeasurable.
-        failure_step: the step re-run for failure artifacts (chrome trace, flame graph,
-            CUDA memory snapshot) if the test fails; set by :meth:`on_failure`, or by
-            :meth:`time` with the step it timed.
+        threads: torch threads for CPU timing (``None``: leave the process's setting).
     """
 
-    key: str
-    device: DeviceInfo
-    budgets: BudgetSet
-    nodeid: str = ""
-    strict: bool = False
-    update: bool = False
-    policy: VerdictPolicy = field(default_factory=VerdictPolicy)
-    update_command: str = ""
-    preflight: tuple[str, ...] = ()
-    verdicts: list[Verdict] = field(default_factory=list)
-    unmeasured: list[tuple[str, str]] = field(default_factory=list)
-    extras: dict[str, dict[str, Any]] = field(default_factory=dict)
-    failure_step: Callable[[], Any] | None = None
+    def __init__(self, judge: Judge, *, nodeid: str = "", update_command: str = "", threads: int | None = 1) -> None:
+        self.judge = judge
+        self.nodeid = nodeid
+        self.update_command = update_command
+        self.threads = threads
+        self.verdicts: list[Verdict] = []
+        self.extras: dict[str, dict[str, Any]] = {}
+        self.failure_step: Callable[[], Any] | None = None
+        """Re-run for failure artifacts (chrome trace, flame graph, memory snapshot) if the
+        test fails; set by :meth:`on_failure`, or by the first timed step."""
+
+    # -- what is being judged ---------------------------------------------------------------
+
+    @property
+    def key(self) -> str:
+        return self.judge.key
+
+    @property
+    def device(self) -> Any:
+        return self.judge.device
+
+    @property
+    def update(self) -> bool:
+        return self.judge.config.update
+
+    @property
+    def _dev(self) -> Any:
+        return self.judge.device.type
+
+    def budgeted(self) -> dict[str, Any]:
+        """Every metric budgeted for this key on this device (empty when budgets are broken)."""
+        return self.judge.budgeted()
 
     def on_failure(self, step: Callable[[], Any]) -> None:
         """Re-run ``step`` for failure artifacts if this test fails (replaces the timed step)."""
@@ -77,25 +88,7 @@ class PerfRecorder:
             raise TypeError(f"on_failure expects a zero-argument callable, got {step!r}")
         self.failure_step = step
 
-    def budget(self, metric: str) -> Budget | None:
-        """The budget that applies to ``metric`` here, or ``None``."""
-        try:
-            return self.budgets.resolve(self.key, metric, self.device)
-        except BudgetError:
-            return None
-
-    def _policy_for(self, metric: str) -> VerdictPolicy:
-        family = metric.split("[", 1)[0]
-        if family not in _OP_FAMILIES:
-            return self.policy
-        n = sum(
-            1 for m in self.budgets.budgets_for(self.key, self.device) if m.split("[", 1)[0] in _OP_FAMILIES
-        ) if not self.budgets.errors_for(self.key, self.device) else 1
-        if n <= 1:
-            return self.policy
-        conf = max(self.policy.confidence, 1.0 - _FAMILY_ALPHA / n)
-        return VerdictPolicy(confidence=conf, max_extra_rounds=self.policy.max_extra_rounds,
-                             confirm=self.policy.confirm)
+    # -- the primitive --------------------------------------------------------------------
 
     def record(
         self,
@@ -116,52 +109,20 @@ class PerfRecorder:
             more: returns a fresh batch of samples, for extra rounds and confirmation
                 (with ``reference``: a ``(samples, reference)`` pair).
             reference: machine-speed reference times paired with ``samples`` (see
-                :func:`perfbudget.measure.timing.bench_paired`). Each sample is then
-                expressed at the budget's reference time (provenance ``ref_ms``; for a
-                new budget, this run's median reference): ``x * ref_ms / r`` for times,
-                ``x * r / ref_ms`` for rates. Host drift cancels; the code's changes stay.
+                :func:`perfbudget.measure.timing.bench_paired`).
             attribution: readable lines explaining the measurement (shown on failure).
             explain: called only when the verdict fails; returns attribution lines
                 (e.g. which operators moved), so passing runs pay nothing for it.
-            extra: JSON-serialisable data kept with the record (tables, per-bucket numbers).
+            extra: JSON-serialisable data kept with the record (see :mod:`perfbudget.extras`).
 
         Returns:
             The verdict; its outcome is also applied to the test when it ends.
         """
-        base = Verdict(key=self.key, metric=metric, outcome="error")
         try:
-            parse_name(metric)
+            name = parse_name(metric)
         except UnknownMetricError as exc:
-            return self._keep(base.with_(reason=str(exc)), extra)
-        problem = ""
-        budget = None
-        errors = self.budgets.errors_for(self.key, self.device)
-        if errors:
-            more_n = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-            problem = f"budget file error: {errors[0]}{more_n}"
-        else:
-            try:
-                budget = self.budgets.resolve(self.key, metric, self.device)
-            except BudgetError as exc:
-                problem = str(exc)
-        if problem:
-            # Keep what was measured, so a broken budget file loses no data.
-            v = decide(self.key, metric, samples, None, policy=self.policy)
-            return self._keep(v.with_(outcome="error", reason=problem), extra)
-        if self.preflight and parse_name(metric).metric.statistical:
-            v = decide(self.key, metric, samples, None, policy=self.policy)
-            reason = "preflight: " + "; ".join(self.preflight)
-            return self._keep(v.with_(outcome="unmeasurable", budget=budget, reason=reason), extra)
-        ref_ms: float | None = None
-        if reference is not None:
-            mismatch = self._reference_mismatch(reference, budget)
-            if mismatch:
-                v = decide(self.key, metric, samples, None, policy=self.policy)
-                return self._keep(v.with_(outcome="unmeasurable", budget=budget, reason=mismatch), extra)
-            samples, more, ref_ms = self._normalised(metric, samples, reference, more, budget)
-        v = decide(self.key, metric, samples, budget, more=more, policy=self._policy_for(metric))
-        if ref_ms is not None:
-            v = v.with_(ref_ms=ref_ms)
+            return self._keep(Verdict(key=self.key, metric=str(metric), outcome="error", reason=str(exc)), extra)
+        v = self.judge.judge(name, samples, more=more, reference=reference)
         if explain is not None and v.outcome == "fail":
             try:
                 attribution = (*attribution, *explain())
@@ -171,64 +132,24 @@ class PerfRecorder:
             v = v.with_(attribution=tuple(attribution))
         return self._keep(v, extra)
 
-    @staticmethod
-    def _reference_mismatch(reference: Sequence[float], budget: Budget | None) -> str:
-        """Why this machine is not the one the budget describes, judged by the reference."""
-        prov = budget.provenance if budget is not None else None
-        if prov is None or not prov.ref_ms or not reference:
-            return ""
-        now = median(reference)
-        change = now / prov.ref_ms - 1
-        if abs(change) <= REFERENCE_MISMATCH:
-            return ""
-        return (
-            f"preflight: the machine-speed reference ran {now:.3g} ms here vs {prov.ref_ms:.3g} ms when the "
-            f"budget was measured ({change:+.0%}): a different or busier machine than the budget describes"
-        )
+    def unmeasurable(self, metric: str, reason: str) -> Verdict:
+        """Note that ``metric`` cannot be measured here (e.g. no energy counter), with why."""
+        return self._keep(Verdict(key=self.key, metric=metric, outcome="unmeasurable", reason=reason), None)
 
-    @staticmethod
-    def _normalised(
-        metric: str,
-        samples: float | Sequence[float],
-        reference: Sequence[float],
-        more: Callable[[], Any] | None,
-        budget: Budget | None,
-    ) -> tuple[list[float], Callable[[], Sequence[float]] | None, float]:
-        xs = [samples] if isinstance(samples, (int, float)) else list(samples)
-        if len(xs) != len(reference) or not reference or min(reference) <= 0:
-            raise ValueError(f"{metric}: reference must pair one positive time with each sample")
-        prov = budget.provenance if budget is not None else None
-        frame = prov.ref_ms if prov is not None and prov.ref_ms else median(reference)
-        higher = parse_name(metric).metric.direction == "higher"
+    def _keep(self, v: Verdict, extra: dict[str, Any] | None) -> Verdict:
+        self.verdicts.append(v)
+        if extra:
+            self.extras[v.metric] = extra
+        return v
 
-        def scale(values: Sequence[float], refs: Sequence[float]) -> list[float]:
-            if higher:
-                return [x * r / frame for x, r in zip(values, refs, strict=True)]
-            return [x * frame / r for x, r in zip(values, refs, strict=True)]
-
-        more_n = None
-        if more is not None:
-            def more_n() -> list[float]:
-                fresh, refs = more()
-                return scale(fresh, refs)
-
-        return scale(xs, reference), more_n, frame
-
-    def budgeted(self) -> dict[str, Budget]:
-        """Every metric budgeted for this key on this device (empty when budgets are broken)."""
-        if self.budgets.errors_for(self.key, self.device):
-            return {}
-        try:
-            return self.budgets.budgets_for(self.key, self.device)
-        except BudgetError:
-            return {}
+    # -- timing ---------------------------------------------------------------------------
 
     def time(
         self,
         metric: str,
         fn: Callable[[], Any],
         *,
-        reference: Callable[[], Any] | None = None,
+        reference: Callable[[], Any] | bool | None = None,
         explain: Callable[[], Sequence[str]] | None = None,
         **bench_kwargs: Any,
     ) -> Verdict:
@@ -237,110 +158,412 @@ class PerfRecorder:
         Args:
             metric: a millisecond timing metric (``step_ms``, ``latency_ms[forward]``).
             fn: zero-argument callable, warm or not (the bench warms it up).
-            reference: a fixed machine-speed reference workload timed alternately with
-                ``fn`` (:func:`~perfbudget.measure.timing.bench_paired`); samples are
-                normalised by it (see :meth:`record`). ``None``: plain
-                :func:`~perfbudget.measure.timing.bench`.
+            reference: ``True`` for the device's machine-speed reference
+                (:func:`perfbudget.measure.reference.machine_reference`), or a reference
+                callable, timed alternately with ``fn``; samples are normalised by it.
+                ``None``: plain :func:`~perfbudget.measure.timing.bench`.
             explain: attribution lines computed only on failure (see :meth:`record`).
-            bench_kwargs: passed to the bench (``warmup_ms``, ``min_samples``, ``threads``...).
+            bench_kwargs: passed to the bench (``warmup_ms``, ``min_samples``, ``max_ms``...).
         """
-        from .measure.timing import bench, bench_paired
+        from .measure.timing import bench
 
+        bench_kwargs.setdefault("device", self._dev)
+        bench_kwargs.setdefault("threads", self._timing_threads())
         if self.failure_step is None:
             self.failure_step = fn
-        if reference is None:
+        ref = self._reference(reference)
+        if ref is None:
 
             def sample() -> list[float]:
                 return list(bench(fn, **bench_kwargs).samples_ms)
 
             return self.record(metric, sample(), more=sample, explain=explain)
-
-        def pair() -> tuple[list[float], list[float]]:
-            a, b = bench_paired(fn, reference, **bench_kwargs)
-            return list(a.samples_ms), list(b.samples_ms)
-
+        pair = self._paired(fn, ref, **bench_kwargs)
         first, refs = pair()
         return self.record(metric, first, reference=refs, more=pair, explain=explain)
 
-    def unmeasurable(self, metric: str, reason: str) -> None:
-        """Note that ``metric`` cannot be measured here (e.g. no energy counter), with why."""
-        self.unmeasured.append((metric, reason))
-        self.verdicts.append(Verdict(key=self.key, metric=metric, outcome="unmeasurable", reason=reason))
+    def step(
+        self,
+        step: Callable[[], Any],
+        *,
+        samples_per_step: int,
+        reference: Callable[[], Any] | bool | None = True,
+        explain_operators: bool = True,
+        min_samples: int = 40,
+        max_ms: float = 2000,
+        warmup_ms: float = 100,
+    ) -> tuple[Verdict, Verdict]:
+        """Record ``step_ms`` and ``throughput_samples_per_s`` of a warm training/inference step.
 
-    def _keep(self, v: Verdict, extra: dict[str, Any] | None) -> Verdict:
-        self.verdicts.append(v)
-        if extra:
-            self.extras[v.metric] = extra
-        return v
+        Unprofiled samples, each paired with a run of the machine-speed reference (host
+        drift cancels). A failing step time is explained by profiling the step against the
+        key's ``op_self_ms`` budgets (which operators moved).
+
+        Args:
+            step: one full step (zero-argument callable).
+            samples_per_step: samples per step, for samples/s.
+            reference: as in :meth:`time` (default: the device's machine reference).
+            explain_operators: profile the step on failure to name the operators that moved.
+            min_samples, max_ms, warmup_ms: as in :func:`~perfbudget.measure.timing.bench`.
+
+        Returns:
+            The ``(step_ms, throughput_samples_per_s)`` verdicts.
+        """
+        if samples_per_step < 1:
+            raise ValueError(f"samples_per_step must be >= 1, got {samples_per_step!r}")
+        if self.failure_step is None:
+            self.failure_step = step
+        kw = dict(min_samples=min_samples, max_ms=max_ms, warmup_ms=warmup_ms)
+
+        def rate(ms: Sequence[float]) -> list[float]:
+            return [samples_per_step * 1e3 / x for x in ms]
+
+        explain = self._explain_operators(step) if explain_operators else None
+        ref = self._reference(reference)
+        if ref is None:
+            from .measure.timing import bench
+
+            def sample() -> list[float]:
+                return list(bench(step, device=self._dev, threads=self._timing_threads(), **kw).samples_ms)  # type: ignore[arg-type]
+
+            first = sample()
+            return (self.record("step_ms", first, more=sample, explain=explain),
+                    self.record("throughput_samples_per_s", rate(first), more=lambda: rate(sample())))
+        pair = self._paired(step, ref, **kw)
+
+        def rate_pair() -> tuple[list[float], list[float]]:
+            a, b = pair()
+            return rate(a), b
+
+        first, refs = pair()
+        return (self.record("step_ms", first, reference=refs, more=pair, explain=explain),
+                self.record("throughput_samples_per_s", rate(first), reference=refs, more=rate_pair))
+
+    def speedup(
+        self,
+        what: str,
+        baseline: Callable[[], Any],
+        lever: Callable[[], Any],
+        *,
+        rounds: int = 6,
+        attribution: Sequence[str] = (),
+    ) -> Verdict:
+        """Record ``speedup[what]``: time of ``baseline`` / time of ``lever``, interleaved.
+
+        The two run alternately (``baseline, lever, baseline, ...``), so the machine's
+        drift hits both; each round gives one ratio.
+
+        Args:
+            what: the bracket argument (``speedup[bucketing]``).
+            baseline, lever: zero-argument callables doing the same work two ways (e.g. one
+                epoch with static padding and one with length buckets).
+            rounds: ratios per sample set (one warm-up round runs first).
+        """
+        from .measure.timing import bench_paired
+
+        if rounds < 2:
+            raise ValueError(f"rounds must be >= 2, got {rounds!r}")
+
+        def ratios() -> list[float]:
+            a, b = bench_paired(baseline, lever, device=self._dev, threads=self._timing_threads(), warmup_ms=0,
+                                min_samples=rounds, max_ms=0, min_warmup_calls=1)
+            return [x / y for x, y in zip(a.samples_ms, b.samples_ms, strict=True)]
+
+        return self.record(f"speedup[{what}]", ratios(), more=ratios, attribution=attribution)
+
+    def serve(
+        self,
+        requests: Callable[[], Iterable[Callable[[], Iterable[Any]]]],
+        *,
+        reference: Callable[[], Any] | bool | None = True,
+    ) -> dict[str, Verdict]:
+        """Record serving latencies of streamed requests: ``ttft_ms``, ``token_ms``,
+        ``e2e_ms_p50``, ``e2e_ms_p90`` and ``tokens_per_s``.
+
+        Args:
+            requests: returns one round of requests, each a callable that starts the
+                request and returns its tokens as they are produced (a generator). A round
+                should hold >= 64 requests so a p90 has samples above it.
+            reference: as in :meth:`time`; timed after every request, and every latency is
+                paired with its request's reference time.
+
+        Returns:
+            metric -> verdict.
+        """
+        from .measure.timing import time_streams
+
+        ref = self._reference(reference)
+        metrics = ("ttft_ms", "token_ms", "e2e_ms_p50", "e2e_ms_p90", "tokens_per_s")
+
+        def one_round() -> ServeRound:
+            out: dict[str, tuple[list[float], list[float]]] = {m: ([], []) for m in metrics}
+            for t in time_streams(requests(), device=self._dev, threads=self._timing_threads(), reference=ref):
+                values = {"ttft_ms": [t.first_ms], "token_ms": list(t.item_ms), "e2e_ms_p50": [t.total_ms],
+                          "e2e_ms_p90": [t.total_ms], "tokens_per_s": [t.items_per_s]}
+                for metric, xs in values.items():
+                    out[metric][0].extend(xs)
+                    out[metric][1].extend([t.reference_ms or 1.0] * len(xs))
+            return ServeRound(samples=out)
+
+        first = one_round()
+        fresh: list[ServeRound] = []
+
+        def more_for(metric: str) -> Callable[[], Any]:
+            asked = [0]  # the n-th extra round of every metric reads the same n-th fresh round
+
+            def again() -> Any:
+                while len(fresh) <= asked[0]:
+                    fresh.append(one_round())
+                asked[0] += 1
+                xs, refs = fresh[asked[0] - 1].samples[metric]
+                return (xs, refs) if ref is not None else xs
+
+            return again
+
+        out = {}
+        for metric, (xs, refs) in first.samples.items():
+            out[metric] = self.record(metric, xs, reference=refs if ref is not None else None, more=more_for(metric))
+        return out
+
+    # -- operators ------------------------------------------------------------------------
+
+    def operators(
+        self,
+        step: Callable[[], Any],
+        *,
+        rounds: int = OP_ROUNDS,
+        steps: int = 2,
+        families: Sequence[str] = _OP_BUDGET_FAMILIES,
+    ) -> Any:
+        """Record per-operator self time, share of the step and call counts.
+
+        Operators recorded: every one budgeted for the key (in any per-operator family),
+        plus new ones above a share threshold — lower when writing budgets
+        (:data:`NEW_OP_SHARE_UPDATE`), higher when checking (:data:`NEW_OP_SHARE_CHECK`), so
+        an operator hovering at the threshold does not flip between runs. Self times are
+        normalised by a machine-speed reference timed before each profiled round.
+
+        Args:
+            step: one full step.
+            rounds: profiled rounds per sample set (one sample per round).
+            steps: steps per profiled round.
+            families: which of ``op_self_ms``, ``op_share``, ``op_count`` to record (counts
+                alone are exact and hold on any machine).
+
+        Returns:
+            The first :class:`~perfbudget.measure.operators.OpRounds`.
+        """
+        from .measure.operators import OpRounds, profile_rounds
+        from .measure.reference import machine_reference
+
+        unknown = set(families) - set(_OP_BUDGET_FAMILIES)
+        if unknown or not families:
+            raise ValueError(f"families must be some of {_OP_BUDGET_FAMILIES}, got {tuple(families)!r}")
+        ref = machine_reference(self._dev)
+
+        def profiled() -> OpRounds:
+            return profile_rounds(step, rounds=rounds, steps=steps, device=self._dev, reference=ref)
+
+        first = profiled()
+        passes: list[OpRounds] = []
+
+        def more_for(pick: Callable[[OpRounds], Any]) -> Callable[[], Any]:
+            asked = [0]  # the n-th extra round of every operator reads the same n-th fresh pass
+
+            def again() -> Any:
+                while len(passes) <= asked[0]:
+                    passes.append(profiled())
+                asked[0] += 1
+                return pick(passes[asked[0] - 1])
+
+            return again
+
+        if self.failure_step is None:
+            self.failure_step = step
+        threshold = NEW_OP_SHARE_UPDATE if self.update else NEW_OP_SHARE_CHECK
+        ops = set(self._budgeted_ops()) | set(first.top(threshold))
+        for op in sorted(ops, key=lambda o: -first.mean_share(o)):
+            if "op_self_ms" in families:
+                self.record(f"op_self_ms[{op}]", first.self_ms(op), reference=list(first.ref_ms),
+                            more=more_for(lambda r, op=op: (r.self_ms(op), list(r.ref_ms))))
+            if "op_share" in families:
+                self.record(f"op_share[{op}]", first.share(op), more=more_for(lambda r, op=op: r.share(op)))
+            if "op_count" in families:
+                calls = [row.calls if (row := t.get(op)) is not None else 0.0 for t in first.tables]
+                self.record(f"op_count[{op}]", stats.median(calls))
+        return first
+
+    def flops(self, step: Callable[[], Any]) -> Verdict:
+        """Record ``flops`` of one call of ``step`` (attention counted; the step runs once)."""
+        from .measure.operators import count_flops
+
+        return self.record("flops", count_flops(step).total_flops)
+
+    def _budgeted_ops(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for metric, b in self.budgeted().items():
+            family, _, rest = metric.partition("[")
+            if family in _OP_BUDGET_FAMILIES and rest.endswith("]"):
+                out.setdefault(rest[:-1], b.value)
+        return out
+
+    def _explain_operators(self, step: Callable[[], Any]) -> Callable[[], list[str]]:
+        """Profile the step and name the operators that moved most against ``op_self_ms`` budgets."""
+
+        def explain() -> list[str]:
+            from .measure.operators import profile_rounds
+
+            rounds = profile_rounds(step, rounds=3, steps=2, device=self._dev)
+            budget_ms = {m[len("op_self_ms["):-1]: b.value for m, b in self.budgeted().items()
+                         if m.startswith("op_self_ms[")}
+            lines = rounds.moved_against(budget_ms)
+            return ["operators (profiled now vs op_self_ms budgets):", *(f"  {x}" for x in lines)]
+
+        return explain
+
+    # -- memory ---------------------------------------------------------------------------
+
+    def memory(
+        self,
+        forward: Callable[[], Any],
+        *,
+        backward: Callable[[Any], Any] | None = None,
+        optimizer: Any = None,
+        warmup: int = 1,
+        names: dict[str, str] | None = None,
+    ) -> dict[str, Verdict]:
+        """Record ``peak_allocated_mib[forward|backward|optimizer]`` of one training step.
+
+        Measures the configuration it is given: pass the timed workload's own phases (its
+        precision policy, its batch) so the memory budget describes what is timed. See
+        :func:`perfbudget.measure.memory.peak_by_phase` for what is counted on each device.
+
+        Args:
+            forward: returns the loss.
+            backward: takes the loss (default ``loss.backward()``).
+            optimizer: an optimizer, a zero-argument callable, or ``None``.
+            warmup: unmeasured steps first (the first step allocates optimizer state).
+            names: phase renames for the metric argument, e.g. ``{"backward":
+                "backward_and_optimizer"}`` when one callable does both.
+        """
+        from .measure import memory
+
+        peaks = memory.peak_by_phase(forward, backward=backward, optimizer=optimizer, device=self._dev,
+                                     warmup=warmup, threads=self._timing_threads())
+        names = names or {}
+        return {
+            names.get(phase, phase): self.record(f"peak_allocated_mib[{names.get(phase, phase)}]", mib)
+            for phase, mib in peaks.by_phase().items()
+        }
+
+    # -- torch.compile --------------------------------------------------------------------
+
+    def compile_health(self, report: Any) -> None:
+        """Record a compile warm-up: ``graph_breaks`` (reasons attached), ``unique_graphs``
+        and ``compile_s[cold|warm]`` (one sample per run; caches budgeted apart).
+
+        Args:
+            report: the :class:`~perfbudget.measure.compile_health.WarmupReport` of
+                :func:`~perfbudget.measure.compile_health.warm_until_stable`.
+        """
+        grown = report.counters
+        self.record("graph_breaks", grown.graph_breaks,
+                    attribution=[f"{n} x {why}" for why, n in grown.break_reasons.items()])
+        self.record("unique_graphs", grown.unique_graphs)
+        cache = getattr(report, "cache", None)
+        if cache in ("cold", "warm"):
+            self.record(f"compile_s[{cache}]", report.compile_s)
+
+    @contextlib.contextmanager
+    def no_recompiles(self) -> Iterator[None]:
+        """Measure inside ``torch.compiler.set_stance("fail_on_recompile")`` and record
+        ``recompiles``: a recompile stops the block and is recorded (the check fails
+        against its budget of 0), with the guard that failed as attribution."""
+        from .measure import compile_health
+
+        before = compile_health.read_counters()
+        failure: BaseException | None = None
+        try:
+            with compile_health.no_recompiles():
+                yield
+        except compile_health.RecompileError as exc:
+            failure = exc
+        grown = (compile_health.read_counters() - before).recompiles
+        if failure is not None:
+            first = str(failure).strip().splitlines()[0] if str(failure).strip() else type(failure).__name__
+            self.record("recompiles", max(1, grown), attribution=[f"recompiled while measuring: {first}"])
+        else:
+            self.record("recompiles", grown)
+
+    # -- numerics -------------------------------------------------------------------------
+
+    def grads(self, step: Callable[[], Any], model: Any, *, steps: int = 20) -> Verdict:
+        """Record ``nonfinite_grads`` over ``steps`` steps, naming the first bad parameter."""
+        from .measure import numerics
+
+        got = numerics.check_grads(step, model, steps=steps, stop_at_first=False)
+        return self.record("nonfinite_grads", got.nonfinite_grads, attribution=got.lines())
+
+    def loss_drift(self, candidate: Callable[[], Any], reference: Callable[[], Any], *, steps: int = 20) -> Verdict:
+        """Record ``loss_drift``: the largest relative loss difference between ``candidate``
+        and ``reference`` steps (e.g. mixed precision vs fp32) on the same data."""
+        from .measure import numerics
+
+        drift = numerics.compare_to_reference(candidate, reference, steps=steps)
+        return self.record("loss_drift", drift.max_rel)
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _timing_threads(self) -> int | None:
+        return self.threads if self._dev == "cpu" else None
+
+    def _reference(self, reference: Callable[[], Any] | bool | None) -> Callable[[], Any] | None:
+        if reference is True:
+            from .measure.reference import machine_reference
+
+            return machine_reference(self._dev)
+        if reference is False or reference is None:
+            return None
+        if not callable(reference):
+            raise TypeError(f"reference must be True, None or a callable, got {reference!r}")
+        return reference
+
+    def _paired(self, fn: Callable[[], Any], ref: Callable[[], Any], **kw: Any) -> Callable[[], tuple[list[float], list[float]]]:
+        from .measure.timing import bench_paired
+
+        kw.setdefault("device", self._dev)
+        kw.setdefault("threads", self._timing_threads())
+
+        def pair() -> tuple[list[float], list[float]]:
+            a, b = bench_paired(fn, ref, **kw)
+            return list(a.samples_ms), list(b.samples_ms)
+
+        return pair
+
+    # -- results --------------------------------------------------------------------------
 
     def records(self) -> list[Record]:
-        """JSON records of every verdict, with attribution filled in for failures."""
-        att = self._moved_operators()
+        """Records of every verdict, with the moved operators attached to failing step metrics."""
+        moved = self._moved_operators()
         out = []
         for v in self.verdicts:
-            if v.outcome == "fail" and not v.attribution and att and not v.metric.startswith(_OP_FAMILIES):
-                v = v.with_(attribution=tuple(att))
+            if v.outcome == "fail" and not v.attribution and moved and not v.metric.startswith(OP_FAMILIES):
+                v = v.with_(attribution=tuple(moved))
             out.append(Record.from_verdict(v, nodeid=self.nodeid, device=self.device, extra=self.extras.get(v.metric)))
         return out
 
     def _moved_operators(self, k: int = 5) -> list[str]:
         """Per-operator verdicts of this test, largest relative move first: where the time went."""
-        ops = [v for v in self.verdicts if v.metric.startswith(_OP_FAMILIES) and v.ratio is not None]
+        ops = [v for v in self.verdicts if v.metric.startswith(OP_FAMILIES) and v.ratio is not None]
         ops.sort(key=lambda v: -(v.ratio or 0.0))
         lines = []
         for v in ops[:k]:
-            unit = v.info.unit
             assert v.budget is not None and v.ratio is not None
-            lines.append(
-                f"{v.metric}: {fmt_value(v.value, unit)} vs budget {fmt_value(v.budget.value, unit)} "
-                f"({v.ratio - 1:+.1%}, {v.outcome})"
-            )
+            lines.append(f"{v.metric}: {v.value:.4g} vs budget {v.budget.value:.4g} {v.info.unit} "
+                         f"({v.ratio - 1:+.1%}, {v.outcome})")
         return lines
 
     def decision(self) -> Decision:
-        """What the recorded verdicts mean for the test."""
-        if not self.verdicts:
-            return Decision("fail", f"{self.key}: the test used `perf` but recorded no measurement")
-        failing = {"error"}
-        if not self.update:
-            failing.add("fail")
-            if self.strict:
-                failing |= {"stale", "unbudgeted"}
-        records = self.records()
-        preflighted = [r for r in records if r.outcome == "unmeasurable" and r.reason.startswith("preflight:")]
-        bad = [r for r in records if r.outcome in failing]
-        if self.strict and not self.update:
-            bad += preflighted
-        if bad:
-            return Decision("fail", self._failure_text(records, bad))
-        if preflighted:
-            others = [r.metric for r in records if r not in preflighted]
-            ran = f"; checked anyway: {', '.join(others)}" if others else ""
-            return Decision(
-                "skip",
-                f"timing checks of {self.key} not judged ({', '.join(r.metric for r in preflighted)}): "
-                f"{preflighted[0].reason}{ran}",
-            )
-        unbudgeted = [r.metric for r in records if r.outcome == "unbudgeted"]
-        if unbudgeted and not self.update:
-            return Decision(
-                "skip",
-                f"unbudgeted: {self.key} has no budget for {', '.join(unbudgeted)} on {self.device.label}; "
-                f"create it with: {self.update_command or 'pytest --update-budgets'}",
-            )
-        if self.unmeasured and len(self.unmeasured) == len(self.verdicts):
-            return Decision("skip", "; ".join(f"{m} unmeasurable: {why}" for m, why in self.unmeasured))
-        return Decision("pass")
+        """What the recorded verdicts mean for the test (data; the report renders it)."""
+        return self.judge.decision(self.verdicts)
 
-    def _failure_text(self, records: list[Record], bad: list[Record]) -> str:
-        lines = [f"perf budget check failed: {self.key} on {self.device.label}", "", records_table(records), ""]
-        for r in bad:
-            where = ""
-            if r.budget:
-                where = f" [{r.budget['source']}" + (f":{r.budget['line']}" if r.budget.get("line") else "") + "]"
-            lines.append(f"{r.metric}: {r.outcome}: {r.reason}{where}")
-            lines.extend(f"    {a}" for a in r.attribution)
-        stale = [r.metric for r in records if r.outcome == "stale"]
-        if stale:
-            lines.append(f"stale (better than budget): {', '.join(stale)}; ratchet with --update-budgets")
-        return "\n".join(lines)

@@ -15,6 +15,7 @@ from .budgets.schema import Budget
 from .budgets.update import Measured, measured_value
 from .budgets.verdict import Verdict
 from .device import DeviceInfo
+from .metrics import UnknownMetricError
 
 __all__ = ["RESULTS_SCHEMA", "BaseSide", "BudgetRef", "Record", "Results", "load_results", "merge_results"]
 
@@ -56,6 +57,12 @@ class BudgetRef:
     @classmethod
     def of(cls, budget: Budget) -> BudgetRef:
         return cls(value=budget.value, tolerance=budget.tolerance, source=budget.source, line=budget.line)
+
+    def __getitem__(self, name: str) -> Any:  # TEMP until the report package lands
+        return getattr(self, name)
+
+    def get(self, name: str, default: Any = None) -> Any:  # TEMP until the report package lands
+        return getattr(self, name, default)
 
     @property
     def where(self) -> str:
@@ -114,14 +121,17 @@ class Record:
 
     @classmethod
     def from_verdict(cls, v: Verdict, *, nodeid: str, device: DeviceInfo, extra: Mapping[str, Any] | None = None) -> Record:
-        info = v.info
+        try:
+            unit, kind, direction = v.info.unit, v.info.kind, v.info.direction
+        except UnknownMetricError:  # an error record for a misspelt metric keeps its name
+            unit = kind = direction = ""
         return cls(
             nodeid=nodeid, key=v.key, metric=v.metric, outcome=v.outcome, value=v.value, ci=v.ci,
             ci_confidence=v.confidence if v.ci else None, n=v.n, cv=v.cv,
             budget=None if v.budget is None else BudgetRef.of(v.budget),
             limit=v.limit, rounds=v.rounds, confirmed=v.confirmed, reason=v.reason,
             samples=tuple(v.samples), attribution=tuple(v.attribution), device=device,
-            unit=info.unit, kind=info.kind, direction=info.direction, extra=dict(extra or {}),
+            unit=unit, kind=kind, direction=direction, extra=dict(extra or {}),
             ref_ms=v.ref_ms,
         )
 

@@ -1,4 +1,4 @@
-"""Length bucketing: padding-rate targets, optimal partition, JSON file, sampler and collate."""
+"""Length bucketing: padding-rate targets (measured with perfbudget.measure.padding), optimal partition, JSON file, sampler and collate."""
 
 from __future__ import annotations
 
@@ -14,7 +14,14 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from perfbudget.measure.padding import (
+    PaddingStats,
+    padding_rate,
+    padding_stats,
+    sorted_batching_padding_rate,
+)
 from torchlevers.bucketing import (
+    BatchPlan,
     BucketBatchSampler,
     BucketCollator,
     BucketFileError,
@@ -22,20 +29,18 @@ from torchlevers.bucketing import (
     Buckets,
     CollateConfig,
     LengthOverflowError,
-    PaddingStats,
+    QueryLengthDistribution,
     fit_buckets,
     kmeans_buckets,
     load_buckets,
     optimal_buckets,
     pad_batches,
     padded_token_curve,
-    padding_stats,
     plan_bucketed,
     plan_sorted,
     plan_static,
     save_buckets,
     shape_class_batches,
-    skewed_lengths,
 )
 
 N = 20_000
@@ -43,9 +48,17 @@ BATCH = 32
 MAX_LEN = 512
 
 
+def _query_lengths(n: int, seed: int) -> np.ndarray:
+    return np.asarray(QueryLengthDistribution().sample(n, seed=seed), dtype=np.int64)
+
+
+def _rate(plan: BatchPlan) -> float:
+    return padding_rate(plan.real_lens, plan.padded_lens)
+
+
 @pytest.fixture(scope="module")
 def lengths() -> np.ndarray:
-    return skewed_lengths(N, seed=0)
+    return _query_lengths(N, seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -67,11 +80,10 @@ def _pad_cost(lengths: np.ndarray, buckets: Buckets) -> int:
 # --------------------------------------------------------------------------- distribution
 
 
-def test_skewed_lengths_shape_of_search_queries() -> None:
-    a = skewed_lengths(N, seed=0)
-    assert np.array_equal(a, skewed_lengths(N, seed=0))
-    assert not np.array_equal(a, skewed_lengths(N, seed=1))
-    assert a.dtype == np.int64
+def test_query_lengths_shape_of_search_queries() -> None:
+    a = _query_lengths(N, seed=0)
+    assert np.array_equal(a, _query_lengths(N, seed=0))
+    assert not np.array_equal(a, _query_lengths(N, seed=1))
     assert 45 <= a.mean() <= 49
     assert 29 <= a.std() <= 35
     assert a.min() >= 1 and 490 <= a.max() <= MAX_LEN
@@ -122,25 +134,26 @@ def test_bucketed_padding_rate_targets(
     buckets = make_buckets(lengths)
     sampler = BucketBatchSampler(lengths, buckets, batch_size=BATCH, seed=0)
     collate = BucketCollator(buckets)
-    bucketed = PaddingStats(0, 0)
+    bucketed = PaddingStats(real_tokens=0, padded_tokens=0, batches=0)
     for batch in sampler:
-        bucketed = bucketed + padding_stats(collate([sequences[i] for i in batch]))
+        out = collate([sequences[i] for i in batch])
+        bucketed = bucketed + padding_stats([out["lengths"].tolist()], [out["input_ids"].shape[1]])
     assert bucketed.real_tokens == int(lengths.sum())
 
-    lower = plan_sorted(lengths, batch_size=BATCH).padding(lengths)
-    static = plan_static(lengths, batch_size=BATCH, max_len=MAX_LEN).padding(lengths)
-    assert bucketed.padding_rate <= 1.15 * lower.padding_rate, (bucketed.padding_rate, lower.padding_rate)
-    assert static.padding_rate >= 3 * bucketed.padding_rate, (static.padding_rate, bucketed.padding_rate)
+    lower = _rate(plan_sorted(lengths, batch_size=BATCH))
+    static = _rate(plan_static(lengths, batch_size=BATCH, max_len=MAX_LEN))
+    assert bucketed.rate <= 1.15 * lower, (bucketed.rate, lower)
+    assert static >= 3 * bucketed.rate, (static, bucketed.rate)
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_buckets_generalise_to_a_fresh_sample(lengths: np.ndarray, seed: int) -> None:
     """Buckets fitted on one sample stay near the bound on another draw of the distribution."""
     buckets = _fitted(lengths)
-    fresh = skewed_lengths(N, seed=seed)
-    rate = plan_bucketed(fresh, buckets, batch_size=BATCH).padding(fresh).padding_rate
-    lower = plan_sorted(fresh, batch_size=BATCH).padding(fresh).padding_rate
-    static = plan_static(fresh, batch_size=BATCH, max_len=MAX_LEN).padding(fresh).padding_rate
+    fresh = _query_lengths(N, seed=seed)
+    rate = _rate(plan_bucketed(fresh, buckets, batch_size=BATCH))
+    lower = _rate(plan_sorted(fresh, batch_size=BATCH))
+    static = _rate(plan_static(fresh, batch_size=BATCH, max_len=MAX_LEN))
     assert rate <= 1.25 * lower
     assert static >= 3 * rate
 
@@ -155,6 +168,10 @@ def test_fit_reports_the_numbers_behind_the_choice(lengths: np.ndarray) -> None:
     k = len(fit.buckets) - (1 if fit.buckets.max_len > lengths.max() else 0)
     assert fit.curve[k - 2] > 1.15 * fit.sorted_pad_tokens
     assert all(a >= b for a, b in itertools.pairwise(fit.curve))
+    # The fit's lower bound is the one the instrument measures on the sorted plan.
+    sorted_plan = plan_sorted(lengths, batch_size=BATCH)
+    assert fit.sorted_pad_tokens == padding_stats(sorted_plan.real_lens, sorted_plan.padded_lens).pad_tokens
+    assert sorted_batching_padding_rate(lengths.tolist(), BATCH) == _rate(sorted_plan)
 
 
 def test_marginal_gain_selection_stops_at_the_elbow(lengths: np.ndarray) -> None:
@@ -398,7 +415,7 @@ def test_collate_pads_to_bucket_or_batch_max() -> None:
     out = BucketCollator(buckets, CollateConfig(pad_to="batch_max", pad_id=-1))(batch)
     assert out["input_ids"].tolist() == [[1, 2, 3, 4, 5], [1, 2, -1, -1, -1]]
     assert out["lengths"].tolist() == [5, 2]
-    assert padding_stats(out) == PaddingStats(real_tokens=7, pad_tokens=3)
+    assert int(out["attention_mask"].sum()) == 7 and out["input_ids"].numel() == 10
 
 
 def test_collate_never_truncates_silently() -> None:
@@ -439,7 +456,8 @@ def test_plans_feed_the_same_samples_through_each_strategy(lengths: np.ndarray, 
             assert batch["input_ids"].shape[1] == width
             real += int(batch["attention_mask"].sum())
         assert real == int(small.sum())
-    static, ordered, bucketed, _ = (p.padding(small).padding_rate for p in plans)
+        assert [list(r) for r in plan.real_lens] == [small[list(b)].tolist() for b in plan.batches]
+    static, ordered, bucketed, _ = (_rate(p) for p in plans)
     # (On 500 samples the 75 buckets leave many partial batches, so "sorted" is no bound here.)
     assert max(ordered, bucketed) < static / 3
 
@@ -460,3 +478,28 @@ def test_too_many_distinct_lengths_ask_for_rounding() -> None:
 def test_collate_rejects_ragged_extra_keys() -> None:
     with pytest.raises(KeyError, match="'label' is present in 1 of 2"):
         BucketCollator(Buckets(boundaries=(8,)))([{"input_ids": [1], "label": 0}, {"input_ids": [2]}])
+
+
+def test_plan_refuses_lengths_that_do_not_match_its_batches() -> None:
+    with pytest.raises(ValueError, match=r"BatchPlan\('sorted'\)\.real_lens\[1\]: 1 lengths for a batch of 2"):
+        BatchPlan(strategy="sorted", batches=((0,), (1, 2)), padded_lens=(3, 4), real_lens=((3,), (4,)))
+    with pytest.raises(ValueError, match="2 batches, 1 padded_lens, 2 real_lens"):
+        BatchPlan(strategy="static", batches=((0,), (1,)), padded_lens=(4,), real_lens=((3,), (4,)))
+
+
+def test_query_length_tail_needs_room_below_the_maximum() -> None:
+    with pytest.raises(
+        ValueError,
+        match=r"QueryLengthDistribution\.tail_start_tokens: expected an int in \[1, max_tokens=64\), got 128",
+    ):
+        QueryLengthDistribution(max_tokens=64)
+    plain = QueryLengthDistribution(max_tokens=64, tail_fraction=0.0).sample(1000, seed=3)
+    assert max(plain) == 64 and min(plain) >= 2
+    with pytest.raises(ValueError, match=r"QueryLengthDistribution: mean_tokens=1\.0, std_tokens=32\.0 cannot"):
+        QueryLengthDistribution(mean_tokens=1.0)
+
+
+def test_pad_batches_refuses_sequences_the_plan_was_not_made_from() -> None:
+    plan = plan_sorted([3, 2], batch_size=2)
+    with pytest.raises(ValueError, match=r"sequences\[0\] has 2 tokens, the 'sorted' plan was made with length 3"):
+        list(pad_batches([[1, 2], [1, 2]], plan))

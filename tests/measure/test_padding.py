@@ -10,6 +10,7 @@ import torch
 from perfbudget.measure.padding import (
     PaddingStats,
     padding_rate,
+    padding_rate_by_width,
     padding_rate_from_mask,
     padding_stats,
     sorted_batching_padding_rate,
@@ -33,6 +34,21 @@ def test_stats_and_addition() -> None:
     total = a + b
     assert total == PaddingStats(real_tokens=6, padded_tokens=9, batches=2)
     assert total.rate == pytest.approx(3 / 9)
+
+
+def test_rate_by_width_groups_batches_padded_alike() -> None:
+    # Width 5: [3, 5] -> 8 real of 10. Width 4: [2] and [4] -> 6 real of 8.
+    by_width = padding_rate_by_width([[3, 5], [2], [4]], [5, 4, 4])
+    assert list(by_width) == [4, 5]
+    assert by_width == {4: pytest.approx(2 / 8), 5: pytest.approx(2 / 10)}
+    assert padding_rate_by_width([], []) == {}
+
+
+def test_rate_by_width_names_the_batch_in_the_whole_list() -> None:
+    with pytest.raises(ValueError, match="batch 2, sequence 0: length 6 exceeds the padded length 5"):
+        padding_rate_by_width([[3], [4], [6]], [5, 4, 5])
+    with pytest.raises(ValueError, match="2 batches"):
+        padding_rate_by_width([[1], [2]], [2])
 
 
 def test_truncation_is_an_error_naming_the_batch() -> None:

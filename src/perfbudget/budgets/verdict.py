@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from ..measure import stats
-from ..metrics import Metric, parse_name
+from ..metrics import Metric, MetricName, parse_name
 from .schema import Budget
 
 __all__ = ["OUTCOMES", "Outcome", "Verdict", "VerdictPolicy", "decide"]
@@ -84,10 +84,12 @@ class Verdict:
     attribution: tuple[str, ...] = field(default=())
     ref_ms: float | None = None
     confidence: float | None = None
+    name: MetricName | None = field(default=None, compare=False, repr=False)
+    """The parsed metric name (set by :func:`decide`; parsed on demand otherwise)."""
 
     @property
     def info(self) -> Metric:
-        return parse_name(self.metric).metric
+        return (self.name or parse_name(self.metric)).metric
 
     @property
     def ratio(self) -> float | None:
@@ -124,7 +126,7 @@ def _check_finite(samples: Sequence[float]) -> str | None:
 
 def decide(
     key: str,
-    metric: str,
+    metric: str | MetricName,
     samples: float | Sequence[float],
     budget: Budget | None,
     *,
@@ -135,7 +137,7 @@ def decide(
 
     Args:
         key: workload key.
-        metric: full registered metric name.
+        metric: full registered metric name, or the name already parsed.
         samples: one value or raw samples (statistical kinds want >= 30).
         budget: the applicable budget, or ``None`` (unbudgeted).
         more: returns a fresh batch of samples; used to measure more while the CI
@@ -146,9 +148,10 @@ def decide(
         The :class:`Verdict`. Bad samples (NaN, inf, empty) give outcome ``error``.
     """
     policy = policy or VerdictPolicy()
-    info = parse_name(metric).metric
+    name = metric if isinstance(metric, MetricName) else parse_name(metric)
+    info = name.metric
     xs = [samples] if isinstance(samples, (int, float)) else list(samples)
-    base = Verdict(key=key, metric=metric, outcome="error", budget=budget, n=len(xs))
+    base = Verdict(key=key, metric=name.full, outcome="error", budget=budget, n=len(xs), name=name)
     problem = _check_finite(xs)
     if problem:
         return base.with_(reason=problem, samples=tuple(x for x in xs if isinstance(x, (int, float))))

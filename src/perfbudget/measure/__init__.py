@@ -97,6 +97,7 @@ from perfbudget.measure.operators import (
 from perfbudget.measure.padding import (
     PaddingStats,
     padding_rate,
+    padding_rate_by_width,
     padding_rate_from_mask,
     padding_stats,
     sorted_batching_padding_rate,
@@ -169,6 +170,7 @@ __all__ = [
     "operators",
     "padding",
     "padding_rate",
+    "padding_rate_by_width",
     "padding_rate_from_mask",
     "padding_stats",
     "peak_by_phase",

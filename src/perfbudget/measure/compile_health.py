@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 __all__ = [
@@ -291,3 +292,22 @@ def no_recompiles(*, stance: bool = True) -> Iterator[RecompileWatch]:
             f"unique_graphs +{delta.unique_graphs}"
             + (f", new graph breaks: {dict(delta.break_reasons)}" if delta.break_reasons else "")
         )
+
+
+def inductor_dirs(root: Path) -> None:
+    """Keep inductor's cache and its precompiled headers (under TMPDIR) in ``root``.
+
+    A second run then starts warm. Headers go to ``tempfile.gettempdir()`` whatever
+    ``TORCHINDUCTOR_CACHE_DIR`` says, so TMPDIR moves too.
+    """
+    import os
+    import tempfile
+
+    cache = root / "inductor"
+    tmp = root / "tmp"
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache))
+    if "PERFBUDGET_KEEP_TMPDIR" not in os.environ:
+        os.environ["TMPDIR"] = str(tmp)
+        tempfile.tempdir = None  # re-read TMPDIR

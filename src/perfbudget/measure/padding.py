@@ -9,6 +9,7 @@ from typing import Any
 __all__ = [
     "PaddingStats",
     "padding_rate",
+    "padding_rate_by_width",
     "padding_rate_from_mask",
     "padding_stats",
     "sorted_batching_padding_rate",
@@ -97,6 +98,37 @@ def padding_rate(
         The padding rate (0 when there are no tokens).
     """
     return padding_stats(lengths_per_batch, padded_len_per_batch).rate
+
+
+def padding_rate_by_width(
+    lengths_per_batch: Iterable[Sequence[int]], padded_len_per_batch: Iterable[int]
+) -> dict[int, float]:
+    """Padding rate of the batches padded to each width (one width per bucket when bucketed).
+
+    Example: batches ``[[3, 5], [2], [4]]`` padded to ``[5, 4, 4]``: width 5 holds 8 real of
+    10 tokens (rate ``0.2``), width 4 holds 6 real of 8 (rate ``0.25``).
+
+    Args:
+        lengths_per_batch: for each batch, the true length of every sequence in it.
+        padded_len_per_batch: for each batch, the length it was padded to.
+
+    Returns:
+        ``{padded width: padding rate}``, widths ascending.
+
+    Raises:
+        ValueError: as :func:`padding_stats`.
+    """
+    lengths = [list(b) for b in lengths_per_batch]
+    padded = list(padded_len_per_batch)
+    # Checked on the whole list first, so an error names the batch's index in it.
+    padding_stats(lengths, padded)
+    by_width: dict[int, list[list[int]]] = {}
+    for batch, width in zip(lengths, padded, strict=True):
+        by_width.setdefault(width, []).append(batch)
+    return {
+        width: padding_rate(by_width[width], [width] * len(by_width[width]))
+        for width in sorted(by_width)
+    }
 
 
 def padding_rate_from_mask(mask: Any) -> float:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, Literal
 
-__all__ = ["REFERENCE_VERSION", "reference_step"]
+__all__ = ["REFERENCE_VERSION", "machine_reference", "reference_step"]
 
 #: Bump when the reference changes: budgets normalised to an older reference are not comparable.
 REFERENCE_VERSION = 1
@@ -47,3 +48,9 @@ def reference_step(device: Literal["cpu", "cuda"] = "cpu", *, repeat: int = 3) -
     for _ in range(2):
         step()
     return step
+
+
+@functools.cache
+def machine_reference(device: Literal["cpu", "cuda"] = "cpu") -> Callable[[], Any]:
+    """The device's reference workload, built once per process (every check shares it)."""
+    return reference_step(device)

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import gc
+import itertools
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from perfbudget.measure import stats
+from perfbudget.device import DeviceType
+from perfbudget.measure import stats, turns
+from perfbudget.measure.sync import device_sync
 
-__all__ = ["Samples", "bench", "bench_paired", "pinned_threads"]
+__all__ = ["Bursts", "Samples", "StreamTiming", "bench", "bench_paired", "pinned_threads", "time_stream", "time_streams"]
 
-Device = Literal["cpu", "cuda"]
+Device = DeviceType
 _DEVICES: tuple[str, ...] = ("cpu", "cuda")
 
 # triton.testing.do_bench zeroes a 256 MB buffer before every repetition: larger than the L2 of
@@ -82,6 +85,52 @@ def pinned_threads(threads: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+class Bursts:
+    """Cuts a measurement into bursts that alternate with the other side of a lockstep A/B run.
+
+    Outside an A/B run (:func:`perfbudget.measure.turns.active` is false) it does nothing.
+    In one, every timer calls :meth:`tick` between timed calls: once a burst has lasted
+    :func:`~perfbudget.measure.turns.burst_ms`, the machine goes to the other process and
+    comes back; ``rewarm`` then runs once untimed, because the other side's burst left the
+    caches cold. Time spent waiting is excluded from :attr:`waited_s`-aware budgets.
+
+    Args:
+        rewarm: one untimed call made after every hand-over (``None``: none).
+    """
+
+    def __init__(self, rewarm: Callable[[], Any] | None = None) -> None:
+        self.active = turns.active()
+        self.limit_s = turns.burst_ms() / 1e3
+        self.rewarm = rewarm
+        self.started = time.perf_counter()
+        self.waited_s = 0.0
+        """Seconds spent handing over (the other side's bursts and the re-warm calls)."""
+        self.handovers = 0
+
+    def tick(self) -> bool:
+        """Hand over if this burst is long enough; returns whether it did."""
+        if not self.active or time.perf_counter() - self.started < self.limit_s:
+            return False
+        self.handover()
+        return True
+
+    def handover(self) -> None:
+        """Hand the machine to the other side now (no-op outside an A/B run)."""
+        if not self.active:
+            return
+        t0 = time.perf_counter()
+        turns.pass_turn()
+        if self.rewarm is not None:
+            self.rewarm()
+        self.started = time.perf_counter()
+        self.waited_s += self.started - t0
+        self.handovers += 1
+
+    def elapsed_ms(self, since: float) -> float:
+        """Milliseconds of this process's own running since ``since`` (hand-overs excluded)."""
+        return (time.perf_counter() - since - self.waited_s) * 1e3
 
 
 def bench(
@@ -189,14 +238,16 @@ def _bench_cpu(
     # A collection triggered by warm-up garbage would otherwise land in some timed call.
     gc.collect()
     samples: list[float] = []
+    bursts = Bursts(rewarm=fn)
     start = clock()
     while len(samples) < max_samples:
         t0 = clock()
         fn()
         t1 = clock()
         samples.append((t1 - t0) * 1e3)
-        if len(samples) >= min_samples and (t1 - start) * 1e3 >= max_ms:
+        if len(samples) >= min_samples and bursts.elapsed_ms(start) >= max_ms:
             break
+        bursts.tick()
     return Samples(
         samples_ms=tuple(samples),
         warmup_calls=warmup_calls,
@@ -220,6 +271,13 @@ def _counts_from_estimate(
     n_warmup = max(min_warmup_calls, 1, math.floor(warmup_ms / per_call))
     n_repeat = min(max_samples, max(min_samples, math.floor(max_ms / per_call)))
     return n_warmup, n_repeat
+
+
+def _calls_per_burst(per_call_ms: float, bursts: Bursts) -> int:
+    """Timed calls between hand-overs, from a per-call estimate (events cannot stop on time)."""
+    if not bursts.active:
+        return 1 << 62
+    return max(1, math.floor(bursts.limit_s * 1e3 / max(per_call_ms, 1e-6)))
 
 
 def _bench_cuda(
@@ -263,13 +321,19 @@ def _bench_cuda(
         fn()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_repeat)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_repeat)]
+    bursts = Bursts(rewarm=fn)
+    per_burst = _calls_per_burst(estimate_ms, bursts)
     for i in range(n_repeat):
         if cache is not None:
             cache.zero_()
         starts[i].record()
         fn()
         ends[i].record()
-    # One synchronize for the whole loop: per-call syncs would time host overhead too.
+        if (i + 1) % per_burst == 0 and i + 1 < n_repeat:
+            # The other side must find the GPU idle: drain this burst before handing over.
+            torch.cuda.synchronize()
+            bursts.handover()
+    # One synchronize per burst: per-call syncs would time host overhead too.
     torch.cuda.synchronize()
     samples = tuple(float(s.elapsed_time(e)) for s, e in zip(starts, ends, strict=True))
     return Samples(
@@ -328,10 +392,15 @@ def _bench_cuda_graph(
             graph.replay()
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_repeat)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_repeat)]
+        bursts = Bursts(rewarm=graph.replay)
+        per_burst = _calls_per_burst(replay_ms, bursts)
         for i in range(n_repeat):
             starts[i].record()
             graph.replay()
             ends[i].record()
+            if (i + 1) % per_burst == 0 and i + 1 < n_repeat:
+                torch.cuda.synchronize()
+                bursts.handover()
         torch.cuda.synchronize()
     samples = tuple(
         float(s.elapsed_time(e)) / calls_per_replay for s, e in zip(starts, ends, strict=True)
@@ -356,6 +425,7 @@ def bench_paired(
     threads: int | None = 1,
     device: Device = "cpu",
     max_samples: int = 100_000,
+    min_warmup_calls: int = 2,
 ) -> tuple[Samples, Samples]:
     """Time ``fn`` and a fixed reference ``ref`` alternately: ``fn, ref, fn, ref, ...``.
 
@@ -371,21 +441,19 @@ def bench_paired(
         fn: the code under test.
         ref: a fixed reference workload of similar character (same device, similar mix of
             Python dispatch and kernels), e.g. :func:`perfbudget.measure.reference.reference_step`.
-        warmup_ms, min_samples, max_ms, threads, device, max_samples: as in :func:`bench`;
-            the time budgets cover both callables.
+        warmup_ms, min_samples, max_ms, threads, device, max_samples, min_warmup_calls: as
+            in :func:`bench`; the time budgets cover both callables.
 
     Returns:
         ``(fn samples, ref samples)``, pairwise aligned.
     """
     _check_budgets(device, warmup_ms=warmup_ms, min_samples=min_samples, max_ms=max_ms, max_samples=max_samples)
-    import torch
-
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    sync = device_sync(device)
     clock = time.perf_counter
     with pinned_threads(threads):
         start = clock()
         calls = 0
-        while calls < 2 or (clock() - start) * 1e3 < warmup_ms:
+        while calls < min_warmup_calls or (clock() - start) * 1e3 < warmup_ms:
             fn()
             ref()
             calls += 1
@@ -393,6 +461,13 @@ def bench_paired(
         gc.collect()
         a: list[float] = []
         b: list[float] = []
+
+        def rewarm() -> None:
+            fn()
+            ref()
+            sync()
+
+        bursts = Bursts(rewarm=rewarm)
         start = clock()
         while len(a) < max_samples:
             t0 = clock()
@@ -404,10 +479,96 @@ def bench_paired(
             t2 = clock()
             a.append((t1 - t0) * 1e3)
             b.append((t2 - t1) * 1e3)
-            if len(a) >= min_samples and (t2 - start) * 1e3 >= max_ms:
+            if len(a) >= min_samples and bursts.elapsed_ms(start) >= max_ms:
                 break
+            bursts.tick()
     timer: Literal["perf_counter"] = "perf_counter"
     return (
         Samples(samples_ms=tuple(a), warmup_calls=calls, threads=threads, device=device, timer=timer),
         Samples(samples_ms=tuple(b), warmup_calls=calls, threads=threads, device=device, timer=timer),
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class StreamTiming:
+    """Timing of one streamed request (a generation yielding its tokens), in milliseconds."""
+
+    first_ms: float
+    """Request start to the first item (time to first token)."""
+    item_ms: tuple[float, ...]
+    """Time between consecutive items after the first (per-token latency)."""
+    total_ms: float
+    """Request start to the last item (end-to-end latency)."""
+    items: int
+    """Items produced."""
+    reference_ms: float | None = None
+    """The machine-speed reference timed right after this request, when one was given."""
+
+    @property
+    def items_per_s(self) -> float:
+        """Items per second over the whole request."""
+        return self.items * 1e3 / self.total_ms if self.total_ms > 0 else 0.0
+
+
+def time_stream(start: Callable[[], Iterable[Any]], *, device: Device = "cpu") -> StreamTiming:
+    """Time one streamed request: ``start()`` returns an iterable that yields each item.
+
+    The clock starts before ``start()`` is called (so set-up such as moving the prompt to
+    the device counts) and is read after synchronising the device at every item, so each
+    time point covers the work, not just its launch.
+
+    Args:
+        start: begins the request and returns its items (e.g. a generator of tokens).
+        device: ``"cuda"`` synchronises before every clock read.
+
+    Returns:
+        A :class:`StreamTiming`. Raises ``ValueError`` when the request yields nothing.
+    """
+    sync = device_sync(device)
+    clock = time.perf_counter
+    sync()
+    t0 = clock()
+    marks: list[float] = []
+    for _ in start():
+        sync()
+        marks.append(clock())
+    if not marks:
+        raise ValueError("time_stream: the request yielded no item")
+    gaps = tuple((b - a) * 1e3 for a, b in itertools.pairwise(marks))
+    return StreamTiming(first_ms=(marks[0] - t0) * 1e3, item_ms=gaps, total_ms=(marks[-1] - t0) * 1e3,
+                        items=len(marks))
+
+
+def time_streams(
+    starts: Iterable[Callable[[], Iterable[Any]]],
+    *,
+    device: Device = "cpu",
+    threads: int | None = 1,
+    reference: Callable[[], Any] | None = None,
+) -> list[StreamTiming]:
+    """Time requests one after another (:func:`time_stream`), each followed by ``reference``.
+
+    Args:
+        starts: one callable per request.
+        device: as in :func:`time_stream`.
+        threads: torch threads during the run (``None``: unchanged).
+        reference: the machine-speed reference workload, timed after every request so
+            each latency carries its moment's machine speed.
+
+    Returns:
+        One :class:`StreamTiming` per request, in order.
+    """
+    sync = device_sync(device)
+    out: list[StreamTiming] = []
+    bursts = Bursts()
+    with pinned_threads(threads):
+        for start in starts:
+            got = time_stream(start, device=device)
+            if reference is not None:
+                t0 = time.perf_counter()
+                reference()
+                sync()
+                got = replace(got, reference_ms=(time.perf_counter() - t0) * 1e3)
+            out.append(got)
+            bursts.tick()
+    return out

@@ -1,15 +1,17 @@
-"""Synthetic data built in code: a query-like length distribution, token and image/mask datasets, batches."""
+"""Synthetic data built in code: token and image/mask datasets and their batches (query-like lengths come from ``torchlevers.bucketing.lengths``)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from .sizes import check_float, check_int
+# Re-exported: one query-length generator, owned by the bucketing lever.
+from torchlevers.bucketing.lengths import QueryLengthDistribution, query_lengths
+
+from .sizes import check_int
 
 __all__ = [
     "CLS_ID",
@@ -32,68 +34,6 @@ CLS_ID = 1
 """Token id that starts every sequence; the encoder classifies from its output."""
 FIRST_TOKEN_ID = 2
 """Smallest id of an ordinary token."""
-
-
-# --- lengths --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class QueryLengthDistribution:
-    """Token lengths shaped like search queries: a log-normal clipped to ``[min, max]``.
-
-    The defaults match an e-commerce query log (mean 47 tokens, std 32): most queries
-    are short, a few are long, so padding every batch to its longest member wastes
-    about two thirds of the positions at batch size 32, the waste length bucketing
-    removes.
-    """
-
-    mean_tokens: float = 47.0
-    """Mean length before clipping, in tokens."""
-    std_tokens: float = 32.0
-    """Standard deviation before clipping, in tokens."""
-    min_tokens: int = 2
-    """Shortest length, in tokens (2 = the CLS token plus one word)."""
-    max_tokens: int = 512
-    """Longest length, in tokens; the tail is clipped here."""
-
-    def __post_init__(self) -> None:
-        owner = type(self).__name__
-        check_float(
-            owner, "mean_tokens", self.mean_tokens, low=0.0, high=math.inf, low_inclusive=False
-        )
-        check_float(
-            owner, "std_tokens", self.std_tokens, low=0.0, high=math.inf, low_inclusive=False
-        )
-        check_int(owner, "min_tokens", self.min_tokens, minimum=1)
-        check_int(owner, "max_tokens", self.max_tokens, minimum=self.min_tokens)
-
-    @property
-    def log_params(self) -> tuple[float, float]:
-        """``(mu, sigma)`` of the underlying normal, solved from the mean and std."""
-        sigma2 = math.log1p((self.std_tokens / self.mean_tokens) ** 2)
-        return math.log(self.mean_tokens) - sigma2 / 2, math.sqrt(sigma2)
-
-    def sample(self, n: int, *, seed: int = 0) -> list[int]:
-        """Draw ``n`` lengths, deterministically for a given seed.
-
-        Args:
-            n: number of lengths (>= 0).
-            seed: RNG seed; the same seed gives the same list on every machine.
-
-        Returns:
-            ``n`` ints in ``[min_tokens, max_tokens]``.
-        """
-        check_int("QueryLengthDistribution.sample", "n", n, minimum=0)
-        mu, sigma = self.log_params
-        g = torch.Generator().manual_seed(seed)
-        x = torch.empty(n, dtype=torch.float64).log_normal_(mu, sigma, generator=g)
-        x = x.round().clamp_(self.min_tokens, self.max_tokens)
-        return [int(v) for v in x.tolist()]
-
-
-def query_lengths(n: int, *, seed: int = 0, max_tokens: int = 512) -> list[int]:
-    """``n`` query-like lengths with the default distribution (mean 47, std 32), clipped at ``max_tokens``."""
-    return QueryLengthDistribution(max_tokens=max_tokens).sample(n, seed=seed)
 
 
 # --- tokens -------------------------------------------------------------------------------
@@ -155,7 +95,7 @@ class TokenDataset(torch.utils.data.Dataset[dict[str, Tensor]]):
     ``dataset[i]`` is ``{"input_ids": ..., "labels": ...}``: an int64 tensor of shape
     ``(lengths[i],)`` starting with ``CLS_ID`` and a 0-dim int64 label (see
     :func:`synthetic_token_sequences`). Mapping items are what padding collators
-    (``levers.bucketing.BucketCollator``, Hugging Face's) take; their output feeds
+    (``torchlevers.bucketing.BucketCollator``, Hugging Face's) take; their output feeds
     :meth:`TokenBatch.from_mapping`. ``dataset.lengths`` gives every length without
     touching the items, which is what a length-bucketing sampler needs.
     """
@@ -190,7 +130,8 @@ class TokenBatch:
     """A right-padded batch of token sequences.
 
     ``num_tokens`` is computed once on the host when the batch is built, so reading
-    tokens/s or the padding rate never synchronises a GPU.
+    tokens/s, or measuring padding from ``num_tokens`` and ``num_positions``, never
+    synchronises a GPU.
     """
 
     input_ids: Tensor
@@ -216,11 +157,6 @@ class TokenBatch:
     def num_positions(self) -> int:
         """Token positions computed, padding included (B * S)."""
         return self.num_samples * self.seq_len
-
-    @property
-    def padding_rate(self) -> float:
-        """Fraction of positions that are padding, in [0, 1)."""
-        return 1.0 - self.num_tokens / self.num_positions
 
     def to(self, device: torch.device | str, *, non_blocking: bool = False) -> TokenBatch:
         """The same batch on ``device``."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -376,7 +376,10 @@ class DecoderWorkload:
         n = cfg.n_requests if n is None else n
         check_int("DecoderWorkload.requests", "n", n)
         seed = cfg.seed if seed is None else seed
-        lengths = QueryLengthDistribution(max_tokens=cfg.max_prompt_tokens).sample(n, seed=seed)
+        # No long tail: prompts are clipped at max_prompt_tokens, far below where the tail starts.
+        lengths = QueryLengthDistribution(max_tokens=cfg.max_prompt_tokens, tail_fraction=0.0).sample(
+            n, seed=seed
+        )
         g = torch.Generator().manual_seed(seed + 1)
         return [
             Request(
@@ -476,6 +479,31 @@ class DecoderWorkload:
             e2e_ms=(t_prev - t0) * 1e3,
             token_ids=tuple(int(x) for x in torch.cat(tokens).tolist()),
         )
+
+    def stream(self, prompt_ids: Tensor, max_new_tokens: int | None = None) -> Iterator[Tensor]:
+        """Greedily generate tokens for one prompt, yielding each as soon as it is produced.
+
+        The device is *not* synchronised here: a caller timing the stream synchronises at
+        each token (see ``perfbudget.measure.timing.time_stream``). Moving the prompt to the
+        device, allocating the cache and the prefill happen before the first token.
+
+        Args:
+            prompt_ids: ``(P,)`` int64.
+            max_new_tokens: default ``config.max_new_tokens``.
+
+        Yields:
+            Each generated token, a 1-element tensor on the device.
+        """
+        n_new = self.config.max_new_tokens if max_new_tokens is None else max_new_tokens
+        check_int("DecoderWorkload.stream", "max_new_tokens", n_new)
+        if prompt_ids.dim() != 1:
+            raise ValueError(f"DecoderWorkload.stream: expected a 1-D prompt, got shape {tuple(prompt_ids.shape)}")
+        logits, cache = self.prefill(prompt_ids, capacity=int(prompt_ids.shape[0]) + n_new)
+        token = logits.argmax(dim=-1)
+        yield token
+        for _ in range(n_new - 1):
+            token = self.decode_step(token, cache).argmax(dim=-1)
+            yield token
 
     def serve(self, requests: Iterable[Request] | None = None) -> list[GenerationTiming]:
         """Run requests one after another (default: :meth:`requests`) and time each."""

@@ -3,22 +3,29 @@
 The records are made by the real ``PerfRecorder`` against budgets written here, so
 they look exactly like a run's: ``base.json`` is a healthy run, ``regression.json``
 the same suite after a change that made ``aten::addmm`` 45 % slower (the step fails,
-the operator moved), and ``shard-*.json`` split ``regression.json`` by test file as
-two CI shards would write it.
+the operator moved), ``shard-*.json`` split ``regression.json`` by test file as
+two CI shards would write it, and ``ab.json`` is ``regression.json`` compared in lockstep
+with ``base.json`` as the base commit (each record's ``base`` side, head/base over three
+process pairs and the verdict on that ratio).
 """
 
 from __future__ import annotations
 
+import math
 import random
+import statistics
 import tempfile
 from pathlib import Path
 
 from perfbudget.budgets.loader import load_dir
 from perfbudget.budgets.verdict import VerdictPolicy
 from perfbudget.device import DeviceInfo
+from perfbudget.extras import OperatorTable, PaddingByWidth
+from perfbudget.measure.operators import OpRow
+from perfbudget.measure.padding import PaddingStats
+from perfbudget.metrics import parse_name
 from perfbudget.recorder import PerfRecorder
-from perfbudget.report import padding_extra
-from perfbudget.results import Record, Results
+from perfbudget.results import BaseSide, Record, Results
 
 HERE = Path(__file__).parent
 CPU = DeviceInfo(type="cpu", model="AMD EPYC 7763 64-Core Processor", count=2, torch="2.13.0+cpu",
@@ -60,8 +67,9 @@ def _samples(rng: random.Random, median: float, n: int = 40, cv: float = 0.02) -
 
 def _ops_extra(ops: dict[str, float]) -> dict[str, object]:
     total = sum(ops.values())
-    return {"ops": [{"name": k, "self_ms": v, "calls": 6 if k == "aten::addmm" else 2, "share": v / total}
-                    for k, v in sorted(ops.items(), key=lambda kv: -kv[1])]}
+    rows = tuple(OpRow(name=k, self_ms=v, calls=6 if k == "aten::addmm" else 2, share=v / total, total_ms=v, flops=0.0)
+                 for k, v in sorted(ops.items(), key=lambda kv: -kv[1]))
+    return OperatorTable(rows=rows).to_extra()
 
 
 def run(slow_addmm: float, seed: int) -> list[Record]:
@@ -101,13 +109,50 @@ def run(slow_addmm: float, seed: int) -> list[Record]:
 
         pad = PerfRecorder(key="bucketing-padding", device=CPU, budgets=budgets, policy=policy,
                            nodeid="perf_tests/test_bucketing.py::test_bucketed_padding")
-        per_bucket = {"<=32": {"real_tokens": 9100, "pad_tokens": 610}, "33-64": {"real_tokens": 15200, "pad_tokens": 1480},
-                      "65-128": {"real_tokens": 20400, "pad_tokens": 2900}, "129-512": {"real_tokens": 31000, "pad_tokens": 5100}}
-        real = sum(b["real_tokens"] for b in per_bucket.values())
-        padded = sum(b["pad_tokens"] for b in per_bucket.values())
-        pad.record("padding_rate", round(padded / (real + padded), 4),
-                   extra=padding_extra(per_bucket, sorted_rate=0.031))
+        by_width = {32: PaddingStats(real_tokens=9100, padded_tokens=9710, batches=10),
+                    64: PaddingStats(real_tokens=15200, padded_tokens=16680, batches=9),
+                    128: PaddingStats(real_tokens=20400, padded_tokens=23300, batches=6),
+                    512: PaddingStats(real_tokens=31000, padded_tokens=36100, batches=3)}
+        total = sum(by_width.values(), PaddingStats(real_tokens=0, padded_tokens=0, batches=0))
+        pad.record("padding_rate", round(total.rate, 4),
+                   extra=PaddingByWidth.from_stats(by_width, sorted_rate=0.031).to_extra())
         return [*enc.records(), *dec.records(), *pad.records()]
+
+
+PAIRS = 3
+#: Two-sided 95 % t quantile for PAIRS - 1 degrees of freedom.
+T_95 = 4.303
+
+
+def _vs_base(head: Record, base: Record | None) -> Record:
+    """``head`` as a lockstep A/B run reports it: the base side, head/base over PAIRS process
+    pairs (each pair: a slice of both sides' samples) and the verdict on that ratio."""
+    if base is None or head.value is None or base.value is None or head.outcome == "unmeasurable":
+        return head
+    metric = parse_name(head.metric).metric
+    tol = head.budget.tolerance if head.budget else metric.default_tolerance
+    if metric.statistical and min(len(head.samples), len(base.samples)) >= PAIRS:
+        hs, bs = head.samples, base.samples
+        cut = [len(hs) * i // PAIRS for i in range(PAIRS + 1)], [len(bs) * i // PAIRS for i in range(PAIRS + 1)]
+        pair_ratios = tuple(round(statistics.median(hs[cut[0][i]:cut[0][i + 1]])
+                                  / statistics.median(bs[cut[1][i]:cut[1][i + 1]]), 5) for i in range(PAIRS))
+        logs = [math.log(x) for x in pair_ratios]
+        mean, half = statistics.fmean(logs), T_95 * statistics.stdev(logs) / math.sqrt(PAIRS)
+        ratio = round(math.exp(mean), 5)
+        ratio_ci: tuple[float, float] | None = (round(math.exp(mean - half), 5), round(math.exp(mean + half), 5))
+    else:
+        ratio = round(head.value / base.value, 5) if base.value else math.inf
+        pair_ratios, ratio_ci = (ratio,) * PAIRS, None
+    lo, hi = ratio_ci or (ratio, ratio)
+    worse = lo > 1 + tol if metric.direction == "lower" else hi < 1 - tol
+    side = BaseSide(value=base.value, samples=base.samples, ratio=ratio, ratio_ci=ratio_ci, pairs=PAIRS,
+                    pair_ratios=pair_ratios)
+    if worse:
+        return head.with_(base=side, outcome="fail",
+                          reason=f"head/base {ratio:.4g} (CI {lo:.4g}-{hi:.4g}) entirely beyond 1 ± {tol:.0%} "
+                                 f"over {PAIRS} process pairs")
+    outcome = head.outcome if head.outcome in ("unbudgeted", "stale") else "pass"
+    return head.with_(base=side, outcome=outcome, reason="" if outcome == "pass" else head.reason)
 
 
 def main() -> None:
@@ -118,8 +163,11 @@ def main() -> None:
     Results(records=new, meta=meta).write(HERE / "regression.json")
     Results(records=[r for r in new if "test_encoder" in r.nodeid], meta=meta).write(HERE / "shard-1.json")
     Results(records=[r for r in new if "test_encoder" not in r.nodeid], meta=meta).write(HERE / "shard-2.json")
-    for r in new:
-        print(f"{r.key:18} {r.metric:36} {r.outcome}")
+    by_metric = {(r.key, r.metric): r for r in base}
+    ab = [_vs_base(r, by_metric.get((r.key, r.metric))) for r in new]
+    Results(records=ab, meta={**meta, "base": "base.json"}).write(HERE / "ab.json")
+    for r, a in zip(new, ab, strict=True):
+        print(f"{r.key:18} {r.metric:36} {r.outcome:13} vs base: {a.outcome}")
 
 
 if __name__ == "__main__":

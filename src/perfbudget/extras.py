@@ -1,0 +1,250 @@
+"""Typed ``extra`` payloads of records: one type per key, written and read through it, so a plot never reads nothing.
+
+A record's ``extra`` is JSON kept beside the verdict for the reports. Each payload here
+owns one key: the producer calls ``to_extra()``, the reports call ``from_extra()``,
+which returns ``None`` when the key is absent and raises :class:`ExtraError` naming the
+key and the value when it is there but malformed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .measure.operators import OpRow
+from .measure.padding import PaddingStats, padding_stats
+
+if TYPE_CHECKING:
+    from .measure.operators import OpTable
+
+__all__ = [
+    "FAILURE_ARTIFACTS",
+    "OPERATOR_TABLE",
+    "PADDING_BY_WIDTH",
+    "ExtraError",
+    "FailureArtifacts",
+    "OperatorTable",
+    "PaddingByWidth",
+]
+
+#: Key of :class:`PaddingByWidth` in a record's ``extra``.
+PADDING_BY_WIDTH = "padding_by_width"
+#: Key of :class:`OperatorTable` in a record's ``extra``.
+OPERATOR_TABLE = "ops"
+#: Key of :class:`FailureArtifacts` in a record's ``extra``.
+FAILURE_ARTIFACTS = "artifacts"
+
+
+class ExtraError(ValueError):
+    """A record's ``extra`` holds a known key with a value of the wrong shape."""
+
+
+def _number(key: str, x: Any) -> float:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise ExtraError(f"extra[{key!r}]: expected a number, got {x!r}")
+    return float(x)
+
+
+def _rate(key: str, x: Any) -> float:
+    value = _number(key, x)
+    if not 0.0 <= value <= 1.0:
+        raise ExtraError(f"extra[{key!r}]: expected a padding rate in [0, 1], got {x!r}")
+    return value
+
+
+# --------------------------------------------------------------------------- padding
+
+
+@dataclass(frozen=True, kw_only=True)
+class PaddingByWidth:
+    """Padding rate per padded width: which batch shapes waste the tokens.
+
+    Make it from the batches with :meth:`from_batches`; the HTML report draws one bar per
+    width, with the record's overall rate, its budget and ``sorted_rate``.
+    """
+
+    widths: tuple[int, ...]
+    """Padded widths (tokens per sequence), ascending."""
+    rates: tuple[float, ...]
+    """Padding rate (pad tokens / computed tokens, 0-1) of the batches padded to each width."""
+    sorted_rate: float | None = None
+    """Padding rate of length-sorted batching over the same lengths: the lower bound to compare with."""
+
+    def __post_init__(self) -> None:
+        key = PADDING_BY_WIDTH
+        if len(self.widths) != len(self.rates):
+            raise ExtraError(f"{key}: {len(self.widths)} widths but {len(self.rates)} rates")
+        if any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in self.widths):
+            raise ExtraError(f"{key}.widths: expected positive integers, got {list(self.widths)!r}")
+        if list(self.widths) != sorted(set(self.widths)):
+            raise ExtraError(f"{key}.widths: expected distinct widths in ascending order, got {list(self.widths)!r}")
+        for w, r in zip(self.widths, self.rates, strict=True):
+            _rate(f"{key}.rates[{w}]", r)
+        if self.sorted_rate is not None:
+            _rate(f"{key}.sorted_rate", self.sorted_rate)
+
+    @classmethod
+    def from_stats(cls, by_width: Mapping[int, PaddingStats], *, sorted_rate: float | None = None) -> PaddingByWidth:
+        """From token accounting per padded width (``measure.padding.PaddingStats``)."""
+        widths = tuple(sorted(by_width))
+        return cls(widths=widths, rates=tuple(by_width[w].rate for w in widths), sorted_rate=sorted_rate)
+
+    @classmethod
+    def from_batches(
+        cls,
+        lengths_per_batch: Iterable[Sequence[int]],
+        padded_len_per_batch: Iterable[int],
+        *,
+        sorted_rate: float | None = None,
+    ) -> PaddingByWidth:
+        """Group batches by the width they were padded to and account each group's padding.
+
+        Args:
+            lengths_per_batch: for each batch, the true length of every sequence in it.
+            padded_len_per_batch: for each batch, the length it was padded to.
+            sorted_rate: the length-sorted lower bound, when the caller has it
+                (``measure.padding.sorted_batching_padding_rate``).
+
+        Raises:
+            ValueError: from ``measure.padding.padding_stats`` (batch counts differ, a
+                sequence longer than its padded width).
+        """
+        lengths = [[int(n) for n in b] for b in lengths_per_batch]
+        widths = [int(w) for w in padded_len_per_batch]
+        if len(lengths) != len(widths):
+            raise ValueError(f"got {len(lengths)} batches of lengths but {len(widths)} padded lengths")
+        groups: dict[int, list[list[int]]] = defaultdict(list)
+        for batch, width in zip(lengths, widths, strict=True):
+            groups[width].append(batch)
+        stats = {w: padding_stats(bs, [w] * len(bs)) for w, bs in groups.items()}
+        return cls.from_stats(stats, sorted_rate=sorted_rate)
+
+    @property
+    def rate_by_width(self) -> dict[int, float]:
+        """``{width: padding rate}``."""
+        return dict(zip(self.widths, self.rates, strict=True))
+
+    def to_extra(self) -> dict[str, Any]:
+        """``{"padding_by_width": {"widths": [...], "rates": [...], "sorted_rate": ...}}``."""
+        return {PADDING_BY_WIDTH: {"widths": list(self.widths), "rates": list(self.rates),
+                                   "sorted_rate": self.sorted_rate}}
+
+    @classmethod
+    def from_extra(cls, extra: Mapping[str, Any]) -> PaddingByWidth | None:
+        """Read it back from a record's ``extra``; ``None`` when the key is absent.
+
+        Also reads the earlier untyped form ``{"padding_by_width": {"<width>": rate}}``.
+
+        Raises:
+            ExtraError: naming the key and the bad value.
+        """
+        value = extra.get(PADDING_BY_WIDTH)
+        if value is None:
+            return None
+        key = PADDING_BY_WIDTH
+        if not isinstance(value, Mapping):
+            raise ExtraError(f"extra[{key!r}]: expected a mapping, got {value!r}")
+        if "widths" not in value and "rates" not in value:  # the untyped {"<width>": rate} form
+            try:
+                by = {int(w): _rate(f"{key}[{w!r}]", r) for w, r in value.items()}
+            except (TypeError, ValueError) as exc:
+                raise ExtraError(f"extra[{key!r}]: expected {{width: rate}}, got {dict(value)!r}: {exc}") from None
+            return cls(widths=tuple(sorted(by)), rates=tuple(by[w] for w in sorted(by)))
+        widths, rates = value.get("widths"), value.get("rates")
+        if not isinstance(widths, list) or not isinstance(rates, list):
+            raise ExtraError(f"extra[{key!r}]: expected lists 'widths' and 'rates', got {dict(value)!r}")
+        if any(isinstance(w, bool) or not isinstance(w, int) for w in widths):
+            raise ExtraError(f"extra[{key!r}].widths: expected positive integers, got {widths!r}")
+        sorted_rate = value.get("sorted_rate")
+        return cls(
+            widths=tuple(widths),
+            rates=tuple(_rate(f"{key}.rates", r) for r in rates),
+            sorted_rate=None if sorted_rate is None else _rate(f"{key}.sorted_rate", sorted_rate),
+        )
+
+
+# --------------------------------------------------------------------------- operators
+
+
+@dataclass(frozen=True, kw_only=True)
+class OperatorTable:
+    """The heaviest operators of a profiled step, kept with a record for the per-operator
+    plot and for ``perfbudget diff`` (operator by operator)."""
+
+    rows: tuple[OpRow, ...]
+    """Operators, heaviest self time first (``measure.operators.OpRow``; shapes and roofline not kept)."""
+
+    @classmethod
+    def of(cls, table: OpTable, *, k: int = 25) -> OperatorTable:
+        """The ``k`` heaviest rows of a ``measure.operators.OpTable``."""
+        return cls(rows=tuple(table.top(k)))
+
+    def to_extra(self) -> dict[str, Any]:
+        """``{"ops": [{"name", "self_ms", "calls", "share", "total_ms", "flops"}, ...]}``."""
+        return {OPERATOR_TABLE: [{"name": r.name, "self_ms": r.self_ms, "calls": r.calls, "share": r.share,
+                                  "total_ms": r.total_ms, "flops": r.flops} for r in self.rows]}
+
+    @classmethod
+    def from_extra(cls, extra: Mapping[str, Any]) -> OperatorTable | None:
+        """Read it back from a record's ``extra``; ``None`` when the key is absent.
+
+        ``share``, ``total_ms`` and ``flops`` may be missing (read as 0).
+
+        Raises:
+            ExtraError: naming the key, the row and the bad value.
+        """
+        value = extra.get(OPERATOR_TABLE)
+        if value is None:
+            return None
+        if not isinstance(value, list):
+            raise ExtraError(f"extra[{OPERATOR_TABLE!r}]: expected a list of operator rows, got {value!r}")
+        rows = []
+        for i, row in enumerate(value):
+            where = f"{OPERATOR_TABLE}[{i}]"
+            if not isinstance(row, Mapping) or not isinstance(row.get("name"), str):
+                raise ExtraError(f"extra[{where!r}]: expected a mapping with a 'name', got {row!r}")
+            rows.append(OpRow(
+                name=row["name"], self_ms=_number(f"{where}.self_ms", row.get("self_ms")),
+                calls=_number(f"{where}.calls", row.get("calls", 0)),
+                share=_number(f"{where}.share", row.get("share", 0.0)),
+                total_ms=_number(f"{where}.total_ms", row.get("total_ms", 0.0)),
+                flops=_number(f"{where}.flops", row.get("flops", 0.0)),
+            ))
+        rows.sort(key=lambda r: -r.self_ms if math.isfinite(r.self_ms) else 0.0)
+        return cls(rows=tuple(rows))
+
+
+# --------------------------------------------------------------------------- artifacts
+
+
+@dataclass(frozen=True, kw_only=True)
+class FailureArtifacts:
+    """Files written for a failing check (chrome trace, flame graph, memory snapshot), by label."""
+
+    paths: tuple[tuple[str, str], ...]
+    """``(label, path)`` pairs, e.g. ``("chrome trace", ".perfbudget/artifacts/t.py__test/trace.json")``."""
+
+    @classmethod
+    def of(cls, paths: Mapping[str, str]) -> FailureArtifacts:
+        return cls(paths=tuple((str(k), str(v)) for k, v in paths.items()))
+
+    def to_extra(self) -> dict[str, Any]:
+        """``{"artifacts": {label: path}}``."""
+        return {FAILURE_ARTIFACTS: dict(self.paths)}
+
+    @classmethod
+    def from_extra(cls, extra: Mapping[str, Any]) -> FailureArtifacts | None:
+        """Read it back from a record's ``extra``; ``None`` when the key is absent.
+
+        Raises:
+            ExtraError: naming the key and the bad value.
+        """
+        value = extra.get(FAILURE_ARTIFACTS)
+        if value is None:
+            return None
+        if not isinstance(value, Mapping) or not all(isinstance(v, str) for v in value.values()):
+            raise ExtraError(f"extra[{FAILURE_ARTIFACTS!r}]: expected {{label: path}}, got {value!r}")
+        return cls.of(value)

@@ -1,0 +1,291 @@
+"""Decide what a test's measurements mean: gating, normalisation, family control, the test's decision.
+
+The judge turns (metric, samples, budget) into verdicts and a test's verdicts into a
+:class:`Decision`. It measures only through the callbacks it is handed (``more``) and
+renders nothing: the report turns a decision into text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .budgets.loader import BudgetSet
+from .budgets.schema import Budget, BudgetError
+from .budgets.verdict import Verdict, VerdictPolicy, decide
+from .device import DeviceInfo
+from .measure.stats import median
+from .metrics import MetricName
+
+__all__ = ["OP_FAMILIES", "REFERENCE_MISMATCH", "Decision", "Judge", "JudgeConfig"]
+
+#: Families whose many per-operator checks share one false-alarm budget (Bonferroni).
+OP_FAMILIES = ("op_self_ms", "op_share")
+#: Beyond this relative change of the machine-speed reference against the budget's, the
+#: machine is not the one the budget describes: timing checks are not judged.
+REFERENCE_MISMATCH = 0.30
+
+Samples = float | Sequence[float]
+
+
+@dataclass(frozen=True, kw_only=True)
+class JudgeConfig:
+    """How one test's measurements are judged.
+
+    Attributes:
+        strict: stale, unbudgeted, not-judged and not-measured checks fail the test.
+        update: the run writes budgets: budget verdicts do not fail the test.
+        collect: one side of a lockstep A/B run: statistical checks take one fixed
+            sample set (no extra rounds, no confirmation) and never fail the test; the
+            A/B driver judges them on the head/base ratio.
+        policy: statistical settings.
+        preflight: reasons timing cannot be trusted right now (busy CPU, shared or
+            throttled GPU): statistical checks are then not judged.
+        family_alpha: false-alarm budget shared by one test's per-operator checks.
+        reference_mismatch: see :data:`REFERENCE_MISMATCH`.
+    """
+
+    strict: bool = False
+    update: bool = False
+    collect: bool = False
+    policy: VerdictPolicy = field(default_factory=VerdictPolicy)
+    preflight: tuple[str, ...] = ()
+    family_alpha: float = 0.05
+    reference_mismatch: float = REFERENCE_MISMATCH
+
+    def __post_init__(self) -> None:
+        if not 0 < self.family_alpha < 1:
+            raise ValueError(f"family_alpha must be in (0, 1), got {self.family_alpha!r}")
+        if self.reference_mismatch <= 0:
+            raise ValueError(f"reference_mismatch must be > 0, got {self.reference_mismatch!r}")
+
+
+Outcome = Literal["pass", "skip", "fail"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Decision:
+    """What a test's verdicts mean for the test, as data (the report renders it).
+
+    Attributes:
+        outcome: ``pass``, ``skip`` (nothing failed, but something was not judged) or ``fail``.
+        failing: verdicts that fail the test.
+        judged: verdicts decided against a budget (pass, stale or fail).
+        not_judged: statistical checks skipped by the preflight or the reference guard.
+        unbudgeted: measured with no budget on this device.
+        unmeasurable: metrics that cannot be measured here (with the reason in each verdict).
+        not_measured: budgeted for this key and device but not recorded by the test:
+            ``(metric, reason)``.
+        empty: the test used ``perf`` but recorded nothing.
+    """
+
+    outcome: Outcome
+    failing: tuple[Verdict, ...] = ()
+    judged: tuple[Verdict, ...] = ()
+    not_judged: tuple[Verdict, ...] = ()
+    unbudgeted: tuple[Verdict, ...] = ()
+    unmeasurable: tuple[Verdict, ...] = ()
+    not_measured: tuple[tuple[str, str], ...] = ()
+    empty: bool = False
+
+
+class Judge:
+    """Judges the measurements of one workload key on one device.
+
+    Args:
+        key: workload key of the budgets.
+        device: the device measured.
+        budgets: the loaded budget set.
+        config: how to judge.
+    """
+
+    def __init__(self, key: str, device: DeviceInfo, budgets: BudgetSet, config: JudgeConfig | None = None) -> None:
+        self.key = key
+        self.device = device
+        self.budgets = budgets
+        self.config = config or JudgeConfig()
+
+    # -- budgets --------------------------------------------------------------------------
+
+    def errors(self) -> list[BudgetError]:
+        """Budget-file errors that concern this key on this device."""
+        return self.budgets.errors_for(self.key, self.device)
+
+    def budget(self, name: MetricName) -> Budget | None:
+        """The budget that applies to ``name`` here, or ``None``."""
+        try:
+            return self.budgets.resolve(self.key, name.full, self.device)
+        except BudgetError:
+            return None
+
+    def budgeted(self) -> dict[str, Budget]:
+        """Every metric budgeted for this key on this device (empty when budgets are broken)."""
+        if self.errors():
+            return {}
+        try:
+            return self.budgets.budgets_for(self.key, self.device)
+        except BudgetError:
+            return {}
+
+    def policy_for(self, name: MetricName) -> VerdictPolicy:
+        """The test's per-operator checks share :attr:`JudgeConfig.family_alpha` (Bonferroni)."""
+        policy = self.config.policy
+        if self.config.collect:
+            policy = VerdictPolicy(confidence=policy.confidence, max_extra_rounds=0, confirm=False)
+        if name.metric.name not in OP_FAMILIES:
+            return policy
+        n = sum(1 for m in self.budgeted() if m.split("[", 1)[0] in OP_FAMILIES)
+        if n <= 1:
+            return policy
+        conf = max(policy.confidence, 1.0 - self.config.family_alpha / n)
+        return VerdictPolicy(confidence=conf, max_extra_rounds=policy.max_extra_rounds, confirm=policy.confirm)
+
+    # -- one metric -----------------------------------------------------------------------
+
+    def judge(
+        self,
+        name: MetricName,
+        samples: Samples,
+        *,
+        more: Callable[[], Any] | None = None,
+        reference: Sequence[float] | None = None,
+    ) -> Verdict:
+        """Judge one metric's samples against its budget.
+
+        Args:
+            name: the parsed metric name.
+            samples: one value (exact kinds) or raw samples (statistical kinds).
+            more: a fresh batch of samples for extra rounds and confirmation (with
+                ``reference``: a ``(samples, reference)`` pair).
+            reference: machine-speed reference times paired with ``samples``; each sample
+                is expressed at the budget's reference time (provenance ``ref_ms``; for a
+                new budget, this run's median): ``x * ref_ms / r`` for times, ``x * r /
+                ref_ms`` for rates.
+        """
+        metric = name.full
+        if self.config.collect:
+            more = None
+        problem = ""
+        budget = None
+        errors = self.errors()
+        if errors:
+            others = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+            problem = f"budget file error: {errors[0]}{others}"
+        else:
+            try:
+                budget = self.budgets.resolve(self.key, metric, self.device)
+            except BudgetError as exc:
+                problem = str(exc)
+        statistical = name.metric.statistical
+        if problem:
+            # Keep what was measured, so a broken budget file loses no data.
+            v = decide(self.key, name, samples, None, policy=self.config.policy)
+            return v.with_(outcome="error", reason=problem)
+        if self.config.preflight and statistical:
+            return _not_judged(decide(self.key, name, samples, None, policy=self.config.policy), budget,
+                               "preflight: " + "; ".join(self.config.preflight))
+        ref_ms: float | None = None
+        if reference is not None:
+            mismatch = self._reference_mismatch(reference, budget)
+            if mismatch and not self.config.collect:
+                return _not_judged(decide(self.key, name, samples, None, policy=self.config.policy), budget, mismatch)
+            samples, more, ref_ms = _normalised(name, samples, reference, more, budget)
+        v = decide(self.key, name, samples, budget, more=more, policy=self.policy_for(name))
+        if ref_ms is not None:
+            v = v.with_(ref_ms=ref_ms)
+        return v
+
+    def _reference_mismatch(self, reference: Sequence[float], budget: Budget | None) -> str:
+        """Why this machine is not the one the budget describes, judged by the reference."""
+        prov = budget.provenance if budget is not None else None
+        if prov is None or not prov.ref_ms or not reference:
+            return ""
+        now = median(reference)
+        change = now / prov.ref_ms - 1
+        if abs(change) <= self.config.reference_mismatch:
+            return ""
+        return (
+            f"preflight: the machine-speed reference ran {now:.3g} ms here vs {prov.ref_ms:.3g} ms when the "
+            f"budget was measured ({change:+.0%}): a different or busier machine than the budget describes"
+        )
+
+    # -- the test -------------------------------------------------------------------------
+
+    def decision(self, verdicts: Sequence[Verdict]) -> Decision:
+        """What the recorded verdicts mean for the test."""
+        cfg = self.config
+        if not verdicts:
+            return Decision(outcome="fail", empty=True)
+        by = {o: tuple(v for v in verdicts if v.outcome == o)
+              for o in ("pass", "stale", "fail", "unbudgeted", "unmeasurable", "error")}
+        not_judged = tuple(v for v in by["unmeasurable"] if v.reason.startswith("preflight:"))
+        unmeasurable = tuple(v for v in by["unmeasurable"] if v not in not_judged)
+        recorded = {v.metric for v in verdicts}
+        not_measured = tuple(
+            (m, "budgeted for this key on this device, but the test did not record it")
+            for m in sorted(self.budgeted()) if m not in recorded and self._owned_by_test(m, recorded)
+        )
+        failing = list(by["error"])
+        if not cfg.update and not cfg.collect:
+            failing += by["fail"]
+            if cfg.strict:
+                failing += [*by["stale"], *by["unbudgeted"], *not_judged]
+        judged = (*by["pass"], *by["stale"], *by["fail"])
+        kw: dict[str, Any] = dict(
+            judged=judged, not_judged=not_judged, unbudgeted=by["unbudgeted"], unmeasurable=unmeasurable,
+            not_measured=not_measured,
+        )
+        if failing or (cfg.strict and not cfg.update and not_measured):
+            return Decision(outcome="fail", failing=tuple(failing), **kw)
+        if cfg.update or cfg.collect:
+            return Decision(outcome="pass", **kw)
+        something_missing = not_judged or by["unbudgeted"] or (unmeasurable and len(unmeasurable) == len(verdicts))
+        return Decision(outcome="skip" if something_missing else "pass", **kw)
+
+    @staticmethod
+    def _owned_by_test(metric: str, recorded: set[str]) -> bool:
+        """Whether a budgeted metric the test did not record belongs to this test.
+
+        One key's metrics are spread over several tests (a step test, an operator test, a
+        memory test), so a test answers for the families it recorded: an operator test that
+        recorded ``op_count[aten::mm]`` answers for every budgeted ``op_count[...]``.
+        """
+        family = metric.split("[", 1)[0]
+        return any(r.split("[", 1)[0] == family for r in recorded)
+
+
+def _not_judged(v: Verdict, budget: Budget | None, reason: str) -> Verdict:
+    """A statistical verdict set aside (busy machine, another machine): kept as measured;
+    bad samples stay an error."""
+    if v.outcome == "error":
+        return v.with_(budget=budget)
+    return v.with_(outcome="unmeasurable", budget=budget, reason=reason)
+
+
+def _normalised(
+    name: MetricName,
+    samples: Samples,
+    reference: Sequence[float],
+    more: Callable[[], Any] | None,
+    budget: Budget | None,
+) -> tuple[list[float], Callable[[], Sequence[float]] | None, float]:
+    xs = [samples] if isinstance(samples, (int, float)) else list(samples)
+    if len(xs) != len(reference) or not reference or min(reference) <= 0:
+        raise ValueError(f"{name.full}: reference must pair one positive time with each sample")
+    prov = budget.provenance if budget is not None else None
+    frame = prov.ref_ms if prov is not None and prov.ref_ms else median(reference)
+    higher = name.metric.direction == "higher"
+
+    def scale(values: Sequence[float], refs: Sequence[float]) -> list[float]:
+        if higher:
+            return [x * r / frame for x, r in zip(values, refs, strict=True)]
+        return [x * frame / r for x, r in zip(values, refs, strict=True)]
+
+    scaled_more = None
+    if more is not None:
+        def scaled_more() -> list[float]:
+            fresh, refs = more()
+            return scale(fresh, refs)
+
+    return scale(xs, reference), scaled_more, frame

@@ -1,0 +1,38 @@
+"""Per-operator attribution of a step from torch.profiler: time, calls, shapes, FLOPs, roofline class, diffs.
+
+One concern per module: ``fields`` (profiler field names across torch versions), ``flops``
+(FLOP counting, attention included), ``roofline`` (device ceilings), ``table`` (the operator
+table and its diffs), ``profiling`` (profiled runs that produce tables).
+"""
+
+from perfbudget.measure.operators.fields import read_event_field
+from perfbudget.measure.operators.flops import FlopCount, attention_flops, count_flops
+from perfbudget.measure.operators.profiling import OpRounds, profile_rounds, profile_steps
+from perfbudget.measure.operators.roofline import (
+    DATASHEET_PEAKS,
+    DevicePeaks,
+    Roofline,
+    datasheet_peaks,
+    measure_cpu_peaks,
+)
+from perfbudget.measure.operators.table import OpChange, OpDiff, OpRow, OpTable, table_from_events
+
+__all__ = [
+    "DATASHEET_PEAKS",
+    "DevicePeaks",
+    "FlopCount",
+    "OpChange",
+    "OpDiff",
+    "OpRounds",
+    "OpRow",
+    "OpTable",
+    "Roofline",
+    "attention_flops",
+    "count_flops",
+    "datasheet_peaks",
+    "measure_cpu_peaks",
+    "profile_rounds",
+    "profile_steps",
+    "read_event_field",
+    "table_from_events",
+]

@@ -1,0 +1,235 @@
+"""Profiled runs of a step: one full operator table (``profile_steps``) or per-operator samples over independent rounds (``profile_rounds``)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from perfbudget.device import DeviceType
+from perfbudget.measure.operators.flops import FlopCount, _flop_count_from_counter, _flop_counter
+from perfbudget.measure.operators.roofline import DevicePeaks, datasheet_peaks, measure_cpu_peaks
+from perfbudget.measure.operators.table import OpTable, table_from_events
+from perfbudget.measure.timing import pinned_threads
+
+__all__ = ["OpRounds", "profile_rounds", "profile_steps"]
+
+
+def _default_peaks(device: DeviceType, threads: int | None) -> DevicePeaks | None:
+    if device == "cuda":
+        import torch
+
+        return datasheet_peaks(torch.cuda.get_device_name())
+    import torch
+
+    return measure_cpu_peaks(threads if threads is not None else torch.get_num_threads())
+
+
+def profile_steps(
+    step: Callable[[], Any],
+    *,
+    steps: int = 3,
+    warmup: int = 1,
+    record_shapes: bool = True,
+    with_flops: bool = True,
+    profile_memory: bool = False,
+    device: DeviceType = "cpu",
+    threads: int | None = 1,
+    trace_path: str | os.PathLike[str] | None = None,
+    peaks: DevicePeaks | Literal["auto"] | None = "auto",
+) -> OpTable:
+    """Profile ``warmup + steps`` calls of ``step`` and return per-step operator costs.
+
+    Warm-up steps run under the profiler's warm-up phase (traced, discarded), which also
+    absorbs the profiler's own first-step initialisation. When ``with_flops`` is set, the last
+    warm-up step runs under ``FlopCounterMode`` (outside the measured steps, so its dispatch
+    overhead does not inflate self times) and fills FLOPs the profiler does not estimate.
+
+    Profiled wall time is inflated (3-6 % typical, sometimes 2x on small CPUs): compare these
+    self times only with self times from profiled runs, never with latency budgets.
+
+    Args:
+        step: zero-argument callable (forward, backward, optimizer step...).
+        steps: profiled steps to average over.
+        warmup: warm-up steps before them (0 skips the FlopCounterMode pass).
+        record_shapes: record input shapes (needed for attention FLOPs and bytes).
+        with_flops: ask the profiler for FLOP estimates and run FlopCounterMode.
+        profile_memory: also record allocator events (see ``memory.peak_cpu_mib``).
+        device: ``"cuda"`` also traces CUDA and uses device self time.
+        threads: torch intra-op threads during the run (restored after); ``None`` leaves them.
+        trace_path: write a chrome trace there (``.json``; ``.json.gz`` is gzipped).
+        peaks: roofline ceilings; ``"auto"`` uses datasheet peaks on CUDA and a cached
+            measurement on CPU; ``None`` skips the roofline class.
+
+    Returns:
+        ``OpTable`` of per-step averages.
+    """
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps!r}")
+    if warmup < 0:
+        raise ValueError(f"warmup must be >= 0, got {warmup!r}")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    import torch
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    activities = [ProfilerActivity.CPU]
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("profile_steps(device='cuda') needs CUDA; none is available")
+        activities.append(ProfilerActivity.CUDA)
+
+    def sync() -> None:
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    flop_count: FlopCount | None = None
+    with pinned_threads(threads):
+        resolved_peaks = _default_peaks(device, threads) if peaks == "auto" else peaks
+        # Without warm-up, no schedule: every step is recorded (a schedule would warn).
+        sched = schedule(wait=0, warmup=warmup, active=steps, repeat=1) if warmup else None
+        with profile(
+            activities=activities,
+            record_shapes=record_shapes,
+            with_flops=with_flops,
+            profile_memory=profile_memory,
+            schedule=sched,
+        ) as prof:
+            for i in range(warmup + steps):
+                if with_flops and i == warmup - 1:
+                    counter = _flop_counter()
+                    with counter:
+                        step()
+                    flop_count = _flop_count_from_counter(counter)
+                else:
+                    step()
+                sync()
+                prof.step()
+        path: str | None = None
+        if trace_path is not None:
+            path = os.fspath(trace_path)
+            prof.export_chrome_trace(path)
+        return table_from_events(
+            prof.events(),
+            steps=steps,
+            device=device,
+            flop_count=flop_count,
+            peaks=resolved_peaks,
+            trace_path=path,
+        )
+
+
+@dataclass(frozen=True)
+class OpRounds:
+    """Per-operator samples from several independent profiled rounds (one ``OpTable`` each).
+
+    Per-op budgets are statistical: one sample per round (the round's per-step self time),
+    so a round the profiler slowed down as a whole is one outlier, not a shifted mean.
+    """
+
+    tables: tuple[OpTable, ...]
+    ref_ms: tuple[float, ...] = ()
+    """Machine-speed reference time measured right before each round (empty without one)."""
+
+    def names(self) -> tuple[str, ...]:
+        """Every operator seen in any round."""
+        return tuple(sorted({r.name for t in self.tables for r in t.rows}))
+
+    def self_ms(self, name: str) -> list[float]:
+        """Per-step self time of ``name`` in each round, in ms (0 where it did not run)."""
+        return [(t.get(name).self_ms if t.get(name) is not None else 0.0) for t in self.tables]  # type: ignore[union-attr]
+
+    def share(self, name: str) -> list[float]:
+        """Share of the profiled step of ``name`` in each round, in [0, 1]."""
+        return [(t.get(name).share if t.get(name) is not None else 0.0) for t in self.tables]  # type: ignore[union-attr]
+
+    def mean_share(self, name: str) -> float:
+        shares = self.share(name)
+        return sum(shares) / len(shares)
+
+    def top(self, min_share: float) -> list[str]:
+        """ATen operators whose mean share of the step is at least ``min_share``, largest first.
+
+        Only ``aten::`` names: ``record_function`` annotations (``Optimizer.step#...``,
+        ``perfbudget::forward``) are regions, not operators, and their self time is glue.
+        """
+        names = [n for n in self.names() if n.startswith("aten::") and self.mean_share(n) >= min_share]
+        return sorted(names, key=self.mean_share, reverse=True)
+
+    def moved_against(self, budget_ms: Mapping[str, float], k: int = 5) -> list[str]:
+        """Readable lines: operators whose median self time moved most against ``budget_ms``.
+
+        Args:
+            budget_ms: per-operator self-time budgets in ms (``op_self_ms[...]`` values).
+            k: lines to return.
+        """
+        from perfbudget.measure import stats
+
+        moves = []
+        for name in set(budget_ms) | set(self.top(0.02)):
+            now = stats.median(self.self_ms(name))
+            was = budget_ms.get(name)
+            delta = now - (was or 0.0)
+            moves.append((abs(delta), name, now, was))
+        moves.sort(reverse=True)
+        lines = []
+        for _, name, now, was in moves[:k]:
+            if was is None:
+                lines.append(f"{name}: {now:.3f} ms/step (not budgeted)")
+            else:
+                rel = f"{(now - was) / was:+.1%}" if was else "new"
+                lines.append(f"{name}: {now:.3f} ms/step vs budget {was:.3f} ({rel})")
+        return lines
+
+
+def profile_rounds(
+    step: Callable[[], Any],
+    *,
+    rounds: int = 10,
+    steps: int = 2,
+    device: DeviceType = "cpu",
+    threads: int | None = 1,
+    reference: Callable[[], Any] | None = None,
+) -> OpRounds:
+    """Profile ``rounds`` independent rounds of ``steps`` steps each (one warm-up step per round).
+
+    Shapes and FLOPs are not recorded, to keep the profiler's overhead low: these samples
+    feed per-operator timing budgets. Use :func:`profile_steps` for the full table.
+
+    Args:
+        step: zero-argument callable.
+        rounds: independent profiler sessions (>= 3 for a median with a CI).
+        steps: profiled steps per round.
+        device: ``"cuda"`` uses device self time.
+        threads: torch threads during the rounds.
+        reference: a machine-speed reference workload, timed (unprofiled) right before
+            each round, so per-round self times can be normalised for host drift.
+
+    Returns:
+        :class:`OpRounds` with one table per round.
+    """
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds!r}")
+    import torch
+
+    from ..timing import Bursts
+
+    tables = []
+    refs = []
+    # Lockstep A/B: the other side runs between rounds (each round warms up its own step).
+    bursts = Bursts()
+    with pinned_threads(threads):
+        for i in range(rounds):
+            if i:
+                bursts.tick()
+            if reference is not None:
+                t = time.perf_counter()
+                reference()
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                refs.append((time.perf_counter() - t) * 1e3)
+            tables.append(profile_steps(step, steps=steps, warmup=1, record_shapes=False, with_flops=False,
+                                        device=device, threads=threads, peaks=None))
+    return OpRounds(tuple(tables), tuple(refs))

@@ -1,0 +1,489 @@
+"""The per-step operator table built from profiler events (time, calls, shapes, FLOPs, bytes, roofline class) and diffs between two tables."""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from perfbudget.device import DeviceType
+from perfbudget.measure.operators.fields import read_event_field
+from perfbudget.measure.operators.flops import (
+    _ATTENTION_FORWARD,
+    FlopCount,
+    _attention_flops_from_shapes,
+)
+from perfbudget.measure.operators.roofline import DevicePeaks, Roofline
+
+__all__ = ["OpChange", "OpDiff", "OpRow", "OpTable", "table_from_events"]
+
+
+# Profiler dtype strings (c10 names) -> (canonical name, bytes per element).
+_DTYPES: Mapping[str, tuple[str, int]] = {
+    "float": ("float32", 4),
+    "double": ("float64", 8),
+    "c10::Half": ("float16", 2),
+    "c10::BFloat16": ("bfloat16", 2),
+    "c10::Float8_e4m3fn": ("float8", 1),
+    "c10::Float8_e5m2": ("float8", 1),
+    "c10::Float8_e4m3fnuz": ("float8", 1),
+    "c10::Float8_e5m2fnuz": ("float8", 1),
+    "long int": ("int64", 8),
+    "int": ("int32", 4),
+    "short int": ("int16", 2),
+    "signed char": ("int8", 1),
+    "unsigned char": ("uint8", 1),
+    "bool": ("bool", 1),
+    "c10::complex<float>": ("complex64", 8),
+    "c10::complex<double>": ("complex128", 16),
+}
+
+# Ops that only create views or metadata: they move no data, so no bytes are charged.
+_NO_DATA_OPS = frozenset(
+    {
+        "aten::view",
+        "aten::_unsafe_view",
+        "aten::reshape",
+        "aten::_reshape_alias",
+        "aten::t",
+        "aten::transpose",
+        "aten::permute",
+        "aten::expand",
+        "aten::as_strided",
+        "aten::unsqueeze",
+        "aten::squeeze",
+        "aten::select",
+        "aten::slice",
+        "aten::narrow",
+        "aten::split",
+        "aten::chunk",
+        "aten::unbind",
+        "aten::alias",
+        "aten::detach",
+        "detach",
+        "aten::resolve_conj",
+        "aten::resolve_neg",
+        "aten::empty",
+        "aten::empty_like",
+        "aten::empty_strided",
+        "aten::lift_fresh",
+    }
+)
+
+_MATMUL_OUTPUT = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"})
+
+
+def _numel(shape: Sequence[int]) -> int:
+    return math.prod(int(d) for d in shape)
+
+
+def _event_bytes(
+    name: str, shapes: Sequence[Sequence[int]], dtypes: Sequence[str]
+) -> tuple[float, str]:
+    """Estimated bytes an op call reads and writes, and its main floating dtype.
+
+    Inputs come from the recorded shapes and dtypes. The profiler does not record outputs:
+    matmul and attention outputs are computed from the shapes, other ops are charged one
+    output the size of their largest input (exact for elementwise ops).
+    """
+    in_bytes = 0
+    largest = 0
+    dtype = "float32"
+    found_float = False
+    tensor_shapes: list[tuple[Sequence[int], int]] = []
+    for i, shape in enumerate(shapes):
+        dt = dtypes[i] if i < len(dtypes) else ""
+        info = _DTYPES.get(dt)
+        if info is None:
+            continue
+        canonical, size = info
+        if not found_float and canonical.startswith(("float", "bfloat")):
+            dtype, found_float = canonical, True
+        nbytes = _numel(shape) * size
+        in_bytes += nbytes
+        largest = max(largest, nbytes)
+        tensor_shapes.append((shape, size))
+    if not tensor_shapes:
+        return 0.0, dtype
+    out_bytes = largest
+    if name in _MATMUL_OUTPUT:
+        mats = [(s, size) for s, size in tensor_shapes if len(s) >= 2]
+        if len(mats) >= 2:
+            a, size = mats[-2]
+            b_shape, _ = mats[-1]
+            out_bytes = _numel([*a[:-1], b_shape[-1]]) * size
+    elif name in _ATTENTION_FORWARD and len(tensor_shapes) >= 3:
+        (q, size), (v, _) = tensor_shapes[0], tensor_shapes[2]
+        if len(q) == 4 and len(v) == 4:
+            out_bytes = _numel([*q[:-1], v[-1]]) * size
+    return float(in_bytes + out_bytes), dtype
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpRow:
+    """One operator's cost per step (averaged over the profiled steps)."""
+
+    name: str
+    """Operator name as the profiler spells it, e.g. ``"aten::addmm"``."""
+    calls: float
+    """Calls per step."""
+    self_ms: float
+    """Self time per step in ms: device time on CUDA, CPU time on CPU."""
+    total_ms: float
+    """Time including child operators, per step, in ms (same clock as ``self_ms``)."""
+    flops: float
+    """FLOPs per step (profiler; attention from shapes; FlopCounterMode where the profiler has none)."""
+    share: float
+    """``self_ms`` as a fraction (0-1) of the step's summed operator self time."""
+    input_shapes: tuple[tuple[tuple[int, ...], ...], ...] = ()
+    """Distinct input-shape signatures seen (``()`` for non-tensor arguments), most time first."""
+    self_cpu_ms: float = 0.0
+    """Host self time per step in ms (equals ``self_ms`` on CPU)."""
+    bytes_accessed: float = 0.0
+    """Estimated bytes read and written per step (see ``_event_bytes``); 0 for views."""
+    dtype: str = "float32"
+    """Main floating dtype of the inputs (picks the peak in the roofline)."""
+    roofline: Roofline = "unknown"
+    """``"compute"`` or ``"memory"`` bound against the device's ridge point, else ``"unknown"``."""
+
+    @property
+    def intensity_flop_per_byte(self) -> float:
+        """Arithmetic intensity (FLOPs per byte accessed); 0 when no bytes are known."""
+        return self.flops / self.bytes_accessed if self.bytes_accessed > 0 else 0.0
+
+    @property
+    def self_ms_per_call(self) -> float:
+        """Self time per call in ms."""
+        return self.self_ms / self.calls if self.calls else 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpChange:
+    """How one operator changed between a base table and a new one (per step)."""
+
+    name: str
+    base_self_ms: float
+    new_self_ms: float
+    base_calls: float
+    new_calls: float
+    base_flops: float
+    new_flops: float
+    status: Literal["added", "removed", "changed", "same"]
+    """``added``/``removed``: present on one side only; ``changed``: calls or FLOPs differ."""
+
+    @property
+    def delta_ms(self) -> float:
+        """New minus base self time per step, in ms."""
+        return self.new_self_ms - self.base_self_ms
+
+    @property
+    def ratio(self) -> float:
+        """New over base self time (``inf`` for an added operator)."""
+        if self.base_self_ms == 0:
+            return math.inf if self.new_self_ms > 0 else 1.0
+        return self.new_self_ms / self.base_self_ms
+
+    def line(self) -> str:
+        """One readable line, e.g. ``aten::mm: self 2.10 -> 3.00 ms/step (+0.90 ms, +43%), calls 3 -> 4``."""
+        if self.status == "added":
+            head = f"{self.name}: new, {self.new_self_ms:.3f} ms/step"
+        elif self.status == "removed":
+            head = f"{self.name}: gone, was {self.base_self_ms:.3f} ms/step"
+        else:
+            rel = (self.ratio - 1) * 100 if math.isfinite(self.ratio) else math.inf
+            head = (
+                f"{self.name}: self {self.base_self_ms:.3f} -> {self.new_self_ms:.3f} ms/step "
+                f"({self.delta_ms:+.3f} ms, {rel:+.0f}%)"
+            )
+        extras = []
+        if self.base_calls != self.new_calls:
+            extras.append(f"calls {_fmt_num(self.base_calls)} -> {_fmt_num(self.new_calls)}")
+        if self.base_flops != self.new_flops:
+            extras.append(f"FLOPs {_fmt_flops(self.base_flops)} -> {_fmt_flops(self.new_flops)}")
+        return ", ".join([head, *extras])
+
+
+def _fmt_num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:.2f}"
+
+
+def _fmt_flops(x: float) -> str:
+    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g}{unit}"
+    return f"{x:.0f}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpDiff:
+    """Operator-level differences between a base (control) table and a new (test) table."""
+
+    changes: tuple[OpChange, ...]
+    """Every operator on either side, largest absolute self-time change first."""
+    base_step_ms: float
+    """Base summed operator self time per step, in ms."""
+    new_step_ms: float
+    """New summed operator self time per step, in ms."""
+
+    def moved(self, *, min_rel: float = 0.10, min_step_share: float = 0.01) -> tuple[OpChange, ...]:
+        """Operators that moved: exact changes (added, removed, calls or FLOPs) always, and
+        time changes larger than ``min_rel`` of their own base *and* ``min_step_share`` of the
+        base step, so that noise on tiny operators is not named.
+
+        Args:
+            min_rel: least relative self-time change (0.10 = 10 %).
+            min_step_share: least change as a fraction of the base step's self time.
+
+        Returns:
+            The moved operators, largest absolute self-time change first.
+        """
+        floor_ms = min_step_share * self.base_step_ms
+        out = []
+        for c in self.changes:
+            if c.status in ("added", "removed", "changed"):
+                out.append(c)
+                continue
+            big = abs(c.delta_ms) >= floor_ms
+            rel = abs(c.delta_ms) >= min_rel * c.base_self_ms
+            if big and rel:
+                out.append(c)
+        return tuple(out)
+
+    def lines(self, k: int = 5) -> list[str]:
+        """Readable lines for a failure message: the step change, then the top ``k`` movers."""
+        step_rel = (self.new_step_ms / self.base_step_ms - 1) * 100 if self.base_step_ms else 0.0
+        head = (
+            f"operator self time per step: {self.base_step_ms:.3f} -> {self.new_step_ms:.3f} ms "
+            f"({step_rel:+.1f}%)"
+        )
+        moved = self.moved()
+        if not moved:
+            return [head, "  no operator moved beyond noise"]
+        return [head, *("  " + c.line() for c in moved[:k])]
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpTable:
+    """Per-step operator costs of a profiled step, heaviest first."""
+
+    rows: tuple[OpRow, ...]
+    """One row per operator name, sorted by ``self_ms`` descending."""
+    steps: int
+    """Profiled steps the averages are taken over."""
+    device: DeviceType
+    """Whose self time ``self_ms`` is."""
+    flop_count: FlopCount | None = None
+    """FlopCounterMode's count of one (warm-up) step, when it ran."""
+    peaks: DevicePeaks | None = None
+    """Ceilings the roofline classes were computed against."""
+    trace_path: str | None = None
+    """Chrome trace written for these steps, if one was asked for."""
+
+    @property
+    def step_self_ms(self) -> float:
+        """Summed operator self time per step, in ms (the denominator of ``share``)."""
+        return math.fsum(r.self_ms for r in self.rows)
+
+    @property
+    def total_flops(self) -> float:
+        """FLOPs per step summed over operators."""
+        return math.fsum(r.flops for r in self.rows)
+
+    def names(self) -> tuple[str, ...]:
+        """Operator names, heaviest first."""
+        return tuple(r.name for r in self.rows)
+
+    def top(
+        self, k: int = 10, *, by: Literal["self_ms", "total_ms", "flops", "calls"] = "self_ms"
+    ) -> tuple[OpRow, ...]:
+        """The ``k`` heaviest operators by ``by``."""
+        if by not in ("self_ms", "total_ms", "flops", "calls"):
+            raise ValueError(f"by must be one of self_ms, total_ms, flops, calls; got {by!r}")
+        return tuple(sorted(self.rows, key=lambda r: getattr(r, by), reverse=True)[:k])
+
+    def by_name(self, name: str) -> OpRow:
+        """The row of operator ``name``; ``KeyError`` naming the closest operators otherwise."""
+        row = self.get(name)
+        if row is None:
+            close = difflib.get_close_matches(name, list(self.names()), n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise KeyError(f"operator {name!r} not in this table{hint}")
+        return row
+
+    def get(self, name: str) -> OpRow | None:
+        """The row of operator ``name``, or ``None``."""
+        return next((r for r in self.rows if r.name == name), None)
+
+    def diff(self, other: OpTable) -> OpDiff:
+        """What changed from this table (base/control) to ``other`` (new/test)."""
+        names = list(dict.fromkeys([*self.names(), *other.names()]))
+        changes = []
+        for n in names:
+            a, b = self.get(n), other.get(n)
+            status: Literal["added", "removed", "changed", "same"]
+            if a is None:
+                status = "added"
+            elif b is None:
+                status = "removed"
+            elif not math.isclose(a.calls, b.calls) or not math.isclose(
+                a.flops, b.flops, rel_tol=1e-9
+            ):
+                status = "changed"
+            else:
+                status = "same"
+            changes.append(
+                OpChange(
+                    name=n,
+                    base_self_ms=a.self_ms if a else 0.0,
+                    new_self_ms=b.self_ms if b else 0.0,
+                    base_calls=a.calls if a else 0.0,
+                    new_calls=b.calls if b else 0.0,
+                    base_flops=a.flops if a else 0.0,
+                    new_flops=b.flops if b else 0.0,
+                    status=status,
+                )
+            )
+        changes.sort(key=lambda c: abs(c.delta_ms), reverse=True)
+        return OpDiff(
+            changes=tuple(changes), base_step_ms=self.step_self_ms, new_step_ms=other.step_self_ms
+        )
+
+    def lines(self, k: int = 10) -> list[str]:
+        """A fixed-width text table of the top ``k`` operators."""
+        head = (
+            f"{'operator':<52} {'calls':>7} {'self (ms)':>10} {'share':>6} "
+            f"{'total (ms)':>10} {'GFLOP':>8} {'roofline':>8}"
+        )
+        out = [head]
+        for r in self.top(k):
+            name = r.name if len(r.name) <= 52 else r.name[:49] + "..."
+            out.append(
+                f"{name:<52} {_fmt_num(r.calls):>7} {r.self_ms:>10.3f} {r.share:>6.1%} "
+                f"{r.total_ms:>10.3f} {r.flops / 1e9:>8.3f} {r.roofline:>8}"
+            )
+        return out
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+
+def _is_step_marker(name: str) -> bool:
+    return name.startswith("ProfilerStep") or name == "[memory]"
+
+
+def table_from_events(
+    events: Iterable[Any],
+    *,
+    steps: int,
+    device: DeviceType = "cpu",
+    flop_count: FlopCount | None = None,
+    peaks: DevicePeaks | None = None,
+    trace_path: str | None = None,
+) -> OpTable:
+    """Aggregate profiler ``FunctionEvent``s into an :class:`OpTable` (per-step averages).
+
+    Args:
+        events: ``prof.events()`` of a profile covering ``steps`` steps.
+        steps: number of steps the events cover.
+        device: ``"cuda"`` takes self device time as ``self_ms``, ``"cpu"`` self CPU time.
+        flop_count: FlopCounterMode count of one step; fills FLOPs the profiler lacks.
+        peaks: device ceilings for the roofline class; ``None`` leaves it ``"unknown"``.
+        trace_path: recorded on the table.
+
+    Returns:
+        The table.
+    """
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps!r}")
+    # torch's own enum of where an event ran, not this package's DeviceType.
+    from torch.autograd import DeviceType as EventDevice
+
+    acc: dict[str, dict[str, Any]] = {}
+    for e in events:
+        if getattr(e, "device_type", EventDevice.CPU) != EventDevice.CPU or _is_step_marker(e.name):
+            continue
+        a = acc.setdefault(
+            e.name,
+            {
+                "calls": 0,
+                "self": 0.0,
+                "total": 0.0,
+                "self_cpu": 0.0,
+                "flops": 0.0,
+                "bytes": 0.0,
+                "dtype": None,
+                "shapes": {},
+            },
+        )
+        self_cpu = float(read_event_field(e, "self_cpu_time_total"))
+        if device == "cuda":
+            self_t = float(read_event_field(e, "self_device_time_total"))
+            total_t = float(read_event_field(e, "device_time_total"))
+        else:
+            self_t, total_t = self_cpu, float(read_event_field(e, "cpu_time_total"))
+        shapes = [list(s) if isinstance(s, (list, tuple)) else [] for s in (e.input_shapes or [])]
+        flops = float(getattr(e, "flops", 0) or 0)
+        if flops == 0:
+            flops = float(_attention_flops_from_shapes(e.name, shapes))
+        a["calls"] += 1
+        a["self"] += self_t
+        a["total"] += total_t
+        a["self_cpu"] += self_cpu
+        a["flops"] += flops
+        # Composite ops (children, no FLOPs of their own) do their data work in the children.
+        leaf = not getattr(e, "cpu_children", None)
+        if e.name not in _NO_DATA_OPS and (leaf or flops > 0):
+            dtypes = list(read_event_field(e, "input_dtypes", []) or [])
+            if not dtypes:
+                # Profilers without dtypes (older torch): assume float32 tensors.
+                dtypes = ["float" if s else "" for s in shapes]
+            nbytes, dt = _event_bytes(e.name, shapes, dtypes)
+            a["bytes"] += nbytes
+            if a["dtype"] is None and nbytes > 0:
+                a["dtype"] = dt
+        key = tuple(tuple(int(d) for d in s) for s in shapes)
+        a["shapes"][key] = a["shapes"].get(key, 0.0) + self_t
+
+    counter_by_op = dict(flop_count.by_op) if flop_count is not None else {}
+    total_self = math.fsum(a["self"] for a in acc.values()) / 1e3 / steps
+    rows = []
+    for name, a in acc.items():
+        flops = a["flops"] / steps
+        if flops == 0 and counter_by_op.get(name, 0) > 0:
+            flops = float(counter_by_op[name])
+        self_ms = a["self"] / 1e3 / steps
+        bytes_accessed = a["bytes"] / steps
+        dtype = a["dtype"] or "float32"
+        roofline: Roofline = (
+            peaks.classify(flops, bytes_accessed, dtype) if peaks is not None else "unknown"
+        )
+        shapes_by_time = sorted(a["shapes"].items(), key=lambda kv: kv[1], reverse=True)
+        rows.append(
+            OpRow(
+                name=name,
+                calls=a["calls"] / steps,
+                self_ms=self_ms,
+                total_ms=a["total"] / 1e3 / steps,
+                flops=flops,
+                share=self_ms / total_self if total_self > 0 else 0.0,
+                input_shapes=tuple(k for k, _ in shapes_by_time),
+                self_cpu_ms=a["self_cpu"] / 1e3 / steps,
+                bytes_accessed=bytes_accessed,
+                dtype=dtype,
+                roofline=roofline,
+            )
+        )
+    rows.sort(key=lambda r: (r.self_ms, r.name), reverse=True)
+    return OpTable(
+        rows=tuple(rows),
+        steps=steps,
+        device=device,
+        flop_count=flop_count,
+        peaks=peaks,
+        trace_path=trace_path,
+    )

@@ -1,0 +1,78 @@
+"""The text of a test's outcome: what failed, what was judged and what was not (terminal, JUnit, Markdown)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .judge import Decision
+from .results import Record
+
+__all__ = ["decision_text", "judged_summary"]
+
+
+def judged_summary(decision: Decision, *, skip: frozenset[str] = frozenset()) -> list[str]:
+    """One line per group: judged (with outcomes), not judged, unbudgeted, unmeasurable, not
+    measured; groups named in ``skip`` are left out (already said elsewhere)."""
+    lines = []
+    if decision.judged:
+        lines.append("judged: " + ", ".join(f"{v.metric} {v.outcome}" for v in decision.judged))
+    if decision.not_judged and "not_judged" not in skip:
+        lines.append("not judged: " + ", ".join(v.metric for v in decision.not_judged)
+                     + f" ({decision.not_judged[0].reason})")
+    if decision.unbudgeted and "unbudgeted" not in skip:
+        lines.append("unbudgeted: " + ", ".join(v.metric for v in decision.unbudgeted))
+    if decision.unmeasurable and "unmeasurable" not in skip:
+        lines.append("unmeasurable: " + "; ".join(f"{v.metric}: {v.reason}" for v in decision.unmeasurable))
+    if decision.not_measured:
+        lines.append("not measured: " + ", ".join(m for m, _ in decision.not_measured)
+                     + f" ({decision.not_measured[0][1]})")
+    return lines
+
+
+def decision_text(
+    decision: Decision,
+    records: Sequence[Record],
+    *,
+    key: str,
+    device_label: str,
+    update_command: str = "",
+) -> str:
+    """The message pytest shows for a failed or skipped perf test (empty for a pass)."""
+    from .report import records_table
+
+    if decision.empty:
+        return f"{key}: the test used `perf` but recorded no measurement"
+    if decision.outcome == "fail":
+        lines = [f"perf budget check failed: {key} on {device_label}", "", records_table(list(records)), ""]
+        failing = {v.metric for v in decision.failing}
+        for r in records:
+            if r.metric not in failing:
+                continue
+            where = f" [{r.budget.where}]" if r.budget is not None and r.budget.source else ""
+            lines.append(f"{r.metric}: {r.outcome}: {r.reason}{where}")
+            lines.extend(f"    {a}" for a in r.attribution)
+        if decision.not_measured and not decision.failing:
+            lines.append("budgets that apply but were not measured (--perf-strict): "
+                         + ", ".join(m for m, _ in decision.not_measured))
+        stale = [v.metric for v in decision.judged if v.outcome == "stale"]
+        if stale:
+            lines.append(f"stale (better than budget): {', '.join(stale)}; ratchet with --update-budgets")
+        lines += ["", *judged_summary(decision)]
+        return "\n".join(lines)
+    if decision.outcome == "skip":
+        head = []
+        if decision.not_judged:
+            names = ", ".join(v.metric for v in decision.not_judged)
+            head.append(f"timing checks of {key} not judged ({names}): {decision.not_judged[0].reason}")
+        if decision.unbudgeted:
+            head.append(
+                f"unbudgeted: {key} has no budget for {', '.join(v.metric for v in decision.unbudgeted)} on "
+                f"{device_label}; create it with: {update_command or 'pytest --update-budgets'}"
+            )
+        only_unmeasurable = not head and bool(decision.unmeasurable)
+        if only_unmeasurable:
+            head.append("; ".join(f"{v.metric} unmeasurable: {v.reason}" for v in decision.unmeasurable))
+        said = {"not_judged", "unbudgeted"} | ({"unmeasurable"} if only_unmeasurable else set())
+        summary = judged_summary(decision, skip=frozenset(said))
+        return " — ".join([*head, *summary])
+    return ""

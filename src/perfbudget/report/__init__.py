@@ -1,0 +1,44 @@
+"""Reports rendered from records alone: terminal, Markdown, JUnit, HTML, and the comparison of two runs.
+
+One module per rendering; ``common`` holds what they share. Nothing here measures or
+loads budgets: a results JSON file is all a report needs.
+"""
+
+from .common import (
+    REGRESSION_OUTCOMES,
+    FailingTest,
+    OpMove,
+    device_label,
+    failing_tests,
+    fmt_value,
+    moved_operators,
+    regressions,
+    text_table,
+)
+from .compare import Change, diff_results, render_diff
+from .html import render_html, write_html
+from .junit import junit_properties, junit_xml
+from .markdown import markdown_report
+from .terminal import records_table, terminal_report
+
+__all__ = [
+    "REGRESSION_OUTCOMES",
+    "Change",
+    "FailingTest",
+    "OpMove",
+    "device_label",
+    "diff_results",
+    "failing_tests",
+    "fmt_value",
+    "junit_properties",
+    "junit_xml",
+    "markdown_report",
+    "moved_operators",
+    "records_table",
+    "regressions",
+    "render_diff",
+    "render_html",
+    "terminal_report",
+    "text_table",
+    "write_html",
+]

@@ -1,0 +1,392 @@
+"""What every report shares: values with units, CI and budget text, "vs base" text, order, counts, failing tests."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ..extras import FailureArtifacts
+from ..metrics import DEFAULT_TOLERANCE, UnknownMetricError, parse_name
+from ..results import BaseSide, Record
+
+__all__ = [
+    "BASE_COLUMNS",
+    "OP_FAMILIES",
+    "OUTCOME_ORDER",
+    "REGRESSION_OUTCOMES",
+    "FailingTest",
+    "OpMove",
+    "base_cells",
+    "base_text",
+    "budget_text",
+    "budget_where",
+    "change_text",
+    "ci_text",
+    "cv_text",
+    "device_label",
+    "devices",
+    "failing_tests",
+    "finite",
+    "fmt_pct",
+    "fmt_ratio",
+    "fmt_value",
+    "has_base",
+    "md_cell",
+    "md_table",
+    "moved_operators",
+    "op_of",
+    "ordered",
+    "outcome_counts",
+    "ratio_ci_text",
+    "ratio_text",
+    "record_ci_text",
+    "regressions",
+    "same_test",
+    "sort_key",
+    "summary_line",
+    "text_table",
+    "tolerance_of",
+]
+
+#: Outcomes that make a run red (a regression or a broken measurement/budget).
+REGRESSION_OUTCOMES = ("fail", "error")
+
+#: Report order of outcomes: what needs attention first.
+OUTCOME_ORDER = {"error": 0, "fail": 1, "unbudgeted": 2, "stale": 3, "unmeasurable": 4, "pass": 5}
+
+#: Metric families judged per operator: their records are "the operators that moved".
+OP_FAMILIES = ("op_self_ms", "op_share", "op_count")
+
+
+# --------------------------------------------------------------------------- numbers
+
+
+def finite(x: float | None) -> float | None:
+    """``x`` when it is a finite number, else ``None`` (missing, NaN, inf)."""
+    return x if x is not None and math.isfinite(x) else None
+
+
+def fmt_value(x: float | None, unit: str = "") -> str:
+    """Compact number with its unit (``38.21 ms``, ``2.416e+09``, ``0.1234``, ``nan``)."""
+    if x is None:
+        return "-"
+    s = f"{int(x)}" if float(x).is_integer() and abs(x) < 1e9 else f"{x:.4g}"
+    return f"{s} {unit}" if unit and unit != "1" else s
+
+
+def fmt_pct(x: float | None, digits: int = 1) -> str:
+    """A fraction as a percentage (``0.052`` -> ``5.2%``), ``-`` when unknown."""
+    return "-" if x is None or not math.isfinite(x) else f"{x:.{digits}%}"
+
+
+def fmt_ratio(x: float | None) -> str:
+    """A head/base ratio to 4 digits (``1.079``), ``-`` when unknown."""
+    return "-" if x is None else f"{x:.4g}"
+
+
+def ci_text(ci: tuple[float, float] | None, fmt: Any = fmt_value) -> str:
+    """``lo-hi`` of a confidence interval, ``-`` without one."""
+    return f"{fmt(ci[0])}-{fmt(ci[1])}" if ci else "-"
+
+
+def record_ci_text(r: Record) -> str:
+    """The record's CI, with its coverage when that is not the usual 95 % (per-operator families)."""
+    text = ci_text(r.ci)
+    c = r.ci_confidence
+    return f"{text} ({100 * c:.4g}%)" if r.ci and c is not None and abs(c - 0.95) > 1e-9 else text
+
+
+def cv_text(r: Record) -> str:
+    """The record's noise (coefficient of variation) as a percentage."""
+    return fmt_pct(r.cv)
+
+
+# --------------------------------------------------------------------------- budget and base
+
+
+def budget_text(r: Record) -> str:
+    """``38.2 ms ± 5%``, ``-`` for an unbudgeted record."""
+    return f"{fmt_value(r.budget.value, r.unit)} ± {r.budget.tolerance:.0%}" if r.budget else "-"
+
+
+def budget_where(r: Record) -> str:
+    """The budget's file and line (``budgets/cpu.yaml:12``), empty when unknown."""
+    return r.budget.where if r.budget and r.budget.source else ""
+
+
+def change_text(r: Record) -> str:
+    """Measured vs budget as a signed percentage (``+7.3%``), empty when either is unknown."""
+    v = finite(r.value)
+    b = finite(r.budget.value) if r.budget else None
+    return f"{v / b - 1:+.1%}" if v is not None and b else ""
+
+
+def tolerance_of(r: Record) -> float:
+    """The relative tolerance a record is held to: its budget's, else its metric's default."""
+    if r.budget is not None:
+        return r.budget.tolerance
+    try:
+        return parse_name(r.metric).metric.default_tolerance
+    except UnknownMetricError:  # a metric this version does not know: judge it as timing
+        return DEFAULT_TOLERANCE["timing"]
+
+
+def has_base(records: Iterable[Record]) -> bool:
+    """Whether any record was compared with the base commit (lockstep A/B)."""
+    return any(r.base is not None for r in records)
+
+
+def ratio_text(b: BaseSide | None) -> str:
+    """head/base with the change it means: ``1.079 (+7.9%)``; ``-`` without a ratio."""
+    if b is None or b.ratio is None:
+        return "-"
+    if not math.isfinite(b.ratio):
+        return fmt_ratio(b.ratio)
+    return f"{fmt_ratio(b.ratio)} ({b.ratio - 1:+.1%})"
+
+
+def ratio_ci_text(b: BaseSide | None) -> str:
+    """The ratio's CI from the process pairs: ``1.051-1.102``."""
+    return ci_text(b.ratio_ci, fmt_ratio) if b is not None else "-"
+
+
+#: Table columns of a record compared with the base commit; see :func:`base_cells`.
+BASE_COLUMNS = ("base", "head/base", "ratio CI", "pairs")
+
+
+def base_cells(r: Record) -> list[str]:
+    """The :data:`BASE_COLUMNS` cells of a record: base value, head/base, its CI, process pairs (``-`` without base)."""
+    b = r.base
+    if b is None:
+        return ["-"] * len(BASE_COLUMNS)
+    return [fmt_value(b.value, r.unit), ratio_text(b), ratio_ci_text(b), str(b.pairs)]
+
+
+def base_text(r: Record) -> str:
+    """One line of the A/B comparison: ``base 38 ms, head/base 1.079 (+7.9%), CI 1.051-1.102, 3 pairs``."""
+    b = r.base
+    if b is None:
+        return ""
+    parts = [f"base {fmt_value(b.value, r.unit)}", f"head/base {ratio_text(b)}"]
+    if b.ratio_ci:
+        parts.append(f"CI {ratio_ci_text(b)}")
+    parts.append(f"{b.pairs} process pair{'s' if b.pairs != 1 else ''}")
+    return ", ".join(parts)
+
+
+# --------------------------------------------------------------------------- order and grouping
+
+
+def device_label(r: Record) -> str:
+    """The record's device as a short label (``cpu AMD EPYC (1 thread)``, ``cuda NVIDIA H100``)."""
+    return r.device.label if r.device is not None else "unknown device"
+
+
+def sort_key(r: Record) -> tuple[Any, ...]:
+    """Worst outcome first, then key, metric and test."""
+    return (OUTCOME_ORDER.get(r.outcome, 9), r.key, r.metric, r.nodeid)
+
+
+def ordered(records: Iterable[Record]) -> list[Record]:
+    """Deterministic order, independent of shard or worker order."""
+    return sorted(records, key=lambda r: (device_label(r), r.nodeid, r.key, r.metric))
+
+
+def outcome_counts(records: Iterable[Record]) -> dict[str, int]:
+    """``{outcome: count}``, worst outcome first."""
+    out: dict[str, int] = {}
+    for r in records:
+        out[r.outcome] = out.get(r.outcome, 0) + 1
+    return dict(sorted(out.items(), key=lambda kv: OUTCOME_ORDER.get(kv[0], 9)))
+
+
+def summary_line(records: Iterable[Record]) -> str:
+    """``3 fail, 1 unbudgeted, 6 pass``."""
+    counts = outcome_counts(records)
+    return ", ".join(f"{n} {o}" for o, n in counts.items()) if counts else "no perf records"
+
+
+def devices(records: Iterable[Record]) -> list[str]:
+    """Device labels of the records, sorted."""
+    return sorted({device_label(r) for r in records})
+
+
+def regressions(records: Iterable[Record]) -> list[Record]:
+    """Records whose outcome makes the run red (fail or error), in report order."""
+    return [r for r in ordered(records) if r.outcome in REGRESSION_OUTCOMES]
+
+
+def same_test(records: Sequence[Record], r: Record) -> list[Record]:
+    """The records of ``r``'s test (same node id, key and device)."""
+    label = device_label(r)
+    return [x for x in records if x.nodeid == r.nodeid and x.key == r.key and device_label(x) == label]
+
+
+# --------------------------------------------------------------------------- operators
+
+
+def op_of(metric: str) -> tuple[str, str] | None:
+    """``op_self_ms[aten::mm]`` -> ``("op_self_ms", "aten::mm")``; ``None`` for other metrics."""
+    family, bracket, rest = metric.partition("[")
+    if not bracket or not rest.endswith("]") or family not in OP_FAMILIES:
+        return None
+    return family, rest[:-1]
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpMove:
+    """How far one operator's measurement sits from its reference: the budget, or the base commit."""
+
+    op: str
+    metric: str
+    family: str
+    reference: float
+    """The budget's value, or the base side's value in a lockstep A/B run."""
+    against: Literal["budget", "base"]
+    measured: float
+    unit: str
+    outcome: str
+    tolerance: float = 0.0
+    ratio: float | None = None
+    """head/base from the process pairs, when compared with the base."""
+
+    @property
+    def change(self) -> float:
+        """Relative change vs the reference (+0.25 = 25 % above it)."""
+        if self.ratio is not None:
+            return self.ratio - 1
+        return self.measured / self.reference - 1 if self.reference else math.inf
+
+    @property
+    def change_text(self) -> str:
+        return f"{self.change:+.1%}" if math.isfinite(self.change) else "new"
+
+    def line(self) -> str:
+        """``aten::mm op_self_ms: 12 ms vs budget 8 ms (+50.0%, fail)``."""
+        return (f"{self.op} {self.family}: {fmt_value(self.measured, self.unit)} vs {self.against} "
+                f"{fmt_value(self.reference, self.unit)} ({self.change_text}, {self.outcome})")
+
+
+def _op_move(r: Record) -> OpMove | None:
+    parsed = op_of(r.metric)
+    value = finite(r.value)
+    if parsed is None or value is None:
+        return None
+    base_value = finite(r.base.value) if r.base else None
+    budget_value = finite(r.budget.value) if r.budget else None
+    against: Literal["budget", "base"] = "base" if base_value is not None else "budget"
+    reference = base_value if base_value is not None else budget_value
+    if reference is None:
+        return None
+    return OpMove(op=parsed[1], metric=r.metric, family=parsed[0], reference=reference, against=against,
+                  measured=value, unit=r.unit, outcome=r.outcome, tolerance=tolerance_of(r),
+                  ratio=finite(r.base.ratio) if r.base is not None and against == "base" else None)
+
+
+def moved_operators(records: Iterable[Record], *, k: int = 5) -> list[OpMove]:
+    """The per-operator records of one test that moved beyond their tolerance.
+
+    Args:
+        records: records of one test (``op_self_ms[...]``, ``op_share[...]``, ``op_count[...]``
+            are used; others are ignored). A record compared with the base commit moves
+            against the base, others against their budget.
+        k: how many to return.
+
+    Returns:
+        Up to ``k`` moves, failing ones first, then largest relative change; operators
+        within their tolerance are left out as noise.
+    """
+    out = [m for r in records if (m := _op_move(r)) is not None]
+    out.sort(key=lambda m: (m.outcome not in REGRESSION_OUTCOMES, -abs(m.change), m.metric))
+    return [m for m in out if m.outcome in REGRESSION_OUTCOMES or abs(m.change) > m.tolerance][:k]
+
+
+# --------------------------------------------------------------------------- failing tests
+
+
+@dataclass(frozen=True, kw_only=True)
+class FailingTest:
+    """One test (on one device) with failing or erroring records, and what explains them."""
+
+    device: str
+    nodeid: str
+    key: str
+    bad: tuple[Record, ...]
+    """Failing/erroring records: the test's headline metrics first, per-operator ones after."""
+    records: tuple[Record, ...]
+    """Every record of the test."""
+
+    @property
+    def worst(self) -> str:
+        """``error`` when any record errored, else ``fail``."""
+        return "error" if any(r.outcome == "error" for r in self.bad) else "fail"
+
+    @property
+    def moves(self) -> list[OpMove]:
+        """The operators that moved beyond their tolerance."""
+        return moved_operators(self.records)
+
+    @property
+    def attribution(self) -> list[str]:
+        """Attribution lines of the failing records not already shown as operator moves."""
+        op_metrics = {r.metric for r in self.records if op_of(r.metric)}
+        out: list[str] = []
+        for r in self.bad:
+            for a in r.attribution:
+                if not any(a.startswith(m + ":") for m in op_metrics) and a not in out:
+                    out.append(a)
+        return out
+
+    @property
+    def artifacts(self) -> dict[str, str]:
+        """Failure artifacts (label -> path) of the failing records."""
+        out: dict[str, str] = {}
+        for r in self.bad:
+            art = FailureArtifacts.from_extra(r.extra)
+            if art is not None:
+                out.update(art.paths)
+        return out
+
+
+def failing_tests(records: Iterable[Record]) -> list[FailingTest]:
+    """Tests with a failing or erroring record, in report order."""
+    groups: dict[tuple[str, str, str], list[Record]] = {}
+    for r in ordered(records):
+        groups.setdefault((device_label(r), r.nodeid, r.key), []).append(r)
+    out = []
+    for (dev, nodeid, key), group in groups.items():
+        bad = [r for r in group if r.outcome in REGRESSION_OUTCOMES]
+        if bad:
+            bad.sort(key=lambda r: (op_of(r.metric) is not None, r.outcome != "error", r.metric))
+            out.append(FailingTest(device=dev, nodeid=nodeid, key=key, bad=tuple(bad), records=tuple(group)))
+    return out
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def text_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    """Left-aligned plain-text table with a rule under the header."""
+    cells = [list(map(str, r)) for r in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(header)]
+
+    def line(row: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip()
+
+    out = [line(header), line(["-" * w for w in widths])]
+    out.extend(line(r) for r in cells)
+    return "\n".join(out)
+
+
+def md_cell(text: Any) -> str:
+    """A Markdown table cell: pipes escaped, newlines flattened."""
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def md_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
+    """A Markdown table as lines."""
+    out = ["| " + " | ".join(md_cell(h) for h in header) + " |", "|" + "---|" * len(header)]
+    out.extend("| " + " | ".join(md_cell(c) for c in row) + " |" for row in rows)
+    return out

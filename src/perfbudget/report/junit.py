@@ -1,0 +1,136 @@
+"""JUnit from records: per-test properties, and a whole JUnit XML document built from results alone."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from collections.abc import Iterable
+
+from ..results import Record, Results
+from .common import (
+    REGRESSION_OUTCOMES,
+    budget_text,
+    budget_where,
+    device_label,
+    devices,
+    failing_tests,
+    fmt_value,
+    moved_operators,
+    op_of,
+    ordered,
+    ratio_text,
+    same_test,
+)
+from .terminal import detail_lines, records_table
+
+__all__ = ["junit_properties", "junit_xml"]
+
+
+def _prop(x: float | int | str) -> str:
+    """A property value: floats to 6 significant digits, anything else as text."""
+    return f"{x:.6g}" if isinstance(x, float) else str(x)
+
+
+def junit_properties(records: Iterable[Record]) -> list[tuple[str, str]]:
+    """Per-test JUnit properties: ``perf.<key>.<metric>`` = outcome, then its numbers.
+
+    ``.measured``, ``.budget``, ``.tolerance``, ``.limit``, ``.ci``, ``.unit``, ``.source``
+    follow when known; a record compared with the base commit adds ``.base``, ``.ratio``
+    (head/base), ``.ratio_ci`` and ``.pairs``; failing records add ``.moved`` (the operators
+    that moved) or ``.attribution``.
+    """
+    recs = list(records)
+    out: list[tuple[str, str]] = []
+    for r in recs:
+        name = f"perf.{r.key}.{r.metric}"
+        out.append((name, r.outcome))
+        if r.value is not None:
+            out.append((f"{name}.measured", _prop(r.value)))
+        if r.budget:
+            out.append((f"{name}.budget", _prop(r.budget.value)))
+            out.append((f"{name}.tolerance", _prop(r.budget.tolerance)))
+        if r.limit is not None:
+            out.append((f"{name}.limit", _prop(r.limit)))
+        if r.ci:
+            out.append((f"{name}.ci", f"{_prop(r.ci[0])},{_prop(r.ci[1])}"))
+        if r.unit and r.unit != "1":
+            out.append((f"{name}.unit", r.unit))
+        if budget_where(r):
+            out.append((f"{name}.source", budget_where(r)))
+        if r.base is not None:
+            b = r.base
+            if b.value is not None:
+                out.append((f"{name}.base", _prop(b.value)))
+            if b.ratio is not None:
+                out.append((f"{name}.ratio", _prop(b.ratio)))
+            if b.ratio_ci:
+                out.append((f"{name}.ratio_ci", f"{_prop(b.ratio_ci[0])},{_prop(b.ratio_ci[1])}"))
+            out.append((f"{name}.pairs", str(b.pairs)))
+        if r.outcome in REGRESSION_OUTCOMES:
+            if r.reason:
+                out.append((f"{name}.reason", r.reason))
+            if not op_of(r.metric):
+                moves = moved_operators(same_test(recs, r))
+                if moves:
+                    out.append((f"{name}.moved", "; ".join(m.line() for m in moves)))
+            if r.attribution:
+                out.append((f"{name}.attribution", "; ".join(r.attribution)))
+    return out
+
+
+def _split_nodeid(nodeid: str) -> tuple[str, str]:
+    """pytest's JUnit naming: ``a/b/test_x.py::Cls::test_y[p]`` -> (``a.b.test_x.Cls``, ``test_y[p]``)."""
+    parts = nodeid.split("::")
+    path = parts[0].removesuffix(".py").replace("/", ".").replace("\\", ".")
+    return ".".join([path, *parts[1:-1]]), parts[-1] if len(parts) > 1 else nodeid
+
+
+def _failure_message(r: Record) -> str:
+    text = f"{r.key} {r.metric}: {r.outcome} ({fmt_value(r.value, r.unit)} vs budget {budget_text(r)}"
+    if r.base is not None:
+        text += f", vs base {fmt_value(r.base.value, r.unit)}: head/base {ratio_text(r.base)}"
+    return text + ")"
+
+
+def junit_xml(results: Results | Iterable[Record], *, suite: str = "perfbudget") -> str:
+    """A JUnit XML document with one test case per test and device, built from results alone.
+
+    A test with an error record gets ``<error>``, one with a failing record ``<failure>``
+    (message: the failing budgets; text: the budget table and the regressions explained),
+    one that is only unbudgeted/unmeasurable ``<skipped>``. Every test carries
+    :func:`junit_properties`.
+    """
+    records = ordered(results.records if isinstance(results, Results) else results)
+    groups: dict[tuple[str, str], list[Record]] = {}
+    for r in records:
+        groups.setdefault((device_label(r), r.nodeid), []).append(r)
+    multi = len(devices(records)) > 1
+    root = ET.Element("testsuites")
+    ts = ET.SubElement(root, "testsuite", name=suite)
+    n: dict[str, int] = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    for (dev, nodeid), recs in groups.items():
+        n["tests"] += 1
+        classname, name = _split_nodeid(nodeid)
+        tc = ET.SubElement(ts, "testcase", classname=classname, name=f"{name} [{dev}]" if multi else name,
+                           time="0")
+        props = ET.SubElement(tc, "properties")
+        ET.SubElement(props, "property", name="perf.device", value=dev)
+        for k, v in junit_properties(recs):
+            ET.SubElement(props, "property", name=k, value=v)
+        errors = [r for r in recs if r.outcome == "error"]
+        fails = [r for r in recs if r.outcome == "fail"]
+        if errors or fails:
+            tag = "error" if errors else "failure"
+            n["errors" if errors else "failures"] += 1
+            el = ET.SubElement(tc, tag, message="; ".join(_failure_message(r) for r in errors + fails),
+                               type="perfbudget")
+            body = [records_table(recs), ""]
+            for t in failing_tests(recs):
+                body.extend(detail_lines(t))
+            el.text = "\n".join(body)
+        elif all(r.outcome in ("unbudgeted", "unmeasurable") for r in recs):
+            n["skipped"] += 1
+            ET.SubElement(tc, "skipped", message="; ".join(f"{r.metric}: {r.outcome}" for r in recs))
+    for attr, count in n.items():
+        ts.set(attr, str(count))
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"

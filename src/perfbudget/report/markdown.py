@@ -1,0 +1,142 @@
+"""Markdown of a run for a CI step summary: verdicts first, each regression explained, then the rest."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..results import Record, Results
+from .common import (
+    BASE_COLUMNS,
+    FailingTest,
+    base_cells,
+    budget_text,
+    budget_where,
+    change_text,
+    ci_text,
+    cv_text,
+    device_label,
+    devices,
+    failing_tests,
+    fmt_value,
+    has_base,
+    md_cell,
+    md_table,
+    ordered,
+    outcome_counts,
+    record_ci_text,
+    regressions,
+    sort_key,
+)
+
+__all__ = ["markdown_report"]
+
+ICON = {"fail": "❌", "error": "⛔", "stale": "🟡", "unbudgeted": "⚪", "unmeasurable": "➖", "pass": "✅"}
+
+#: GitHub caps one step summary at 1 MiB; stay well under it.
+_MARKDOWN_MAX_ROWS = 400
+
+
+def markdown_report(results: Results | Iterable[Record], *, title: str = "perf budgets") -> str:
+    """Markdown for a CI step summary.
+
+    Verdicts first (counts and devices), then each regression with budget, measured value,
+    CI, noise, reason, the operators that moved and the failure artifacts, then stale and
+    unbudgeted budgets, then every other record in a collapsed table. Records compared
+    with the base commit (lockstep A/B) add the base value, head/base with its CI and the
+    process pairs.
+    """
+    records = ordered(results.records if isinstance(results, Results) else results)
+    if not records:
+        return "\n".join([f"## ⚠️ {title}: no perf records", "", "No perf records were produced.", ""])
+    bad = regressions(records)
+    head = "❌" if bad else "✅"
+    state = f"{len(bad)} regression{'s' if len(bad) != 1 else ''}" if bad else "all budgets hold"
+    lines = [f"## {head} {title}: {state}", ""]
+    lines.append(" · ".join(f"{ICON.get(o, '')} **{n}** {o}" for o, n in outcome_counts(records).items()))
+    lines.append("")
+    lines.append("Devices: " + ", ".join(f"`{d}`" for d in devices(records)))
+    lines.append("")
+    vs_base = has_base(records)
+    if vs_base:
+        compared = [r for r in records if r.base is not None]
+        pairs = max(r.base.pairs for r in compared if r.base is not None)
+        lines.append(f"Compared with the base commit (lockstep A/B): {len(compared)} of {len(records)} checks, "
+                     f"up to {pairs} process pair{'s' if pairs != 1 else ''}.")
+        lines.append("")
+    if bad:
+        lines.append("### Regressions")
+        lines.append("")
+        for t in failing_tests(records):
+            lines.extend(_regression(t))
+    stale = [r for r in records if r.outcome == "stale"]
+    if stale:
+        lines.append("### Stale budgets (better than budget beyond tolerance)")
+        lines.append("")
+        lines.append("The code got faster or leaner: ratchet them with `pytest perf_tests --update-budgets` "
+                     "or `perfbudget update results.json`.")
+        lines.append("")
+        lines.extend(md_table(["key", "metric", "budget", "measured", "change", "device"],
+                              ([f"`{r.key}`", f"`{r.metric}`", budget_text(r), fmt_value(r.value, r.unit),
+                                change_text(r), device_label(r)] for r in stale)))
+        lines.append("")
+    unbudgeted = [r for r in records if r.outcome in ("unbudgeted", "unmeasurable")]
+    if unbudgeted:
+        lines.append("### Unbudgeted or unmeasurable")
+        lines.append("")
+        lines.extend(md_table(["verdict", "key", "metric", "measured", "why", "test"],
+                              ([r.outcome, f"`{r.key}`", f"`{r.metric}`", fmt_value(r.value, r.unit),
+                                r.reason, f"`{r.nodeid}`"] for r in unbudgeted)))
+        lines.append("")
+    lines.append(f"<details><summary>All {len(records)} records</summary>")
+    lines.append("")
+    header = ["verdict", "key", "metric", "budget", "measured", "CI", "n", *(("base", "head/base") if vs_base else ()),
+              "device"]
+    rows = []
+    for r in sorted(records, key=lambda r: (device_label(r), sort_key(r)))[:_MARKDOWN_MAX_ROWS]:
+        row = [ICON.get(r.outcome, "") + " " + r.outcome, f"`{r.key}`", f"`{r.metric}`", budget_text(r),
+               fmt_value(r.value, r.unit), ci_text(r.ci), str(r.n)]
+        if vs_base:
+            row += base_cells(r)[:2]
+        rows.append([*row, device_label(r)])
+    lines.extend(md_table(header, rows))
+    if len(records) > _MARKDOWN_MAX_ROWS:
+        lines.append("")
+        lines.append(f"… {len(records) - _MARKDOWN_MAX_ROWS} more in the results JSON and the HTML report.")
+    lines.extend(["", "</details>", ""])
+    return "\n".join(lines)
+
+
+def _regression(t: FailingTest) -> list[str]:
+    lines = [f"#### {ICON[t.worst]} `{t.key}` — `{t.nodeid}`", "", f"on `{t.device}`", ""]
+    vs_base = has_base(t.bad)
+    rows = []
+    for r in t.bad:
+        row = [f"`{r.metric}`", r.outcome, budget_text(r), fmt_value(r.limit, r.unit),
+               f"**{fmt_value(r.value, r.unit)}**", change_text(r), record_ci_text(r), str(r.n), cv_text(r)]
+        if vs_base:
+            row += base_cells(r)
+        rows.append([*row, f"`{budget_where(r)}`" if budget_where(r) else "-"])
+    header = ["metric", "verdict", "budget", "limit", "measured", "change", "CI", "n", "cv",
+              *(BASE_COLUMNS if vs_base else ()), "budget file"]
+    lines.extend(md_table(header, rows))
+    lines.append("")
+    for r in t.bad:
+        if r.reason:
+            lines.append(f"> `{r.metric}`: {md_cell(r.reason)}  ")
+    lines.append("")
+    if t.moves:
+        lines.append("Top moved operators:")
+        lines.append("")
+        lines.extend(md_table(["operator", "metric", t.moves[0].against, "measured", "change", "verdict"],
+                              ([f"`{m.op}`", m.family, fmt_value(m.reference, m.unit), fmt_value(m.measured, m.unit),
+                                m.change_text, m.outcome] for m in t.moves)))
+        lines.append("")
+    if t.attribution:
+        lines.append("Attribution:")
+        lines.append("")
+        lines.extend(f"- `{a}`" for a in t.attribution)
+        lines.append("")
+    if t.artifacts:
+        lines.append("Artifacts: " + ", ".join(f"{k} `{v}`" for k, v in t.artifacts.items()))
+        lines.append("")
+    return lines

@@ -1,0 +1,119 @@
+"""Plain-text reports: the budget table of records, and the whole run with each regression explained."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..results import Record, Results
+from .common import (
+    BASE_COLUMNS,
+    FailingTest,
+    base_cells,
+    base_text,
+    budget_text,
+    budget_where,
+    change_text,
+    ci_text,
+    cv_text,
+    device_label,
+    devices,
+    failing_tests,
+    finite,
+    fmt_value,
+    has_base,
+    ordered,
+    record_ci_text,
+    sort_key,
+    summary_line,
+    text_table,
+)
+
+__all__ = ["detail_lines", "numbers_text", "records_table", "terminal_report"]
+
+def _row(r: Record, *, with_key: bool, vs_base: bool) -> list[str]:
+    tol = f"{r.budget.tolerance:.0%}" if r.budget else "-"
+    cells = [r.metric, fmt_value(r.budget.value, r.unit) if r.budget else "-", tol, fmt_value(r.value, r.unit),
+             ci_text(r.ci), str(r.n), cv_text(r)]
+    if vs_base:
+        cells += base_cells(r)
+    cells.append(r.outcome.upper())
+    return [r.key, *cells] if with_key else cells
+
+
+def records_table(records: Iterable[Record], *, with_key: bool = False, sort: bool = True) -> str:
+    """The budget table: metric, budget, tolerance, measured, CI, samples, noise, verdict.
+
+    When any record was compared with the base commit (lockstep A/B), the table also shows
+    the base value, head/base with its CI and the process pairs behind it.
+
+    Args:
+        records: the records to show.
+        with_key: lead with the workload key column.
+        sort: worst outcome first; else the given order.
+    """
+    recs = list(records)
+    if sort:
+        recs.sort(key=sort_key)
+    vs_base = has_base(recs)
+    header = ["metric", "budget", "tol", "measured", "CI", "n", "cv", *(BASE_COLUMNS if vs_base else ()), "verdict"]
+    if with_key:
+        header = ["key", *header]
+    return text_table(header, (_row(r, with_key=with_key, vs_base=vs_base) for r in recs))
+
+
+def numbers_text(r: Record) -> str:
+    """``budget 38.2 ms ± 5%, limit 40.11 ms, measured 41 ms (+7.3%), CI 40.5-41.6, n 40, cv 2.0%``."""
+    nums = [f"budget {budget_text(r)}"]
+    if r.limit is not None:
+        nums.append(f"limit {fmt_value(r.limit, r.unit)}")
+    change = change_text(r)
+    nums.append(f"measured {fmt_value(r.value, r.unit)}" + (f" ({change})" if change else ""))
+    if r.ci:
+        nums.append(f"CI {record_ci_text(r)}")
+    if r.n:
+        nums.append(f"n {r.n}")
+    if finite(r.cv) is not None:
+        nums.append(f"cv {cv_text(r)}")
+    return ", ".join(nums)
+
+
+def detail_lines(t: FailingTest) -> list[str]:
+    """Plain-text lines explaining one failing test: numbers, base, reasons, moved operators, artifacts."""
+    lines = [f"{t.key}  {t.nodeid}  ({t.device})"]
+    for r in t.bad:
+        lines.append(f"  {r.metric}: {r.outcome.upper()}: {numbers_text(r)}")
+        if r.base is not None:
+            lines.append(f"      vs base: {base_text(r)}")
+        if budget_where(r):
+            lines.append(f"      budget from {budget_where(r)}")
+        if r.reason:
+            lines.append(f"      {r.reason}")
+    if t.moves:
+        lines.append("  operators that moved:")
+        lines.extend(f"      {m.line()}" for m in t.moves)
+    if t.attribution:
+        lines.append("  attribution:")
+        lines.extend(f"      {a}" for a in t.attribution)
+    for label, path in t.artifacts.items():
+        lines.append(f"  {label}: {path}")
+    return lines
+
+
+def terminal_report(results: Results | Iterable[Record]) -> str:
+    """Plain-text report: the budget table per device, the counts, then each regression explained."""
+    records = ordered(results.records if isinstance(results, Results) else results)
+    if not records:
+        return "perf budgets: no records"
+    out = []
+    for dev in devices(records):
+        out.append(f"perf budgets on {dev}")
+        out.append(records_table([r for r in records if device_label(r) == dev], with_key=True))
+        out.append("")
+    out.append(summary_line(records))
+    failing = failing_tests(records)
+    if failing:
+        out.append("")
+        out.append("regressions:")
+        for t in failing:
+            out.extend(detail_lines(t))
+    return "\n".join(out)

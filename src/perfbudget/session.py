@@ -1,0 +1,235 @@
+"""Per-run state of the pytest plugin: options, budgets loaded once, devices, records, finishing, locks."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shlex
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from .artifacts import ArtifactConfig, parse_kinds
+from .budgets.loader import BudgetSet, load_dir
+from .budgets.update import UpdateReport, apply_updates, git_commit
+from .device import DeviceInfo, DeviceType, describe
+from .metrics import lookup
+from .preflight import DEFAULT_MAX_LOAD_PER_CORE
+from .results import BudgetRef, Record, Results
+
+__all__ = ["PerfSession", "add_options", "flock"]
+
+
+def add_options(parser: pytest.Parser) -> None:
+    """The plugin's command-line options and ini keys (few flags: knobs live in ini and budgets)."""
+    group = parser.getgroup("perfbudget", "performance budgets")
+    group.addoption("--budgets-dir", default=None, metavar="DIR",
+                    help="folder of budget YAML files (default: ini perfbudget_budgets_dir, 'budgets').")
+    group.addoption("--perf-strict", action="store_true", default=False,
+                    help="fail on stale budgets, unbudgeted, not-judged and not-measured checks.")
+    group.addoption("--update-budgets", action="store_true", default=False,
+                    help="write measured values into the budget files (tighten only) and print the diff.")
+    group.addoption("--allow-loosen", action="store_true", default=False,
+                    help="with --update-budgets, also write values worse than the current budget.")
+    group.addoption("--perf-json", default=None, metavar="PATH",
+                    help="write results JSON here (default: .perfbudget/results.json under the rootdir).")
+    group.addoption("--perf-collect", action="store_true", default=False,
+                    help="one side of a lockstep A/B run (perfbudget ab): record samples, fixed sample "
+                         "sets, timing never fails a test; the A/B driver judges.")
+    parser.addini("perfbudget_budgets_dir", "budget folder, relative to the rootdir", default="budgets")
+    parser.addini("perfbudget_threads", "torch threads for CPU timing", default="1")
+    parser.addini("perfbudget_max_load", "1-minute load average per core above which CPU timing checks "
+                  "are not judged (skip; a failure under --perf-strict)", default=str(DEFAULT_MAX_LOAD_PER_CORE))
+    parser.addini("perfbudget_artifacts", "failure artifacts: all, none, or some of trace, flamegraph, memory",
+                  default="all")
+    parser.addini("perfbudget_html", "write the HTML report (with plots) beside the results JSON",
+                  type="bool", default=True)
+    parser.addini("perfbudget_pin_gpus", "under xdist, pin each worker to one GPU (CUDA_VISIBLE_DEVICES)",
+                  type="bool", default=True)
+    parser.addini("perfbudget_inductor_dir", "folder (relative to the rootdir) for inductor's cache and "
+                  "headers when tests marked `compiles` run, so a second run is warm; empty: leave them",
+                  default=".perfbudget")
+
+
+@dataclass
+class PerfSession:
+    """Per-session state: options, budgets (loaded once), devices, collected records."""
+
+    rootdir: Path
+    budgets_dir: Path
+    strict: bool
+    update: bool
+    allow_loosen: bool
+    json_path: Path
+    threads: int
+    max_load: float
+    is_worker: bool
+    collect: bool = False
+    budgets_dir_arg: str | None = None
+    artifacts: ArtifactConfig = field(default_factory=ArtifactConfig)
+    html: bool = True
+    pin_gpus: bool = True
+    inductor_dir: str = ".perfbudget"
+    pinned_gpu: str | None = None
+    records: list[Record] = field(default_factory=list)
+    errors: list[dict[str, str]] = field(default_factory=list)
+    update_report: UpdateReport | None = None
+    _budgets: BudgetSet | None = None
+    _devices: dict[str, DeviceInfo] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, config: pytest.Config) -> PerfSession:
+        """The only place that reads ``pytest.Config``."""
+        root = Path(str(config.rootpath))
+        arg = config.getoption("--budgets-dir")
+        budgets_dir = Path(arg) if arg else root / str(config.getini("perfbudget_budgets_dir"))
+        if not budgets_dir.is_absolute():
+            budgets_dir = Path.cwd() / budgets_dir
+        json_arg = config.getoption("--perf-json")
+        json_path = Path(json_arg) if json_arg else root / ".perfbudget" / "results.json"
+        try:
+            threads = int(str(config.getini("perfbudget_threads")))
+            max_load = float(str(config.getini("perfbudget_max_load")))
+        except ValueError:
+            raise pytest.UsageError(
+                f"ini perfbudget_threads / perfbudget_max_load: expected an integer / a number, got "
+                f"{config.getini('perfbudget_threads')!r} / {config.getini('perfbudget_max_load')!r}"
+            ) from None
+        try:
+            kinds = parse_kinds(str(config.getini("perfbudget_artifacts")))
+        except ValueError as exc:
+            raise pytest.UsageError(f"ini perfbudget_artifacts: {exc}") from None
+        collect = bool(config.getoption("--perf-collect"))
+        update = bool(config.getoption("--update-budgets"))
+        if collect and update:
+            raise pytest.UsageError("--perf-collect (one side of an A/B run) cannot be combined with --update-budgets")
+        return cls(
+            rootdir=root,
+            budgets_dir=budgets_dir,
+            strict=bool(config.getoption("--perf-strict")),
+            update=update,
+            allow_loosen=bool(config.getoption("--allow-loosen")),
+            json_path=json_path,
+            threads=threads,
+            max_load=max_load,
+            is_worker=hasattr(config, "workerinput"),
+            collect=collect,
+            budgets_dir_arg=arg,
+            artifacts=ArtifactConfig(kinds=kinds, threads=threads),
+            html=bool(config.getini("perfbudget_html")),
+            pin_gpus=bool(config.getini("perfbudget_pin_gpus")),
+            inductor_dir=str(config.getini("perfbudget_inductor_dir")),
+        )
+
+    @property
+    def budgets(self) -> BudgetSet:
+        if self._budgets is None:
+            self._budgets = load_dir(self.budgets_dir)
+        return self._budgets
+
+    def device(self, type: DeviceType) -> DeviceInfo:
+        if type not in self._devices:
+            self._devices[type] = describe(type, threads=self.threads if type == "cpu" else None)
+        return self._devices[type]
+
+    def update_command(self, nodeid: str) -> str:
+        cmd = ["pytest", nodeid, "--update-budgets"]
+        if self.budgets_dir_arg:
+            cmd += ["--budgets-dir", self.budgets_dir_arg]
+        return shlex.join(cmd)
+
+    @contextlib.contextmanager
+    def exclusive(self, gpu: str | None = None) -> Iterator[None]:
+        """Hold the run-wide timing lock: perf tests never overlap, even across xdist workers.
+
+        A GPU test on a worker pinned to ``gpu`` holds the run-wide lock shared and that
+        GPU's lock exclusively, so tests on different GPUs run side by side while CPU
+        timing still runs alone.
+        """
+        lock_dir = self.rootdir / ".perfbudget"
+        lock_dir.mkdir(parents=True, exist_ok=True)
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(flock(lock_dir / "timing.lock", fcntl.LOCK_SH if gpu else fcntl.LOCK_EX))
+            if gpu:
+                safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in gpu)
+                stack.enter_context(flock(lock_dir / f"timing-gpu-{safe}.lock", fcntl.LOCK_EX))
+            yield
+
+    @property
+    def artifacts_dir(self) -> Path:
+        """Failure artifacts go beside the results JSON: ``<json folder>/artifacts/<test>/``."""
+        return self.json_path.parent / "artifacts"
+
+    def finish(self) -> None:
+        """Controller only: write results, then reports, then apply updates from the same records."""
+        from .report import markdown_report
+
+        self.records.extend(self.not_measured())
+        results = Results(records=self.records, meta={
+            "budgets_dir": str(self.budgets_dir), "errors": self.errors,
+            "mode": "collect" if self.collect else "update" if self.update else "check",
+        })
+        self.json_path.parent.mkdir(parents=True, exist_ok=True)
+        results.write(self.json_path)  # first: a broken report must not lose measurements
+        # Reports beside the JSON: results.md (CI step summary), results.html (plots).
+        try:
+            self.json_path.with_suffix(".md").write_text(markdown_report(results), encoding="utf-8")
+            if self.html and not self.collect:
+                from .report import write_html
+
+                write_html(results, self.json_path.with_suffix(".html"))
+        except Exception as exc:
+            warnings.warn(f"perfbudget: reports beside {self.json_path} not written: {exc!r}", stacklevel=1)
+        if self.update:
+            self.update_report = apply_updates(
+                results.measured(), self.budgets, allow_loosen=self.allow_loosen, commit=git_commit(self.rootdir)
+            )
+
+
+    def not_measured(self) -> list[Record]:
+        """A record for every budget that applies to a key this run measured on a device, but
+        that no test recorded: a budget that applies is judged or reported, never dropped."""
+        seen: dict[tuple[str, str], Record] = {}
+        recorded: set[tuple[str, str, str]] = set()
+        for r in self.records:
+            if r.device is None:
+                continue
+            seen.setdefault((r.key, r.device.type), r)
+            recorded.add((r.key, r.device.type, r.metric))
+        out = []
+        for (key, _), first in sorted(seen.items()):
+            assert first.device is not None
+            try:
+                budgets = self.budgets.budgets_for(key, first.device)
+            except Exception:  # broken budgets are reported by the checks themselves
+                continue
+            for metric, budget in sorted(budgets.items()):
+                if (key, first.device.type, metric) in recorded:
+                    continue
+                try:
+                    info = lookup(metric)
+                except ValueError:
+                    continue
+                out.append(Record(
+                    nodeid="", key=key, metric=metric, outcome="not_measured", budget=BudgetRef.of(budget),
+                    reason=f"budgeted for {key} on {first.device.label} but no test of this run recorded it "
+                           "(deselected, renamed, or below the recording threshold)",
+                    device=first.device, unit=info.unit, kind=info.kind, direction=info.direction,
+                ))
+        return out
+
+
+@contextlib.contextmanager
+def flock(path: Path, mode: int) -> Iterator[None]:
+    """Hold an advisory ``fcntl`` lock on ``path`` (created when missing) for the block."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, mode)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)

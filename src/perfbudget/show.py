@@ -1,0 +1,91 @@
+"""Which budget files apply to a device, why, and which file wins per entry: what ``perfbudget show`` prints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .budgets.loader import BudgetSet
+from .budgets.schema import BudgetFile
+from .device import DeviceInfo, Selector
+from .metrics import parse_name
+from .report.common import fmt_value, text_table
+
+__all__ = ["explain_budgets"]
+
+
+def _why_not(selector: Selector, info: DeviceInfo) -> list[str]:
+    """The selector fields this device does not match, each as ``field=want (device has have)``."""
+    out = []
+    for name, want in selector.criteria:
+        if not Selector(((name, want),)).matches(info):
+            out.append(f"{name}={want} (this device: {getattr(info, name)})")
+    return out
+
+
+def explain_budgets(budgets: BudgetSet, info: DeviceInfo, *, key: str | None = None) -> tuple[str, bool]:
+    """Which budget files apply to ``info`` and why, and which file wins per entry.
+
+    Returns:
+        The text and whether any budget file has errors.
+    """
+    lines = [f"device: {info.label}"]
+    lines.append("  " + ", ".join(f"{k}={v}" for k, v in info.as_dict().items() if v not in (None, "")))
+    lines.append("")
+    lines.append(f"budget files in {budgets.root} ({len(budgets.files)}):")
+    broken = bool(budgets.errors)
+    for e in budgets.errors:
+        lines.append(f"  ERROR {e}")
+    rows = []
+    for f in sorted(budgets.files, key=lambda f: (-(f.selector.specificity if f.selector else -1), f.path.name)):
+        rows.append(_file_row(f, info))
+        broken = broken or bool(f.errors)
+    if rows:
+        lines.append(text_table(["file", "specificity", "applies", "selector / why"], rows))
+    for f in budgets.files:
+        for e in f.errors:
+            lines.append(f"  error: {e}")
+    matching = budgets.matching(info)
+    lines.append("")
+    if not matching:
+        lines.append("no budget file selects this device: every metric is unbudgeted here "
+                     "(pytest perf_tests --update-budgets creates the device's file)")
+        return "\n".join(lines), broken
+    lines.append("budgets that apply (most specific file wins per entry):")
+    entries: dict[tuple[str, str], list[tuple[BudgetFile, Any]]] = {}
+    for f in matching:
+        for k, metrics in f.entries.items():
+            if key is not None and k != key:
+                continue
+            for m, b in metrics.items():
+                entries.setdefault((k, m), []).append((f, b))
+    rows = []
+    for (k, m), found in sorted(entries.items()):
+        try:
+            win = budgets.resolve(k, m, info)
+        except ValueError:
+            win = None
+        shadowed = [f"{f.path.name}={fmt_value(b.value)}" for f, b in found if win is None or b is not win]
+        if win is None:
+            broken = True
+            rows.append([k, m, "-", "-", "AMBIGUOUS: equally specific files", ", ".join(shadowed)])
+            continue
+        unit = parse_name(m).metric.unit
+        src = f"{Path(win.source).name}:{win.line}" if win.line else Path(win.source).name
+        rows.append([k, m, fmt_value(win.value, unit), f"{win.tolerance:.0%}", src, ", ".join(shadowed) or "-"])
+    if rows:
+        lines.append(text_table(["key", "metric", "budget", "tol", "from", "overrides"], rows))
+    else:
+        lines.append(f"  no entries{f' for key {key!r}' if key else ''}")
+    return "\n".join(lines), broken
+
+
+def _file_row(f: BudgetFile, info: DeviceInfo) -> list[str]:
+    if f.selector is None or f.file_errors:
+        errs = f.file_errors or f.errors
+        return [f.path.name, "-", "ERROR", errs[0].message if errs else "unusable"]
+    if f.matches(info):
+        return [f.path.name, str(f.selector.specificity), "yes", str(f.selector)]
+    return [f.path.name, str(f.selector.specificity), "no", "; ".join(_why_not(f.selector, info))]
+
+

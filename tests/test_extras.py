@@ -1,0 +1,80 @@
+"""Typed extras: built from measurements, written to and read back from a record's ``extra``; bad shapes named."""
+
+from __future__ import annotations
+
+import pytest
+
+from perfbudget.extras import (
+    FAILURE_ARTIFACTS,
+    OPERATOR_TABLE,
+    PADDING_BY_WIDTH,
+    ExtraError,
+    FailureArtifacts,
+    OperatorTable,
+    PaddingByWidth,
+)
+from perfbudget.measure.operators import OpRow, OpTable
+from perfbudget.measure.padding import PaddingStats, padding_stats
+
+
+def test_padding_by_width_groups_batches_by_their_padded_width() -> None:
+    # Two batches padded to 8 (real 5+8 and 3 of 16+8 tokens), one to 4 (real 2+4 of 8).
+    p = PaddingByWidth.from_batches([[5, 8], [2, 4], [3]], [8, 4, 8], sorted_rate=0.1)
+    assert p.widths == (4, 8)
+    assert p.rates == (pytest.approx(2 / 8), pytest.approx(1 - 16 / 24))
+    assert p.rate_by_width[8] == padding_stats([[5, 8], [3]], [8, 8]).rate
+    assert p.to_extra() == {PADDING_BY_WIDTH: {"widths": [4, 8], "rates": list(p.rates), "sorted_rate": 0.1}}
+    assert PaddingByWidth.from_extra(p.to_extra()) == p
+    assert PaddingByWidth.from_extra({}) is None
+    stats = {8: PaddingStats(real_tokens=6, padded_tokens=8, batches=1)}
+    assert PaddingByWidth.from_stats(stats).rates == (0.25,)
+
+
+def test_padding_by_width_reads_the_earlier_untyped_form() -> None:
+    p = PaddingByWidth.from_extra({PADDING_BY_WIDTH: {"64": 0.2, "32": 0.1}})
+    assert p is not None and p.widths == (32, 64) and p.rates == (0.1, 0.2) and p.sorted_rate is None
+
+
+def test_padding_by_width_refuses_bad_shapes_naming_key_and_value() -> None:
+    with pytest.raises(ValueError, match="exceeds the padded length 4"):
+        PaddingByWidth.from_batches([[5]], [4])  # truncation must not pass silently
+    with pytest.raises(ValueError, match="2 batches of lengths but 1 padded lengths"):
+        PaddingByWidth.from_batches([[1], [2]], [4])
+    with pytest.raises(ExtraError, match=r"padding_by_width: 2 widths but 1 rates"):
+        PaddingByWidth(widths=(4, 8), rates=(0.1,))
+    with pytest.raises(ExtraError, match=r"distinct widths in ascending order, got \[8, 4\]"):
+        PaddingByWidth(widths=(8, 4), rates=(0.1, 0.2))
+    with pytest.raises(ExtraError, match=r"padding_by_width.rates\[4\].*in \[0, 1\], got 1.5"):
+        PaddingByWidth(widths=(4,), rates=(1.5,))
+    with pytest.raises(ExtraError, match=r"extra\['padding_by_width'\]: expected a mapping, got \[1\]"):
+        PaddingByWidth.from_extra({PADDING_BY_WIDTH: [1]})
+    with pytest.raises(ExtraError, match=r"expected \{width: rate\}, got \{'wide': 0.1\}"):
+        PaddingByWidth.from_extra({PADDING_BY_WIDTH: {"wide": 0.1}})
+    with pytest.raises(ExtraError, match=r"widths: expected positive integers, got \['4'\]"):
+        PaddingByWidth.from_extra({PADDING_BY_WIDTH: {"widths": ["4"], "rates": [0.1]}})
+
+
+def test_operator_table_keeps_the_heaviest_rows_of_an_op_table() -> None:
+    def row(name: str, self_ms: float) -> OpRow:
+        return OpRow(name=name, calls=2.0, self_ms=self_ms, total_ms=self_ms, flops=10.0, share=0.5)
+
+    table = OpTable(rows=(row("aten::mm", 3.0), row("aten::add", 1.0)), steps=3, device="cpu")
+    ops = OperatorTable.of(table, k=1)
+    assert [r.name for r in ops.rows] == ["aten::mm"]
+    assert ops.to_extra() == {OPERATOR_TABLE: [{"name": "aten::mm", "self_ms": 3.0, "calls": 2.0, "share": 0.5,
+                                                "total_ms": 3.0, "flops": 10.0}]}
+    assert OperatorTable.from_extra(ops.to_extra()) == ops
+    short = OperatorTable.from_extra({OPERATOR_TABLE: [{"name": "aten::mm", "self_ms": 2.0}]})
+    assert short is not None and short.rows[0].calls == 0 and short.rows[0].share == 0
+    with pytest.raises(ExtraError, match=r"extra\['ops'\]: expected a list of operator rows, got 'nonsense'"):
+        OperatorTable.from_extra({OPERATOR_TABLE: "nonsense"})
+    with pytest.raises(ExtraError, match=r"extra\['ops\[0\].self_ms'\]: expected a number, got None"):
+        OperatorTable.from_extra({OPERATOR_TABLE: [{"name": "aten::mm"}]})
+
+
+def test_failure_artifacts_round_trip() -> None:
+    art = FailureArtifacts.of({"chrome trace": "a/trace.json"})
+    assert art.to_extra() == {FAILURE_ARTIFACTS: {"chrome trace": "a/trace.json"}}
+    assert FailureArtifacts.from_extra(art.to_extra()) == art
+    with pytest.raises(ExtraError, match=r"extra\['artifacts'\]: expected \{label: path\}, got \['x'\]"):
+        FailureArtifacts.from_extra({FAILURE_ARTIFACTS: ["x"]})
