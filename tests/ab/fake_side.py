@@ -3,12 +3,14 @@
 Runs in the side's tree; ``fakelib`` (the code under test) comes from that tree through the
 A/B shim, ``perfbudget`` from the instrument. Its timer loop takes turns like the
 instrument's timers: ``pass_turn()`` at every burst boundary. Writes the plugin's results
-JSON to RESULTS and each burst's ``time.monotonic()`` interval to RESULTS.bursts.json.
+JSON to RESULTS, and each burst's ``time.monotonic()`` interval and the CPUs it may run on to
+RESULTS.bursts.json.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -51,7 +53,7 @@ def main(results: str) -> int:
                               unit="ms", kind="timing", direction="lower", **common))  # type: ignore[arg-type]
     Results(records=records, meta={}).write(results)
     with open(results + ".bursts.json", "w") as fh:
-        json.dump(bursts, fh)
+        json.dump({"bursts": bursts, "cpus": sorted(os.sched_getaffinity(0))}, fh)
     return 0
 
 

@@ -9,6 +9,7 @@ import pytest
 from perfbudget.ab.compare import ABInfo, PairRecords, compare_pairs
 from perfbudget.budgets.loader import BudgetSet, parse_text
 from perfbudget.device import DeviceInfo
+from perfbudget.extras import ExtraError
 from perfbudget.results import Record, Results
 
 DEV = DeviceInfo(type="cpu", model="test cpu", count=2, threads=1)
@@ -69,7 +70,7 @@ def test_a_slower_head_fails_on_the_ratio_with_the_base_side_recorded() -> None:
     assert r.base.pair_ratios == pytest.approx((1.3, 1.26)) and r.base.ratio == pytest.approx((1.3 * 1.26) ** 0.5)
     assert r.base.ratio_ci is not None and r.base.ratio_ci[0] > 1.05 and len(r.base.samples) == 10
     assert r.limit == pytest.approx(10.5)  # the base's value x (1 + the default 5 %)
-    info = ABInfo.of(r)
+    info = ABInfo.from_extra(r.extra)
     assert info is not None and info.compared and info.tolerance == 0.05 and info.tolerance_from == "default for timing"
     assert "[tolerance from default for timing]" in r.reason and r.budget is None
 
@@ -78,7 +79,7 @@ def test_the_budgets_tolerance_applies_where_the_key_has_one() -> None:
     pairs = [pair([rec("step_ms", steps(11.0))], [rec("step_ms", steps(10.0))]),
              pair([rec("step_ms", steps(11.1))], [rec("step_ms", steps(10.0))])]
     r = one(pairs)
-    info = ABInfo.of(r)
+    info = ABInfo.from_extra(r.extra)
     assert r.outcome == "pass" and info is not None and info.tolerance == 0.2
     assert info.tolerance_from == "budgets/cpu.yaml:6" and r.budget is not None and r.budget.tolerance == 0.2
 
@@ -90,7 +91,7 @@ def test_undecided_checks_are_listed_until_the_last_pair_decides_them() -> None:
     assert provisional.undecided == ((NODE, "x", "step_ms"),)
     final = compare_pairs(pairs, budgets=budgets(), final=True)
     assert final.undecided == () and final.records[0].outcome == "pass"
-    info = ABInfo.of(final.records[0])
+    info = ABInfo.from_extra(final.records[0].extra)
     assert info is not None and info.by_estimate
 
 
@@ -108,7 +109,7 @@ def test_a_check_the_base_lacks_is_judged_against_the_stored_budget() -> None:
     assert cmp.not_compared == ((NODE, "enc", "step_ms"),) and cmp.base_only == (("elsewhere", "enc", "step_ms"),)
     assert r.outcome == "pass" and r.base is None and r.budget is not None and r.n == 10
     assert r.reason.startswith("not compared with the base: the base lacks it; against the stored budget:")
-    info = ABInfo.of(r)
+    info = ABInfo.from_extra(r.extra)
     assert info is not None and not info.compared and info.note == "the base lacks it"
     over = compare_pairs([pair([rec("step_ms", steps(13.0))], [])], budgets=budgets()).records[0]
     assert over.outcome == "fail"  # 13 ms against 10 ms +20 %
@@ -132,7 +133,7 @@ def test_pairs_without_a_base_value_are_skipped_and_counted() -> None:
              pair([rec("step_ms", steps(10.0))], [rec("step_ms", steps(10.0))])]
     r = one(pairs)
     assert r.outcome == "pass" and r.base is not None and r.base.pairs == 2
-    assert "1 pair(s) without a usable base value (base error: boom)" in r.reason
+    assert "1 pair(s) not used (base error: boom)" in r.reason
 
 
 def test_exact_checks_keep_the_heads_verdict_and_show_the_change() -> None:
@@ -166,4 +167,31 @@ def test_records_keep_the_heads_order_and_json_round_trip(tmp_path: Path) -> Non
 
     back = load_results(Results(records=cmp.records).write(tmp_path / "r.json")).records
     assert [r.base for r in back] == [r.base for r in cmp.records]
-    assert [ABInfo.of(r) for r in back] == [ABInfo.of(r) for r in cmp.records]
+    assert [ABInfo.from_extra(r.extra) for r in back] == [ABInfo.from_extra(r.extra) for r in cmp.records]
+
+
+def test_records_without_a_measurement_are_kept_as_they_are() -> None:
+    not_measured = Record(nodeid="", key="enc", metric="step_ms", outcome="not_measured", device=DEV, kind="timing")
+    unmeasurable = rec("step_ms", outcome="unmeasurable", reason="energy counters are not readable")
+    for head in (not_measured, unmeasurable):
+        assert one([pair([head], [rec("step_ms", steps(10.0), nodeid=head.nodeid)])]) == head
+
+
+def test_samples_a_sides_preflight_did_not_judge_are_still_compared() -> None:
+    # A busy machine is what lockstep turn-taking is for: both sides saw the same load.
+    busy = "preflight: CPU load average 3.10 on 2 cores exceeds 1.5 per core"
+    pairs = [pair([rec("step_ms", steps(13.0), key="x", outcome="unmeasurable", reason=busy)],
+                  [rec("step_ms", steps(10.0), key="x", outcome="unmeasurable", reason=busy)]) for _ in range(2)]
+    r = one(pairs)
+    assert r.outcome == "fail" and r.base is not None and r.base.ratio == pytest.approx(1.3)
+    alone = one([pair([rec("step_ms", steps(13.0), key="x", outcome="unmeasurable", reason=busy)], [])])
+    assert alone.outcome == "unmeasurable" and alone.reason == f"not compared with the base: the base lacks it; {busy}"
+
+
+def test_ab_info_round_trips_through_extra_and_refuses_a_bad_shape() -> None:
+    info = ABInfo(compared=True, tolerance=0.05, tolerance_from="default for timing", sd=0.02)
+    assert ABInfo.from_extra(info.to_extra()) == info and ABInfo.from_extra({}) is None
+    with pytest.raises(ExtraError, match=r"extra\['ab'\]: expected"):
+        ABInfo.from_extra({"ab": {"compared": "yes"}})
+    with pytest.raises(ExtraError, match="expected numbers or null"):
+        ABInfo.from_extra({"ab": {"compared": True, "tolerance": "5%"}})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -13,7 +14,7 @@ from ab_support import HERE
 
 from perfbudget.ab.cli import build_parser, main, register
 from perfbudget.ab.compare import ABInfo
-from perfbudget.ab.pairs import SideSetup
+from perfbudget.ab.pairs import SideSetup, parse_cpus
 from perfbudget.ab.run import ABConfig, ABRun, UsageError, run_ab
 from perfbudget.results import load_results
 
@@ -57,12 +58,17 @@ def fake_command(setup: SideSetup) -> list[str]:
 
 
 def run(repo: Path, **kw: object) -> ABRun:
-    config = ABConfig(root=repo, base="HEAD", min_pairs=2, max_pairs=4, burst_ms=15, **kw)  # type: ignore[arg-type]
+    settings: dict[str, object] = {"min_pairs": 2, "max_pairs": 4, "burst_ms": 15, **kw}
+    config = ABConfig(root=repo, base="HEAD", **settings)  # type: ignore[arg-type]
     return run_ab(config, command=fake_command, say=lambda line: None)
 
 
+def side_log(path: Path) -> dict[str, list]:  # type: ignore[type-arg]
+    return json.loads(Path(str(path) + ".bursts.json").read_text())
+
+
 def bursts(path: Path) -> list[tuple[float, float]]:
-    return [tuple(x) for x in json.loads(Path(str(path) + ".bursts.json").read_text())]
+    return [tuple(x) for x in side_log(path)["bursts"]]
 
 
 def assert_never_both_running(result: ABRun) -> None:
@@ -84,6 +90,9 @@ def test_aa_passes_through_real_turn_taking(make_repo: Callable[..., Path]) -> N
     assert result.pairs[0].first == "base" and result.pairs[1].first == "head"
     assert all(p.turns.grants("base") >= 6 and p.turns.grants("head") >= 6 for p in result.pairs)
     assert_never_both_running(result)
+    # Both sides ran pinned to one and the same CPU.
+    cpus = {tuple(side_log(p.sides[s].results)["cpus"]) for p in result.pairs for s in ("base", "head")}
+    assert cpus == {tuple(result.results.meta["ab"]["cpus"])} and len(cpus.pop()) == 1
     saved = load_results(repo / ".perfbudget" / "ab" / "results.json")
     meta = saved.meta["ab"]
     assert meta["base_commit"] and meta["pairs"] == len(result.pairs) and meta["stopped"] in ("decided", "max pairs")
@@ -102,7 +111,7 @@ def test_a_planted_slowdown_fails_and_exact_changes_are_shown(make_repo: Callabl
     assert "[tolerance from" in step.reason and "cpu.yaml:6]" in step.reason
     assert "vs base: base 1000 -> head 1200 (+20.0 %)" in by_metric["flops"].reason
     extra = by_metric["latency_ms[extra]"]
-    info = ABInfo.of(extra)
+    info = ABInfo.from_extra(extra.extra)
     assert info is not None and not info.compared and extra.outcome == "unbudgeted"
     assert "not compared with the base: the base lacks it" in extra.reason
     assert_never_both_running(result)
@@ -143,6 +152,20 @@ def test_usage_errors(make_repo: Callable[..., Path], monkeypatch: pytest.Monkey
     assert "--base 'no-such-ref': not a commit" in capsys.readouterr().err
     assert main(["--base", "HEAD", "--", "-n4"]) == 2
     assert main(["--min-pairs", "1"]) == 2  # --base is required (argparse)
+    assert main(["--base", "HEAD", "--cpus", "x"]) == 2
+
+
+def test_cpus_are_pinned_as_asked(make_repo: Callable[..., Path]) -> None:
+    repo = make_repo({"src/fakelib/__init__.py": lib(), "budgets/cpu.yaml": BUDGETS})
+    everything = sorted(os.sched_getaffinity(0))
+    result = run(repo, cpus=(), max_pairs=2)
+    assert result.results.meta["ab"]["cpus"] == []
+    assert all(side_log(p.sides[s].results)["cpus"] == everything for p in result.pairs for s in ("base", "head"))
+    assert parse_cpus("auto") is None and parse_cpus("all") == () and parse_cpus("0,2-3") == (0, 2, 3)
+    with pytest.raises(ValueError, match="--cpus: expected 'auto', 'all' or a list"):
+        parse_cpus("fast")
+    with pytest.raises(UsageError, match="this process may only use CPUs"):
+        ABConfig(root=repo, base="HEAD", cpus=(100_000,))
 
 
 def test_the_command_line_takes_pytest_args_after_a_double_dash() -> None:

@@ -8,7 +8,7 @@ turns through a coordinator (``ab.coordinator``, ``ab.pairs``; the client is
 verdict on head/base (``ab.verdict``). Never imports pytest: the sides are subprocesses.
 """
 
-from .compare import ABInfo, Comparison, PairRecords, compare_pairs
+from .compare import AB_INFO, ABInfo, Comparison, PairRecords, compare_pairs
 from .coordinator import Coordinator, Turn, TurnLog
 from .pairs import PairRun, SideCommand, SideRun, SideSetup, pytest_command, run_pair
 from .run import ABConfig, ABRun, UsageError, run_ab
@@ -16,6 +16,7 @@ from .trees import BaseTree, GitError, build_shim, instrument_dir, prepare_base,
 from .verdict import ABPolicy, RatioVerdict, describe_change, judge_ratios, pair_ratio, t_quantile
 
 __all__ = [
+    "AB_INFO",
     "ABConfig",
     "ABInfo",
     "ABPolicy",

@@ -15,6 +15,7 @@ from typing import Any, TextIO
 
 from ..results import Record
 from .compare import ABInfo
+from .pairs import parse_cpus
 from .run import EXIT_USAGE, ABConfig, ABRun, UsageError, run_ab
 from .trees import GitError, repo_root
 
@@ -48,6 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="most process pairs; checks still undecided are then decided on the estimate (default 6)")
     p.add_argument("--max-minutes", type=float, default=40.0, metavar="MIN",
                    help="wall-clock bound: no pair starts that would likely end later (default 40)")
+    p.add_argument("--cpus", default="auto", metavar="SPEC",
+                   help="CPUs both sides are pinned to: auto (one CPU, the default), all (no pinning), or a "
+                        "list such as 3 or 0,2-3")
     p.add_argument("--out", metavar="PATH", help="merged results JSON (default .perfbudget/ab/results.json)")
     p.add_argument("pytest_args", nargs="*", metavar="-- PYTEST_ARGS",
                    help="what both sides pass to pytest, after `--` (e.g. -- perf_tests -k encoder)")
@@ -82,10 +86,15 @@ def cmd_ab(args: argparse.Namespace, out: TextIO) -> int:
     if pytest_args and pytest_args[0] == "--":
         pytest_args = pytest_args[1:]  # argparse keeps a `--` that follows the options on some versions
     try:
+        cpus = parse_cpus(args.cpus)
         root = repo_root(Path.cwd())
         config = ABConfig(root=root, base=args.base, merge_base=args.merge_base, min_pairs=args.min_pairs,
-                          max_pairs=args.max_pairs, max_minutes=args.max_minutes,
+                          max_pairs=args.max_pairs, max_minutes=args.max_minutes, cpus=cpus,
                           out=Path(args.out).resolve() if args.out else None, pytest_args=tuple(pytest_args))
+    except (UsageError, GitError, ValueError) as exc:  # ValueError: a bad --cpus
+        print(f"perfbudget ab: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
         run = run_ab(config)
     except (UsageError, GitError) as exc:
         print(f"perfbudget ab: error: {exc}", file=sys.stderr)
@@ -119,7 +128,7 @@ def summary(run: ABRun) -> str:
     for r in recs:
         if r.outcome in ("fail", "error"):
             lines.append(f"{r.outcome.upper()} {_name(r)}: {r.reason}")
-    not_compared = [(r, info) for r in recs if (info := ABInfo.of(r)) is not None and not info.compared]
+    not_compared = [(r, info) for r in recs if (info := ABInfo.from_extra(r.extra)) is not None and not info.compared]
     if not_compared:
         shown = "; ".join(f"{_name(r)} ({info.note})" for r, info in not_compared[:5])
         lines.append(f"{len(not_compared)} check(s) not compared with the base (judged against the stored "

@@ -9,24 +9,38 @@ is "not compared" and judged against the stored budgets alone.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..budgets.loader import BudgetSet
 from ..budgets.schema import Budget, BudgetError
 from ..budgets.verdict import Verdict, decide
+from ..extras import ExtraError
 from ..measure import stats
 from ..metrics import Metric, UnknownMetricError, parse_name
 from ..results import BaseSide, BudgetRef, Record, Results
 from .verdict import ABPolicy, RatioVerdict, describe_change, judge_ratios, pair_ratio
 
-__all__ = ["ABInfo", "CheckId", "Comparison", "PairRecords", "compare_pairs"]
+__all__ = ["AB_INFO", "ABInfo", "CheckId", "Comparison", "PairRecords", "compare_pairs"]
 
 CheckId = tuple[str, str, str]
 """``(nodeid, key, metric)``: the same check on both sides."""
 
-_UNUSABLE = ("error", "unmeasurable")
+#: Outcomes of a side's record that carry a measurement to compare (others are kept as they are:
+#: error, unmeasurable, not_measured).
+_MEASURED = ("pass", "stale", "fail", "unbudgeted")
+#: A statistical check "not judged" by a side's preflight (a busy CPU, a shared GPU) still holds
+#: its samples: in lockstep both sides ran under that same machine state, which is what the
+#: A/B comparison is for.
+_PREFLIGHT = "preflight:"
+
+
+def _usable(r: Record | None) -> bool:
+    if r is None or not (r.value is not None or r.samples):
+        return False
+    return r.outcome in _MEASURED or (r.outcome == "unmeasurable" and r.reason.startswith(_PREFLIGHT)
+                                      and bool(r.samples))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,14 +55,18 @@ class PairRecords:
     """Why ``base`` is missing (exit status and the end of its output)."""
 
 
+#: Key of :class:`ABInfo` in a record's ``extra``.
+AB_INFO = "ab"
+
+
 @dataclass(frozen=True, kw_only=True)
 class ABInfo:
-    """How a record's verdict was reached in an A/B run (kept as ``record.extra["ab"]``)."""
+    """How a record's verdict was reached in an A/B run (``extra["ab"]``, beside ``record.base``)."""
 
     compared: bool
     """Judged against the base; otherwise against the stored budgets alone."""
     tolerance: float | None = None
-    """The relative tolerance applied to head/base."""
+    """The relative tolerance applied to head/base (statistical checks)."""
     tolerance_from: str = ""
     """``budgets/cpu.yaml:12``, or ``default for timing`` when the check has no budget."""
     by_estimate: bool = False
@@ -56,21 +74,33 @@ class ABInfo:
     sd: float | None = None
     """Pooled per-pair sd of ln(head/base) behind the CI."""
     note: str = ""
-    """Why it was not compared (``base lacks it``), or what else to know."""
+    """Why it was not compared (``the base lacks it``)."""
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"compared": self.compared, "tolerance": self.tolerance, "tolerance_from": self.tolerance_from,
-                "by_estimate": self.by_estimate, "sd": self.sd, "note": self.note}
+    def to_extra(self) -> dict[str, Any]:
+        """``{"ab": {"compared", "tolerance", "tolerance_from", "by_estimate", "sd", "note"}}``."""
+        return {AB_INFO: {"compared": self.compared, "tolerance": self.tolerance,
+                          "tolerance_from": self.tolerance_from, "by_estimate": self.by_estimate,
+                          "sd": self.sd, "note": self.note}}
 
     @classmethod
-    def of(cls, record: Record) -> ABInfo | None:
-        """The A/B information of a record, or ``None`` for a record not made by ``perfbudget ab``."""
-        d = record.extra.get("ab")
-        if not isinstance(d, dict):
+    def from_extra(cls, extra: Mapping[str, Any]) -> ABInfo | None:
+        """Read it back from a record's ``extra``; ``None`` for a record not made by ``perfbudget ab``.
+
+        Raises:
+            ExtraError: naming the key and the bad value.
+        """
+        value = extra.get(AB_INFO)
+        if value is None:
             return None
-        return cls(compared=bool(d.get("compared")), tolerance=d.get("tolerance"),
-                   tolerance_from=str(d.get("tolerance_from", "")), by_estimate=bool(d.get("by_estimate")),
-                   sd=d.get("sd"), note=str(d.get("note", "")))
+        if not isinstance(value, Mapping) or not isinstance(value.get("compared"), bool):
+            raise ExtraError(f"extra[{AB_INFO!r}]: expected {{'compared': bool, ...}}, got {value!r}")
+        numbers = {k: value.get(k) for k in ("tolerance", "sd")}
+        bad = {k: v for k, v in numbers.items() if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)))}
+        if bad:
+            raise ExtraError(f"extra[{AB_INFO!r}]: expected numbers or null, got {bad!r}")
+        return cls(compared=value["compared"], tolerance=numbers["tolerance"],
+                   tolerance_from=str(value.get("tolerance_from", "")), by_estimate=bool(value.get("by_estimate")),
+                   sd=numbers["sd"], note=str(value.get("note", "")))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,7 +165,7 @@ def compare_pairs(
     not_compared: list[CheckId] = []
     for cid in order:
         used = [(h[cid], b.get(cid)) for h, b in zip(heads, bases, strict=True) if cid in h]
-        rec, state = _merge_one(cid, used, pairs, budgets=budgets, policy=policy, final=final)
+        rec, state = _merge_one(used, pairs, budgets=budgets, policy=policy, final=final)
         records.append(rec)
         if state == "undecided":
             undecided.append(cid)
@@ -147,7 +177,6 @@ def compare_pairs(
 
 
 def _merge_one(
-    cid: CheckId,
     used: list[tuple[Record, Record | None]],
     pairs: Sequence[PairRecords],
     *,
@@ -158,7 +187,7 @@ def _merge_one(
     """One check's merged record and its state: pass/fail/undecided/not compared/kept."""
     head0 = used[0][0]
     info = _metric(head0)
-    if head0.outcome in _UNUSABLE or info is None:
+    if not _usable(head0) or info is None:
         return head0, "kept"
     budget: Budget | None = None
     if head0.device is not None:
@@ -178,8 +207,11 @@ def _merge_one(
     base_xs: list[float] = []
     problems: list[str] = []
     for head, base in used:
+        if not _usable(head):
+            problems.append(f"head {head.outcome}: {head.reason}" if head.reason else f"head {head.outcome}")
+            continue
         hx = _samples(head)
-        if base is None or base.outcome in _UNUSABLE:
+        if base is None or not _usable(base):
             if base is not None:
                 problems.append(f"base {base.outcome}: {base.reason}" if base.reason else f"base {base.outcome}")
             continue
@@ -194,7 +226,12 @@ def _merge_one(
         head_xs.extend(hx)
         base_xs.extend(bx)
     if not ratios:
-        return _not_compared(head0, used, pairs, budget, _why_not(used, pairs, problems)), "not compared"
+        why = _why_not(used, pairs, problems)
+        if head0.outcome == "unmeasurable":  # not judged by the head's preflight: nothing to judge alone
+            ab = ABInfo(compared=False, note=why)
+            return head0.with_(reason=f"not compared with the base: {why}; {head0.reason}",
+                               extra={**head0.extra, **ab.to_extra()}), "not compared"
+        return _not_compared(head0, used, budget, why), "not compared"
     if budget is not None and policy.tolerance_from_budgets:
         tolerance, source = budget.tolerance, BudgetRef.of(budget).where
     else:
@@ -205,7 +242,7 @@ def _merge_one(
     skipped = len(used) - len(ratios)
     reason = f"{rv.reason} [tolerance from {source}]"
     if skipped:
-        reason += f"; {skipped} pair(s) without a usable base value ({problems[0] if problems else 'base lacks it'})"
+        reason += f"; {skipped} pair(s) not used ({problems[0] if problems else 'the base lacks it'})"
     ab = ABInfo(compared=True, tolerance=tolerance, tolerance_from=source, by_estimate=rv.by_estimate, sd=rv.sd)
     rec = head0.with_(
         outcome="fail" if rv.state == "fail" else "pass",
@@ -215,7 +252,7 @@ def _merge_one(
         limit=base_value * rv.limit, rounds=rv.pairs, confirmed=None, reason=reason,
         samples=tuple(head_xs),
         base=_base_side(rv, base_value, base_xs, ratios),
-        extra={**head0.extra, "ab": ab.as_dict()},
+        extra={**head0.extra, **ab.to_extra()},
     )
     return rec, rv.state
 
@@ -235,20 +272,14 @@ def _why_not(used: list[tuple[Record, Record | None]], pairs: Sequence[PairRecor
     return "the base lacks it"
 
 
-def _not_compared(
-    head0: Record,
-    used: list[tuple[Record, Record | None]],
-    pairs: Sequence[PairRecords],
-    budget: Budget | None,
-    why: str,
-) -> Record:
+def _not_compared(head0: Record, used: list[tuple[Record, Record | None]], budget: Budget | None, why: str) -> Record:
     """Judge the head's samples (all pairs) against the stored budget alone."""
-    samples = [x for head, _ in used for x in _samples(head)]
+    samples = [x for head, _ in used if _usable(head) for x in _samples(head)]
     v = decide(head0.key, head0.metric, samples, budget)
     ab = ABInfo(compared=False, note=why)
     return _with_verdict(head0, v).with_(
         reason=f"not compared with the base: {why}; against the stored budget: {v.reason}",
-        base=None, extra={**head0.extra, "ab": ab.as_dict()},
+        base=None, extra={**head0.extra, **ab.to_extra()},
     )
 
 
@@ -263,16 +294,16 @@ def _with_verdict(rec: Record, v: Verdict) -> Record:
 def _merge_exact(head0: Record, used: list[tuple[Record, Record | None]], pairs: Sequence[PairRecords]) -> Record:
     """Keep the head's verdict against the budgets; say how the value differs from the base's."""
     head_values = _distinct(h.value for h, _ in used)
-    base_values = _distinct(b.value for _, b in used if b is not None and b.outcome not in _UNUSABLE)
+    base_values = _distinct(b.value for _, b in used if b is not None and _usable(b))
     reason = head0.reason
     if head0.value is None:
         return head0
     if not base_values:
         why = _why_not(used, pairs, [f"base {b.outcome}: {b.reason}" for _, b in used
-                                     if b is not None and b.outcome in _UNUSABLE])
+                                     if b is not None and not _usable(b)])
         ab = ABInfo(compared=False, note=why)
         return head0.with_(reason=f"{reason}; not compared with the base: {why}",
-                           extra={**head0.extra, "ab": ab.as_dict()})
+                           extra={**head0.extra, **ab.to_extra()})
     base_value = base_values[0]
     change = describe_change(head0.value, base_value, unit=head0.unit)
     if len(head_values) > 1:
@@ -280,12 +311,12 @@ def _merge_exact(head0: Record, used: list[tuple[Record, Record | None]], pairs:
     if len(base_values) > 1:
         change += f"; the base varies across pairs: {', '.join(f'{x:g}' for x in base_values)}"
     ratio = head0.value / base_value if base_value != 0 else None
-    pairs_with_base = sum(1 for _, b in used if b is not None and b.outcome not in _UNUSABLE)
+    pairs_with_base = sum(1 for _, b in used if _usable(b))
     ab = ABInfo(compared=True)
     return head0.with_(
         reason=f"{reason}; vs base: {change}" if reason else f"vs base: {change}",
         base=BaseSide(value=base_value, ratio=ratio, pairs=pairs_with_base),
-        extra={**head0.extra, "ab": ab.as_dict()},
+        extra={**head0.extra, **ab.to_extra()},
     )
 
 

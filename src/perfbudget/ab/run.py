@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import time
@@ -12,7 +13,7 @@ from pathlib import Path
 from ..budgets.loader import BudgetSet, load_dir
 from ..results import Results, load_results
 from .compare import Comparison, PairRecords, compare_pairs
-from .pairs import PairRun, SideCommand, pytest_command, run_pair
+from .pairs import PairRun, SideCommand, one_cpu, pytest_command, run_pair
 from .trees import AB_DIR, GitError, build_shim, head_commit, instrument_dir, prepare_base
 from .verdict import ABPolicy
 
@@ -44,6 +45,8 @@ class ABConfig:
         out: the merged results file (default ``<root>/.perfbudget/ab/results.json``).
         pytest_args: what both sides pass to pytest (tests to select, options).
         burst_ms: burst length for the sides (``None``: the instrument's default).
+        cpus: CPUs both sides are pinned to: ``None`` one CPU (``pairs.one_cpu``), ``()``
+            not pinned (e.g. when the measured code needs several host threads).
         policy: the A/B decision settings.
     """
 
@@ -56,6 +59,7 @@ class ABConfig:
     out: Path | None = None
     pytest_args: tuple[str, ...] = ()
     burst_ms: float | None = None
+    cpus: tuple[int, ...] | None = None
     policy: ABPolicy = field(default_factory=ABPolicy)
 
     def __post_init__(self) -> None:
@@ -65,6 +69,9 @@ class ABConfig:
             raise UsageError(f"--max-pairs: expected >= --min-pairs ({self.min_pairs}), got {self.max_pairs!r}")
         if not self.max_minutes > 0:
             raise UsageError(f"--max-minutes: expected a positive number, got {self.max_minutes!r}")
+        if self.cpus and hasattr(os, "sched_getaffinity") and not set(self.cpus) <= os.sched_getaffinity(0):
+            raise UsageError(f"--cpus {','.join(map(str, self.cpus))}: this process may only use CPUs "
+                             f"{sorted(os.sched_getaffinity(0))}")
         if self.burst_ms is not None and not self.burst_ms > 0:
             raise UsageError(f"burst_ms: expected a positive number, got {self.burst_ms!r}")
         xdist = [a for a in self.pytest_args if a in ("-n", "--numprocesses", "--dist")
@@ -142,6 +149,7 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
     instrument = instrument_dir(root)
     shims = {s: build_shim(workdir / f"shim-{s}", tree=t, instrument=instrument) for s, t in trees.items()}
     command = command or pytest_command(config.pytest_args)
+    cpus = one_cpu() if config.cpus is None else config.cpus
 
     runs: list[PairRun] = []
     records: list[PairRecords] = []
@@ -162,7 +170,7 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
         first = "base" if index % 2 == 1 else "head"
         say(f"perfbudget ab: pair {index} ({first} first) ...")
         run = run_pair(index, trees=trees, shims=shims, workdir=workdir, command=command, first=first,
-                       timeout_s=max(deadline - now, 1.0), burst_ms=config.burst_ms)
+                       timeout_s=max(deadline - now, 1.0), burst_ms=config.burst_ms, cpus=cpus)
         runs.append(run)
         say(f"perfbudget ab: pair {index} took {run.wall_s:.0f} s "
             f"(turns: base {run.turns.grants('base')}, head {run.turns.grants('head')})")
@@ -195,14 +203,17 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
             say(f"perfbudget ab: {len(comparison.undecided)} check(s) undecided")
     comparison = compare_pairs(records, budgets=budgets or BudgetSet(root=root / "budgets"), policy=config.policy,
                                final=True)
+    if not comparison.records and not problems:
+        problems.append("the head side recorded no checks (did the pytest args select any perf test?)")
     head_meta = next((p.head.meta for p in records if p.head is not None), {})
     wall_s = time.monotonic() - t0
     results = Results(records=comparison.records, meta={
         **head_meta,
+        "mode": "ab",
         "ab": {
             "base_ref": config.base, "base_commit": base.commit, "merge_base": base.merge_base,
             "head_commit": head, "pairs": len(runs), "min_pairs": config.min_pairs,
-            "max_pairs": config.max_pairs, "stopped": stopped, "wall_s": round(wall_s, 3),
+            "max_pairs": config.max_pairs, "stopped": stopped, "wall_s": round(wall_s, 3), "cpus": list(cpus),
             "compared": sum(1 for r in comparison.records if r.base is not None),
             "not_compared": len(comparison.not_compared), "base_only": [list(c) for c in comparison.base_only],
             "policy": {"confidence": config.policy.confidence, "prior_sd": dict(config.policy.prior_sd),
@@ -220,8 +231,6 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
         code = EXIT_FAIL
     else:
         code = EXIT_OK
-    if not comparison.records and not problems:
-        problems.append("the head side recorded no checks (did the pytest args select any perf test?)")
     return ABRun(results=results, path=path, exit_code=code, comparison=comparison, pairs=tuple(runs),
                  problems=tuple(problems), stopped=stopped)
 
