@@ -382,12 +382,18 @@ class PerfRecorder:
             self.failure_step = step
         threshold = NEW_OP_SHARE_UPDATE if self.update else NEW_OP_SHARE_CHECK
         ops = set(self._budgeted_ops()) | set(first.top(threshold))
+        def self_ms_of(op: str) -> Callable[[OpRounds], Any]:
+            return lambda r: (r.self_ms(op), list(r.ref_ms))
+
+        def share_of(op: str) -> Callable[[OpRounds], Any]:
+            return lambda r: r.share(op)
+
         for op in sorted(ops, key=lambda o: -first.mean_share(o)):
             if "op_self_ms" in families:
                 self.record(f"op_self_ms[{op}]", first.self_ms(op), reference=list(first.ref_ms),
-                            more=more_for(lambda r, op=op: (r.self_ms(op), list(r.ref_ms))))
+                            more=more_for(self_ms_of(op)))
             if "op_share" in families:
-                self.record(f"op_share[{op}]", first.share(op), more=more_for(lambda r, op=op: r.share(op)))
+                self.record(f"op_share[{op}]", first.share(op), more=more_for(share_of(op)))
             if "op_count" in families:
                 calls = [row.calls if (row := t.get(op)) is not None else 0.0 for t in first.tables]
                 self.record(f"op_count[{op}]", stats.median(calls))
