@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 __all__ = [
     "SELECTOR_FIELDS",
+    "SELECTOR_INT_FIELDS",
+    "SELECTOR_VERSION_FIELDS",
     "DeviceInfo",
     "DeviceType",
     "Selector",
@@ -63,6 +65,11 @@ class DeviceInfo:
 
 #: Fields a budget file's ``device:`` block may name.
 SELECTOR_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(DeviceInfo))
+#: Selector fields compared as integers, exactly; every other field is a string.
+SELECTOR_INT_FIELDS: tuple[str, ...] = ("count", "threads")
+#: String fields compared as version prefixes (``torch: "2.13"`` selects 2.13.0+cpu); the
+#: remaining string fields match case-insensitively as substrings.
+SELECTOR_VERSION_FIELDS: tuple[str, ...] = ("torch", "triton", "cuda", "driver", "compute_capability")
 
 
 def cpu_model_name() -> str:
@@ -164,7 +171,7 @@ class Selector:
             have = getattr(info, name)
             if have is None:
                 return False
-            if name in ("torch", "triton", "cuda", "driver", "compute_capability"):
+            if name in SELECTOR_VERSION_FIELDS:
                 if not str(have).startswith(str(want)):
                     return False
             elif isinstance(want, str):
