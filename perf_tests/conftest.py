@@ -4,7 +4,7 @@ from pathlib import Path
 
 import torch
 
-from fixtures.workloads import inductor_dirs
+from perfbudget.measure.compile_health import inductor_dirs
 
 inductor_dirs(Path(__file__).resolve().parent.parent / ".perfbudget")
 # Timing pins one thread anyway; warming up (and compiling) at the same count keeps

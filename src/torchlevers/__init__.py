@@ -52,13 +52,8 @@ from torchlevers.warmup import (
     CompileConfig,
     CompiledStep,
     CudaAllocConf,
-    DynamoCounters,
-    RecompileError,
-    WarmupConfig,
-    WarmupReport,
     compile_and_warm,
     set_cuda_alloc_conf,
-    warm_up,
 )
 
 __all__ = [
@@ -76,7 +71,6 @@ __all__ = [
     "CompileConfig",
     "CompiledStep",
     "CudaAllocConf",
-    "DynamoCounters",
     "FP32StatsLayerNorm",
     "IdSpace",
     "LayerClip",
@@ -86,10 +80,7 @@ __all__ = [
     "PerLayerClipConfig",
     "PerLayerClipper",
     "PrecisionPolicy",
-    "RecompileError",
     "StepReport",
-    "WarmupConfig",
-    "WarmupReport",
     "check_ids",
     "clip_global_norm",
     "compile_and_warm",
@@ -113,5 +104,4 @@ __all__ = [
     "skewed_lengths",
     "swap_layernorms",
     "triton_available",
-    "warm_up",
 ]
