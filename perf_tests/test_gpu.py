@@ -53,7 +53,7 @@ def test_gpm_utilisation(perf, encoder_train: TrainStep) -> None:
     samples: dict[str, list[float]] = {"sm_occupancy": [], "tensor_util": []}
     for _ in range(5):
         got = nvml.gpm_metrics(window, metrics=("sm_occupancy", "tensor_util"))
-        if isinstance(got, nvml.Unavailable):
+        if isinstance(got, nvml.Unmeasurable):
             perf.unmeasurable("tensor_util", got.reason)
             return
         for k in samples:

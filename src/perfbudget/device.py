@@ -85,17 +85,10 @@ def cpu_model_name() -> str:
 
 
 def _nvml_driver() -> str | None:
-    try:
-        import pynvml
+    from .measure import nvml
 
-        pynvml.nvmlInit()
-        try:
-            v = pynvml.nvmlSystemGetDriverVersion()
-            return v.decode() if isinstance(v, bytes) else str(v)
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # NVML absent or broken: the field stays unknown
-        return None
+    got = nvml.driver_version()
+    return got if isinstance(got, str) else None  # NVML absent or broken: the field stays unknown
 
 
 def describe(type: DeviceType = "cpu", *, threads: int | None = 1) -> DeviceInfo:
@@ -129,10 +122,13 @@ def describe(type: DeviceType = "cpu", *, threads: int | None = 1) -> DeviceInfo
         )
     if not torch.cuda.is_available():
         raise RuntimeError("CUDA is not available on this machine")
-    major, minor = torch.cuda.get_device_capability(0)
+    # The device the measurements run on: torch's current one (one per xdist worker, each
+    # pinned with CUDA_VISIBLE_DEVICES), named by CUDA itself, so no NVML index is involved.
+    index = torch.cuda.current_device()
+    major, minor = torch.cuda.get_device_capability(index)
     return DeviceInfo(
         type="cuda",
-        model=torch.cuda.get_device_name(0),
+        model=torch.cuda.get_device_name(index),
         count=torch.cuda.device_count(),
         compute_capability=f"{major}.{minor}",
         driver=_nvml_driver(),

@@ -7,6 +7,8 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from perfbudget.device import DeviceType
+from perfbudget.measure.sync import device_sync
 from perfbudget.measure.timing import pinned_threads
 
 if TYPE_CHECKING:
@@ -24,7 +26,6 @@ __all__ = [
 
 MIB = 1024 * 1024
 PHASES: tuple[str, ...] = ("forward", "backward", "optimizer")
-Device = Literal["cpu", "cuda"]
 
 _STEP_MARK = "perfbudget::step"
 _PHASE_MARK = "perfbudget::phase::"
@@ -47,7 +48,7 @@ def peak_live_bytes(deltas: Iterable[tuple[int, int]]) -> int:
     return peak
 
 
-def _allocation_records(prof: Any, device: Device) -> list[tuple[int, int, int | None]]:
+def _allocation_records(prof: Any, device: DeviceType) -> list[tuple[int, int, int | None]]:
     """``(start_ns, nbytes, address)`` of every allocator event of a finished profile.
 
     The address comes from the profiler's event tree; where that (experimental) API is missing,
@@ -74,9 +75,9 @@ def _allocation_records(prof: Any, device: Device) -> list[tuple[int, int, int |
                 continue
             out.append((int(node.start_time_ns), int(f.alloc_size), int(f.ptr)))
     except (ImportError, AttributeError, RuntimeError):
-        from torch.autograd import DeviceType
+        from torch.autograd import DeviceType as ProfilerDevice
 
-        want = DeviceType.CPU if device == "cpu" else DeviceType.CUDA
+        want = ProfilerDevice.CPU if device == "cpu" else ProfilerDevice.CUDA
         out = [
             (int(e.start_ns()), int(e.nbytes()), None)
             for e in results.events()
@@ -112,7 +113,7 @@ def _own_allocations(
     return out
 
 
-def memory_events(prof: Any, *, device: Device = "cpu") -> list[tuple[int, int]]:
+def memory_events(prof: Any, *, device: DeviceType = "cpu") -> list[tuple[int, int]]:
     """Allocator events of a finished ``torch.profiler.profile(profile_memory=True)`` run.
 
     One event per allocation (positive bytes) and per free (negative bytes) of a block that
@@ -222,7 +223,7 @@ class PhasePeaks:
     """``"allocated"`` (CUDA): absolute ``max_memory_allocated`` during the phase, weights
     and everything else live included. ``"step_start"`` (CPU): peak of the bytes the step
     itself allocated and still holds (see :func:`peak_cpu_mib`), counted from the step's start."""
-    device: Device
+    device: DeviceType
 
     def by_phase(self) -> dict[str, float]:
         """``{"forward": MiB, "backward": MiB, "optimizer": MiB}``."""
@@ -270,7 +271,7 @@ def peak_by_phase(
     *,
     backward: Callable[[torch.Tensor], Any] | None = None,
     optimizer: Any = None,
-    device: Device = "cuda",
+    device: DeviceType = "cuda",
     warmup: int = 1,
     threads: int | None = 1,
 ) -> PhasePeaks:
@@ -329,12 +330,13 @@ def _cuda_phase_peaks(
     import torch
 
     peaks: dict[str, float] = {}
+    sync = device_sync("cuda")
 
     def run(name: str, fn: Callable[[], Any]) -> Any:
-        torch.cuda.synchronize()
+        sync()
         torch.cuda.reset_peak_memory_stats()
         out = fn()
-        torch.cuda.synchronize()
+        sync()
         peaks[name] = torch.cuda.max_memory_allocated() / MIB
         return out
 
