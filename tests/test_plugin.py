@@ -107,7 +107,7 @@ def test_broken_budget_file_names_file_and_key_and_other_tests_run(project: pyte
     r.stdout.fnmatch_lines(["*cpu.yaml:*: budgets.mm[[]1[]].op_count[[]aten::mm[]].tolerance: expected a number in [[]0, 1], got '5%'*"])
     cpu.write_text("schema: 1\ndevice: {type: cpu\n")
     r = run(project)
-    r.assert_outcomes(passed=1, failed=3)
+    r.assert_outcomes(passed=1, errors=3)  # a file that cannot be loaded stops every perf test
     r.stdout.fnmatch_lines(["*cpu.yaml:3: invalid YAML*"])
 
 

@@ -565,7 +565,8 @@ class PerfRecorder:
         lines = []
         for v in ops[:k]:
             assert v.budget is not None and v.ratio is not None
-            lines.append(f"{v.metric}: {v.value:.4g} vs budget {v.budget.value:.4g} {v.info.unit} "
+            unit = "" if v.info.unit == "1" else f" {v.info.unit}"
+            lines.append(f"{v.metric}: {v.value:.4g}{unit} vs budget {v.budget.value:.4g}{unit} "
                          f"({v.ratio - 1:+.1%}, {v.outcome})")
         return lines
 

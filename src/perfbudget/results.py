@@ -61,8 +61,11 @@ class BudgetRef:
 
     @property
     def where(self) -> str:
-        """``budgets/cpu.yaml:12`` (or the file alone)."""
-        return f"{self.source}:{self.line}" if self.line else self.source
+        """``budgets/cpu.yaml:12`` (or the file alone), relative to the working folder when under it."""
+        source = self.source
+        with contextlib.suppress(ValueError):
+            source = str(Path(source).resolve().relative_to(Path.cwd().resolve())) if Path(source).is_absolute() else source
+        return f"{source}:{self.line}" if self.line else source
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -264,7 +264,7 @@ def _decide(entry: Any, m: Measured, allow_loosen: bool) -> tuple[Action, float 
     rel = abs(new - old) / abs(old) if old else (0.0 if new == old else float("inf"))
     if new == old:
         return "kept", old, "unchanged"
-    if isinstance(entry, dict) and entry.get("note") and tol > 0 and better:
+    if not info.statistical and isinstance(entry, dict) and entry.get("note") and tol > 0 and better:
         # A value whose tolerance spans several machine kinds (see its note): tightening it to
         # this machine would fail the others.
         return "kept", old, ("derived from several machines (see its note); re-derive it with "
