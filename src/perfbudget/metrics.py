@@ -120,7 +120,8 @@ _REGISTRY: tuple[Metric, ...] = (
     _m("throughput_samples_per_s", "samples/s", "higher", "rate", "training or inference throughput"),
     _m("tokens_per_s", "tokens/s", "higher", "rate", "generated tokens per second"),
     _m("speedup", "x", "higher", "rate", "time ratio baseline / lever, measured in one run", arg="what"),
-    _m("sm_occupancy", "1", "higher", "rate", "achieved SM occupancy (profiler estimate or NVML GPM)"),
+    _m("sm_occupancy", "1", "higher", "rate", "achieved SM occupancy, duration-weighted profiler estimate"),
+    _m("gpm_sm_occupancy", "1", "higher", "rate", "achieved SM occupancy measured by NVML GPM (Hopper and newer)"),
     _m("sm_util", "1", "higher", "rate", "fraction of SMs busy (NVML GPM)"),
     _m("tensor_util", "1", "higher", "rate", "tensor-core utilisation (NVML GPM)"),
     # energy

@@ -219,10 +219,10 @@ class PhasePeaks:
     forward_mib: float
     backward_mib: float
     optimizer_mib: float
-    reference: Literal["allocated", "step_start"]
-    """``"allocated"`` (CUDA): absolute ``max_memory_allocated`` during the phase, weights
-    and everything else live included. ``"step_start"`` (CPU): peak of the bytes the step
-    itself allocated and still holds (see :func:`peak_cpu_mib`), counted from the step's start."""
+    reference: Literal["step_start"]
+    """What the peaks count, on both devices: the bytes the step itself allocated and still
+    holds, counted from the step's start (CUDA: ``max_memory_allocated`` during the phase minus
+    ``memory_allocated`` before the step; CPU: see :func:`peak_cpu_mib`)."""
     device: DeviceType
 
     def by_phase(self) -> dict[str, float]:
@@ -278,8 +278,10 @@ def peak_by_phase(
     """Peak memory of the forward, backward and optimizer phases of one training step.
 
     CUDA: before each phase the allocator's peak is reset
-    (``torch.cuda.reset_peak_memory_stats``); after it, ``max_memory_allocated`` is read.
-    Allocated, never reserved or NVML "used": those include the cache and other processes.
+    (``torch.cuda.reset_peak_memory_stats``); after it, ``max_memory_allocated`` is read, less
+    what was allocated before the step (weights, optimizer state), so the number means what
+    it means on CPU. Allocated, never reserved or NVML "used": those include the cache and
+    other processes.
 
     CPU: the step runs under the profiler with ``profile_memory=True`` and each phase's
     peak is read from the running sum of the step's own allocations and frees, counted from
@@ -331,13 +333,18 @@ def _cuda_phase_peaks(
 
     peaks: dict[str, float] = {}
     sync = device_sync("cuda")
+    sync()
+    # Counted from the step's start, as on CPU (where only the step's own allocations are
+    # visible): weights, optimizer state and anything else alive before the step are left out,
+    # so one metric name means one thing on both devices.
+    start = torch.cuda.memory_allocated()
 
     def run(name: str, fn: Callable[[], Any]) -> Any:
         sync()
         torch.cuda.reset_peak_memory_stats()
         out = fn()
         sync()
-        peaks[name] = torch.cuda.max_memory_allocated() / MIB
+        peaks[name] = (torch.cuda.max_memory_allocated() - start) / MIB
         return out
 
     held = {"loss": run("forward", fwd)}
@@ -349,7 +356,7 @@ def _cuda_phase_peaks(
         forward_mib=peaks["forward"],
         backward_mib=peaks["backward"],
         optimizer_mib=peaks["optimizer"],
-        reference="allocated",
+        reference="step_start",
         device="cuda",
     )
 
