@@ -1,18 +1,26 @@
-"""Energy per sample of the encoder step: NVML on GPUs, RAPL where readable, otherwise unmeasurable."""
+"""Energy per sample of the encoder step and per generated token of the decoder: NVML on GPUs,
+RAPL where readable, otherwise unmeasurable with the reason."""
 
 from __future__ import annotations
 
 import pytest
 
 from fixtures.workloads import TrainStep
-from perfbudget.measure import energy
+from torchlevers.workloads import DecoderWorkload
 
 
 @pytest.mark.budget("encoder-train")
 def test_energy_per_sample(perf, encoder_train: TrainStep) -> None:
-    e = encoder_train
-    got = energy.energy_per_sample(e.step, samples_per_call=e.samples_per_step, device=e.device)  # type: ignore[arg-type]
-    if isinstance(got, energy.Unmeasurable):
-        perf.unmeasurable("energy_j_per_sample", got.reason)
-        return
-    perf.record("energy_j_per_sample", list(got.j_per_sample))
+    perf.energy(encoder_train.step, per_call=encoder_train.samples_per_step, unit="sample")
+
+
+@pytest.mark.budget("decoder-serve")
+def test_energy_per_token(perf, decoder_serve: DecoderWorkload) -> None:
+    requests = decoder_serve.requests()[:8]
+
+    def serve() -> None:
+        for r in requests:
+            for _ in decoder_serve.stream(r.prompt_ids, r.max_new_tokens):
+                pass
+
+    perf.energy(serve, per_call=sum(r.max_new_tokens for r in requests), unit="token")

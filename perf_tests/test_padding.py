@@ -6,7 +6,8 @@ import pytest
 
 from fixtures.data import LengthSample
 from fixtures.plant import plant
-from perfbudget.measure.padding import padding_rate, padding_rate_by_width
+from perfbudget.extras import PaddingByWidth
+from perfbudget.measure.padding import padding_rate
 from torchlevers import BatchPlan, plan_bucketed, plan_sorted, plan_static
 
 
@@ -31,8 +32,8 @@ def test_padding_rate(perf, length_sample: LengthSample, strategy: str) -> None:
     plan = plans[strategy]
     rate = _rate(plan)
     # Padding per padded width (per bucket), for the report's plot.
-    by_width = {str(w): r for w, r in padding_rate_by_width(plan.real_lens, plan.padded_lens).items()}
-    perf.record("padding_rate", rate, extra={"padding_by_width": by_width})
+    by_width = PaddingByWidth.from_batches(plan.real_lens, plan.padded_lens, sorted_rate=_rate(plans["sorted"]))
+    perf.record("padding_rate", rate, extra=by_width.to_extra())
     if strategy == "bucketed":
         perf.record("ratio[bucketed_vs_sorted_padding]", rate / _rate(plans["sorted"]))
         perf.record("ratio[bucketed_vs_static_padding]", rate / _rate(plans["static"]))

@@ -8,6 +8,7 @@ import pytest
 import torch  # noqa: F401
 
 from perfbudget.pinning import gpu_for_worker, nvml_gpu_count, visible_gpus, wants_gpu_workers
+from tests.measure.support import FakeNvml
 
 
 @pytest.mark.parametrize(
@@ -49,25 +50,13 @@ def test_auto_workers_follow_gpus_only_when_gpu_tests_are_selected(expr: str, wa
 
 
 def test_nvml_count_and_no_driver() -> None:
-    class Nvml:
-        shut = False
+    import pynvml
 
-        def nvmlInit(self) -> None:
-            pass
-
-        def nvmlDeviceGetCount(self) -> int:
-            return 8
-
-        def nvmlShutdown(self) -> None:
-            Nvml.shut = True
-
-    assert nvml_gpu_count(lambda: Nvml()) == 8 and Nvml.shut
-
-    class NoDriver(Nvml):
-        def nvmlInit(self) -> None:
-            raise OSError("NVML Shared Library Not Found")
-
-    assert nvml_gpu_count(lambda: NoDriver()) == 0
+    eight = FakeNvml(gpus=8)
+    assert nvml_gpu_count(module=eight) == 8 and eight.inits == eight.shutdowns == 1
+    no_driver = FakeNvml()
+    no_driver.init_error = pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+    assert nvml_gpu_count(module=no_driver) == 0
 
 
 def test_xdist_workers_are_pinned_one_gpu_each(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:

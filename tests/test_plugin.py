@@ -107,8 +107,24 @@ def test_broken_budget_file_names_file_and_key_and_other_tests_run(project: pyte
     r.stdout.fnmatch_lines(["*cpu.yaml:*: budgets.mm[[]1[]].op_count[[]aten::mm[]].tolerance: expected a number in [[]0, 1], got '5%'*"])
     cpu.write_text("schema: 1\ndevice: {type: cpu\n")
     r = run(project)
-    r.assert_outcomes(passed=1, failed=3)
-    r.stdout.fnmatch_lines(["*budget file error: *cpu.yaml:3: invalid YAML*"])
+    r.assert_outcomes(passed=1, errors=3)  # a file that cannot be loaded stops every perf test
+    r.stdout.fnmatch_lines(["*cpu.yaml:3: invalid YAML*"])
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("schema: 1\ndevice: {type: cuda}\nbudgets:\n  toy:\n    flops: 1\n    flops: 2\n", "*gpu.yaml:6:*duplicate*"),
+    ("schema: 1\ndevice: {type: cuda}\nbudgets: !!python/object/apply:os.system ['true']\n", "*gpu.yaml:3:*tag*"),
+    ("schema: 1\ndevice: {type: cpu, model: 123}\nbudgets: {}\n", "*gpu.yaml:2: device.model:*123*"),
+])
+def test_a_file_that_cannot_be_loaded_fails_the_run_whatever_its_device(
+    project: pytest.Pytester, text: str, expected: str
+) -> None:
+    (project.path / "budgets").mkdir()
+    (project.path / "budgets" / "gpu.yaml").write_text(text)
+    r = run(project)
+    assert r.ret == pytest.ExitCode.TESTS_FAILED
+    r.assert_outcomes(passed=1, errors=3)  # every perf test; the plain test still runs
+    r.stdout.fnmatch_lines(["*budget files that cannot be loaded*", expected])
 
 
 def test_nan_measurement_and_empty_test_are_errors(pytester: pytest.Pytester) -> None:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch  # noqa: F401  (kept loaded across in-process pytester runs)
 
+from perfbudget.measure import nvml
 from perfbudget.preflight import check
-from tests.measure.support import FakeNvml
+from tests.measure.support import FakeNvml, cuda_properties, process
 
 
 def test_cpu_load_above_limit_is_a_problem() -> None:
@@ -17,11 +19,28 @@ def test_cpu_load_above_limit_is_a_problem() -> None:
     assert check("cpu", loadavg=lambda: (1.2, 1.0, 1.0), cpu_count=2).ok
 
 
-def test_gpu_with_another_process_is_a_problem() -> None:
+def test_gpu_with_another_process_is_a_problem(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(nvml, "CUDA_PROPERTIES", None)
     nv = FakeNvml()
-    nv.compute_procs = [type("P", (), {"pid": 4242, "usedGpuMemory": 1024**3})()]
+    nv.gpu.compute_procs = [process(4242, 1024)]
     got = check("cuda", loadavg=lambda: (0.5, 0.5, 0.5), cpu_count=2, nvml_module=nv)
     assert any("pid 4242" in p for p in got.problems), got.problems
+
+
+def test_gpu_preflight_of_a_pinned_worker_looks_at_its_own_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Worker 2 of 4 (CUDA_VISIBLE_DEVICES=2): the other workers' processes on GPUs 0, 1, 3 are
+    not its problem; a stranger on GPU 2 is."""
+    nv = FakeNvml(gpus=4)
+    for g in nv.gpus:
+        g.compute_procs = [process(os.getpid() if g.index == 2 else 5000 + g.index, 512)]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2")
+    monkeypatch.setattr(nvml, "CUDA_PROPERTIES", cuda_properties(nv, [2]))
+    quiet = lambda: (0.5, 0.5, 0.5)  # noqa: E731
+    assert check("cuda", loadavg=quiet, cpu_count=2, nvml_module=nv).ok
+    nv.gpus[2].compute_procs.append(process(4242, 512))
+    got = check("cuda", loadavg=quiet, cpu_count=2, nvml_module=nv)
+    assert got.problems == ("other processes use GPU 2 (cuda:0): pid 4242 (compute, 512 MiB)",)
 
 
 def test_gpu_without_nvml_checks_only_the_cpu() -> None:
@@ -60,7 +79,7 @@ def run(p: pytest.Pytester, *args: str) -> pytest.RunResult:
 def test_busy_machine_skips_timing_but_still_checks_exact(project: pytest.Pytester) -> None:
     r = run(project, "-o", "perfbudget_max_load=-1", "test_p.py::test_mixed")
     r.assert_outcomes(skipped=1)
-    r.stdout.fnmatch_lines(["*timing checks of k not judged (step_ms): preflight: CPU load average*checked anyway: flops*"])
+    r.stdout.fnmatch_lines(["*timing checks of k not judged (step_ms): preflight: CPU load average*judged: flops pass*"])
     cpu = project.path / "budgets" / "cpu.yaml"
     cpu.write_text(cpu.read_text().replace("value: 1000", "value: 999"))
     r = run(project, "-o", "perfbudget_max_load=-1", "test_p.py::test_mixed")

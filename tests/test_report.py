@@ -13,13 +13,14 @@ from pathlib import Path
 # Loaded here so in-process runs find matplotlib already imported (see the note below).
 import matplotlib.backends.backend_svg
 import matplotlib.figure  # noqa: F401
+import numpy as np
 import pytest
 import torch
 
 from perfbudget.artifacts import chrome_trace
 from perfbudget.device import DeviceInfo
 from perfbudget.extras import PaddingByWidth
-from perfbudget.measure.padding import sorted_batching_padding_rate
+from perfbudget.measure.padding import padding_rate, sorted_batching_padding_rate
 from perfbudget.report import (
     failing_tests,
     fmt_value,
@@ -33,7 +34,8 @@ from perfbudget.report import (
 )
 from perfbudget.report.html import plot_padding
 from perfbudget.results import BudgetRef, Record, Results, load_results, merge_results
-from torchlevers import BucketFitConfig, fit_buckets, plan_bucketed, plan_sorted, skewed_lengths
+from torchlevers import BucketFitConfig, fit_buckets, plan_bucketed, plan_sorted
+from torchlevers.bucketing import query_lengths
 
 DATA = Path(__file__).parent / "data" / "results"
 
@@ -246,13 +248,14 @@ def test_html_draws_base_vs_head_per_failing_check(ab: Results) -> None:
 
 def test_padding_plot_has_data_for_what_the_padding_perf_test_records() -> None:
     # What perf_tests/test_padding.py records for the bucketed strategy, on a small sample.
-    lengths = skewed_lengths(600, seed=0)
+    lengths = np.asarray(query_lengths(600, seed=0))
     buckets = fit_buckets(lengths, BucketFitConfig(batch_size=16, max_len=512)).buckets
     plan = plan_bucketed(lengths, buckets, batch_size=16)
-    rate = plan.padding(lengths).padding_rate
+    rate = padding_rate(plan.real_lens, plan.padded_lens)
+    ordered = plan_sorted(lengths, batch_size=16)
     assert math.isclose(sorted_batching_padding_rate(lengths.tolist(), 16),
-                        plan_sorted(lengths, batch_size=16).padding(lengths).padding_rate)
-    padding = PaddingByWidth.from_batches([lengths[list(b)] for b in plan.batches], plan.padded_lens,
+                        padding_rate(ordered.real_lens, ordered.padded_lens))
+    padding = PaddingByWidth.from_batches(plan.real_lens, plan.padded_lens,
                                           sorted_rate=sorted_batching_padding_rate(lengths.tolist(), 16))
     record = Record(nodeid="perf_tests/test_padding.py::test_padding_rate[bucketed]", key="padding-bucketed",
                     metric="padding_rate", outcome="pass", value=rate, n=1, device=CPU, unit="1", kind="exact",

@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 __all__ = [
     "SELECTOR_FIELDS",
+    "SELECTOR_INT_FIELDS",
+    "SELECTOR_VERSION_FIELDS",
     "DeviceInfo",
     "DeviceType",
     "Selector",
@@ -63,6 +65,11 @@ class DeviceInfo:
 
 #: Fields a budget file's ``device:`` block may name.
 SELECTOR_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(DeviceInfo))
+#: Selector fields compared as integers, exactly; every other field is a string.
+SELECTOR_INT_FIELDS: tuple[str, ...] = ("count", "threads")
+#: String fields compared as version prefixes (``torch: "2.13"`` selects 2.13.0+cpu); the
+#: remaining string fields match case-insensitively as substrings.
+SELECTOR_VERSION_FIELDS: tuple[str, ...] = ("torch", "triton", "cuda", "driver", "compute_capability")
 
 
 def cpu_model_name() -> str:
@@ -78,17 +85,10 @@ def cpu_model_name() -> str:
 
 
 def _nvml_driver() -> str | None:
-    try:
-        import pynvml
+    from .measure import nvml
 
-        pynvml.nvmlInit()
-        try:
-            v = pynvml.nvmlSystemGetDriverVersion()
-            return v.decode() if isinstance(v, bytes) else str(v)
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # NVML absent or broken: the field stays unknown
-        return None
+    got = nvml.driver_version()
+    return got if isinstance(got, str) else None  # NVML absent or broken: the field stays unknown
 
 
 def describe(type: DeviceType = "cpu", *, threads: int | None = 1) -> DeviceInfo:
@@ -122,10 +122,13 @@ def describe(type: DeviceType = "cpu", *, threads: int | None = 1) -> DeviceInfo
         )
     if not torch.cuda.is_available():
         raise RuntimeError("CUDA is not available on this machine")
-    major, minor = torch.cuda.get_device_capability(0)
+    # The device the measurements run on: torch's current one (one per xdist worker, each
+    # pinned with CUDA_VISIBLE_DEVICES), named by CUDA itself, so no NVML index is involved.
+    index = torch.cuda.current_device()
+    major, minor = torch.cuda.get_device_capability(index)
     return DeviceInfo(
         type="cuda",
-        model=torch.cuda.get_device_name(0),
+        model=torch.cuda.get_device_name(index),
         count=torch.cuda.device_count(),
         compute_capability=f"{major}.{minor}",
         driver=_nvml_driver(),
@@ -164,7 +167,7 @@ class Selector:
             have = getattr(info, name)
             if have is None:
                 return False
-            if name in ("torch", "triton", "cuda", "driver", "compute_capability"):
+            if name in SELECTOR_VERSION_FIELDS:
                 if not str(have).startswith(str(want)):
                     return False
             elif isinstance(want, str):

@@ -9,13 +9,12 @@ key and the value when it is there but malformed.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .measure.operators import OpRow
-from .measure.padding import PaddingStats, padding_stats
+from .measure.padding import PaddingStats, padding_rate_by_width
 
 if TYPE_CHECKING:
     from .measure.operators import OpTable
@@ -112,15 +111,8 @@ class PaddingByWidth:
             ValueError: from ``measure.padding.padding_stats`` (batch counts differ, a
                 sequence longer than its padded width).
         """
-        lengths = [[int(n) for n in b] for b in lengths_per_batch]
-        widths = [int(w) for w in padded_len_per_batch]
-        if len(lengths) != len(widths):
-            raise ValueError(f"got {len(lengths)} batches of lengths but {len(widths)} padded lengths")
-        groups: dict[int, list[list[int]]] = defaultdict(list)
-        for batch, width in zip(lengths, widths, strict=True):
-            groups[width].append(batch)
-        stats = {w: padding_stats(bs, [w] * len(bs)) for w, bs in groups.items()}
-        return cls.from_stats(stats, sorted_rate=sorted_rate)
+        by_width = padding_rate_by_width(lengths_per_batch, padded_len_per_batch)
+        return cls(widths=tuple(by_width), rates=tuple(by_width.values()), sorted_rate=sorted_rate)
 
     @property
     def rate_by_width(self) -> dict[int, float]:

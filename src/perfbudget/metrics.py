@@ -59,6 +59,10 @@ class Metric:
     kind: Kind
     arg: str | None = None
     portable: bool = False
+    portable_types: tuple[str, ...] = ()
+    """Device types on which the metric is portable though it is not on every type (CPU peak
+    memory per phase: identical to the byte across CPU models; on GPUs it depends on the
+    kernels a model's libraries pick)."""
     quantile: float = 0.5
     tolerance: float | None = None
     doc: str = ""
@@ -66,6 +70,10 @@ class Metric:
     @property
     def default_tolerance(self) -> float:
         return DEFAULT_TOLERANCE[self.kind] if self.tolerance is None else self.tolerance
+
+    def portable_on(self, device_type: str) -> bool:
+        """Whether the value holds on any device of ``device_type`` (filed in ``<type>.yaml``)."""
+        return self.portable or device_type in self.portable_types
 
     @property
     def statistical(self) -> bool:
@@ -87,13 +95,15 @@ _REGISTRY: tuple[Metric, ...] = (
     _m("padding_rate", "1", "lower", "exact", "padded tokens / all tokens", portable=True),
     _m("nonfinite_grads", "1", "lower", "exact", "parameters with NaN/inf gradients", portable=True),
     _m("scaler_skipped_steps", "1", "lower", "exact", "GradScaler steps skipped for inf/NaN", portable=True),
-    _m("loss_drift", "1", "lower", "exact", "max relative loss difference to an fp32 reference"),
-    _m("max_abs_error", "1", "lower", "exact", "max absolute error against a reference", arg="case"),
+    _m("loss_drift", "1", "lower", "exact", "max relative loss difference to an fp32 reference", portable=True),
+    _m("max_abs_error", "1", "lower", "exact", "max absolute error against a reference", arg="case",
+       portable=True),
     _m("kernel_count", "1", "lower", "exact", "GPU kernels launched per step"),
     _m("theoretical_occupancy", "1", "higher", "exact", "theoretical SM occupancy of a kernel", arg="kernel"),
     _m("ratio", "1", "lower", "exact", "a deterministic ratio where lower is better", arg="what", portable=True),
     # bytes: allocator peaks
-    _m("peak_allocated_mib", "MiB", "lower", "bytes", "peak allocated memory of a phase", arg="phase"),
+    _m("peak_allocated_mib", "MiB", "lower", "bytes", "peak allocated memory of a phase", arg="phase",
+       portable_types=("cpu",)),
     # timing: statistics over samples, lower is better
     _m("step_ms", "ms", "lower", "timing", "one training or inference step"),
     _m("latency_ms", "ms", "lower", "timing", "latency of a named call", arg="what"),
@@ -110,7 +120,8 @@ _REGISTRY: tuple[Metric, ...] = (
     _m("throughput_samples_per_s", "samples/s", "higher", "rate", "training or inference throughput"),
     _m("tokens_per_s", "tokens/s", "higher", "rate", "generated tokens per second"),
     _m("speedup", "x", "higher", "rate", "time ratio baseline / lever, measured in one run", arg="what"),
-    _m("sm_occupancy", "1", "higher", "rate", "achieved SM occupancy (profiler estimate or NVML GPM)"),
+    _m("sm_occupancy", "1", "higher", "rate", "achieved SM occupancy, duration-weighted profiler estimate"),
+    _m("gpm_sm_occupancy", "1", "higher", "rate", "achieved SM occupancy measured by NVML GPM (Hopper and newer)"),
     _m("sm_util", "1", "higher", "rate", "fraction of SMs busy (NVML GPM)"),
     _m("tensor_util", "1", "higher", "rate", "tensor-core utilisation (NVML GPM)"),
     # energy

@@ -3,31 +3,13 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from typing import Any
+
+from .measure import nvml
+from .measure.nvml import visible_gpus
 
 __all__ = ["gpu_for_worker", "nvml_gpu_count", "visible_gpus", "wants_gpu_workers"]
-
-
-def visible_gpus(cuda_visible_devices: str | None, device_count: int) -> list[str]:
-    """The GPUs this process may use, as ``CUDA_VISIBLE_DEVICES`` entries.
-
-    Args:
-        cuda_visible_devices: the variable's value, or ``None`` when unset.
-        device_count: GPUs the driver reports (used when the variable is unset).
-
-    Returns:
-        Indices or UUIDs (``["0", "1"]``, ``["GPU-8f…", "MIG-…"]``); empty for none. As CUDA
-        does, entries after an invalid one (``-1``, an empty entry) are ignored.
-    """
-    if cuda_visible_devices is None:
-        return [str(i) for i in range(max(device_count, 0))]
-    out = []
-    for raw in cuda_visible_devices.split(","):
-        entry = raw.strip()
-        if not entry or re.fullmatch(r"-\d+", entry):
-            break
-        out.append(entry)
-    return out
 
 
 def gpu_for_worker(worker_id: str, gpus: Sequence[str]) -> str | None:
@@ -51,14 +33,11 @@ def wants_gpu_workers(markexpr: str) -> bool:
     return any(w == "gpu" and (i == 0 or words[i - 1] != "not") for i, w in enumerate(words))
 
 
-def nvml_gpu_count(nvml: Callable[[], object] | None = None) -> int:
-    """GPUs the NVIDIA driver reports, via NVML (never initialises CUDA); 0 without a driver."""
-    try:
-        pynvml = nvml() if nvml is not None else __import__("pynvml")
-        pynvml.nvmlInit()  # type: ignore[attr-defined]
-        try:
-            return int(pynvml.nvmlDeviceGetCount())  # type: ignore[attr-defined]
-        finally:
-            pynvml.nvmlShutdown()  # type: ignore[attr-defined]
-    except Exception:  # no driver, no library: no GPUs to pin
-        return 0
+def nvml_gpu_count(*, module: Any = None) -> int:
+    """GPUs the NVIDIA driver reports, via NVML (never initialises CUDA); 0 without a driver.
+
+    Args:
+        module: a ``pynvml``-compatible module (default: ``measure.nvml``'s).
+    """
+    got = nvml.gpu_count(module=module)
+    return got if isinstance(got, int) else 0  # no driver, no library: no GPUs to pin

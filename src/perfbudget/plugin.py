@@ -123,6 +123,13 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.fail(f"{item.nodeid}: @pytest.mark.budget({spec.key!r}) on a test that does not use the `perf` "
                     "fixture: nothing would be judged; request `perf` or drop the marker", pytrace=False)
     item.stash[_SPEC] = spec
+    if spec.uses_perf:
+        broken = item.config.stash[_SESSION].budgets.file_errors
+        if broken:
+            # A file that cannot be loaded would otherwise judge nothing it holds, on any device.
+            lines = "\n".join(f"  {e}" for e in broken)
+            pytest.fail(f"budget files that cannot be loaded (every perf test fails until they are fixed):\n{lines}",
+                        pytrace=False)
     if spec.device == "cuda":
         import torch
 

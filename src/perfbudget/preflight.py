@@ -33,6 +33,7 @@ def check(
     max_load_per_core: float = DEFAULT_MAX_LOAD_PER_CORE,
     loadavg: Callable[[], tuple[float, float, float]] = os.getloadavg,
     cpu_count: int | None = None,
+    device_index: int | None = None,
     nvml_module: Any = None,
 ) -> Preflight:
     """Check the conditions timing budgets need.
@@ -46,6 +47,8 @@ def check(
         max_load_per_core: CPU load limit per logical core.
         loadavg: returns the 1/5/15-minute load averages (injected in tests).
         cpu_count: logical cores (default ``os.cpu_count()``).
+        device_index: the CUDA device measured, as torch numbers it (default: the current
+            one); its GPU is found through NVML by UUID or PCI bus id, never by number.
         nvml_module: a ``pynvml``-compatible module (injected in tests).
 
     Returns:
@@ -65,7 +68,7 @@ def check(
     if device == "cuda":
         from .measure import nvml
 
-        got = nvml.preflight(module=nvml_module)
-        if isinstance(got, nvml.Preflight):
+        got = nvml.gpu_preflight(device_index, module=nvml_module)
+        if isinstance(got, nvml.GpuPreflight):
             problems.extend(got.problems)
     return Preflight(tuple(problems))

@@ -382,12 +382,18 @@ class PerfRecorder:
             self.failure_step = step
         threshold = NEW_OP_SHARE_UPDATE if self.update else NEW_OP_SHARE_CHECK
         ops = set(self._budgeted_ops()) | set(first.top(threshold))
+        def self_ms_of(op: str) -> Callable[[OpRounds], Any]:
+            return lambda r: (r.self_ms(op), list(r.ref_ms))
+
+        def share_of(op: str) -> Callable[[OpRounds], Any]:
+            return lambda r: r.share(op)
+
         for op in sorted(ops, key=lambda o: -first.mean_share(o)):
             if "op_self_ms" in families:
                 self.record(f"op_self_ms[{op}]", first.self_ms(op), reference=list(first.ref_ms),
-                            more=more_for(lambda r, op=op: (r.self_ms(op), list(r.ref_ms))))
+                            more=more_for(self_ms_of(op)))
             if "op_share" in families:
-                self.record(f"op_share[{op}]", first.share(op), more=more_for(lambda r, op=op: r.share(op)))
+                self.record(f"op_share[{op}]", first.share(op), more=more_for(share_of(op)))
             if "op_count" in families:
                 calls = [row.calls if (row := t.get(op)) is not None else 0.0 for t in first.tables]
                 self.record(f"op_count[{op}]", stats.median(calls))
@@ -512,6 +518,103 @@ class PerfRecorder:
         drift = numerics.compare_to_reference(candidate, reference, steps=steps)
         return self.record("loss_drift", drift.max_rel)
 
+    # -- GPU utilisation ------------------------------------------------------------------
+
+    def occupancy(self, step: Callable[[], Any], *, rounds: int = 5, steps: int = 2) -> None:
+        """Record ``kernel_count`` (per step) and ``sm_occupancy``: the duration-weighted mean
+        of the profiler's per-kernel "est. achieved occupancy", one sample per profiled round.
+        Unmeasurable where the trace carries no estimate (CPU, or a profiler without it)."""
+        import tempfile
+        from pathlib import Path
+
+        from .measure import occupancy
+        from .measure.operators import profile_steps
+
+        def profiled() -> tuple[list[float], int]:
+            occ: list[float] = []
+            kernels = 0
+            with tempfile.TemporaryDirectory(prefix="perfbudget-occupancy-") as tmp:
+                for i in range(rounds):
+                    path = Path(tmp) / f"round{i}.json"
+                    profile_steps(step, steps=steps, warmup=1, device=self._dev, trace_path=path, with_flops=False,
+                                  peaks=None)
+                    got = occupancy.achieved_occupancy(path)
+                    if got.occupancy is not None:
+                        occ.append(got.occupancy)
+                    kernels = got.kernels // steps
+            return occ, kernels
+
+        occ, kernels = profiled()
+        self.record("kernel_count", kernels)
+        if not occ:
+            self.unmeasurable("sm_occupancy", "the profiler's kernel records carry no occupancy estimate")
+        else:
+            self.record("sm_occupancy", occ, more=lambda: profiled()[0])
+
+    def gpm(self, window: Callable[[], Any], *, windows: int = 5) -> None:
+        """Record NVML GPM's measured ``gpm_sm_occupancy`` and ``tensor_util``, one sample per
+        ``window()`` (which should keep the GPU busy for a second or so and synchronise)."""
+        from .measure import nvml
+
+        def sampled() -> dict[str, list[float]] | nvml.Unmeasurable:
+            out: dict[str, list[float]] = {"sm_occupancy": [], "tensor_util": []}
+            for _ in range(windows):
+                got = nvml.gpm_metrics(window, metrics=tuple(out))
+                if isinstance(got, nvml.Unmeasurable):
+                    return got
+                for k in out:
+                    out[k].append(got.values_pct[k] / 100.0)
+            return out
+
+        first = sampled()
+        if isinstance(first, nvml.Unmeasurable):
+            self.unmeasurable("gpm_sm_occupancy", first.reason)
+            self.unmeasurable("tensor_util", first.reason)
+            return
+        def again(name: str) -> Callable[[], list[float]]:
+            def more() -> list[float]:
+                got = sampled()
+                if isinstance(got, nvml.Unmeasurable):
+                    raise RuntimeError(f"NVML GPM went away: {got.reason}")
+                return got[name]
+            return more
+
+        self.record("gpm_sm_occupancy", first["sm_occupancy"], more=again("sm_occupancy"))
+        self.record("tensor_util", first["tensor_util"], more=again("tensor_util"))
+
+    # -- energy ---------------------------------------------------------------------------
+
+    def energy(self, fn: Callable[[], Any], *, per_call: int, unit: str = "sample", windows: int = 5) -> Verdict:
+        """Record ``energy_j_per_<unit>`` over windows of >= 1 s (NVML on GPUs, RAPL on CPUs);
+        where no counter is readable, the metric is recorded unmeasurable with the reason.
+
+        Args:
+            fn: processes ``per_call`` units per call (a training step, a few requests).
+            per_call: samples or tokens per call.
+            unit: ``"sample"`` or ``"token"``.
+            windows: windows per sample set (one value each).
+        """
+        from .measure import energy
+
+        if unit not in ("sample", "token"):
+            raise ValueError(f"unit must be 'sample' or 'token', got {unit!r}")
+        metric = f"energy_j_per_{unit}"
+
+        def measure() -> Any:
+            return energy.energy_per_sample(fn, samples_per_call=per_call, device=self._dev, windows=windows)
+
+        got = measure()
+        if isinstance(got, energy.Unmeasurable):
+            return self.unmeasurable(metric, got.reason)
+
+        def again() -> list[float]:
+            fresh = measure()
+            if isinstance(fresh, energy.Unmeasurable):
+                raise RuntimeError(f"{metric}: the energy counter went away: {fresh.reason}")
+            return list(fresh.j_per_sample)
+
+        return self.record(metric, list(got.j_per_sample), more=again, attribution=[f"counter: {got.source} {got.domain}"])
+
     # -- helpers --------------------------------------------------------------------------
 
     def _timing_threads(self) -> int | None:
@@ -559,7 +662,8 @@ class PerfRecorder:
         lines = []
         for v in ops[:k]:
             assert v.budget is not None and v.ratio is not None
-            lines.append(f"{v.metric}: {v.value:.4g} vs budget {v.budget.value:.4g} {v.info.unit} "
+            unit = "" if v.info.unit == "1" else f" {v.info.unit}"
+            lines.append(f"{v.metric}: {v.value:.4g}{unit} vs budget {v.budget.value:.4g}{unit} "
                          f"({v.ratio - 1:+.1%}, {v.outcome})")
         return lines
 

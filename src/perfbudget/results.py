@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -58,16 +59,13 @@ class BudgetRef:
     def of(cls, budget: Budget) -> BudgetRef:
         return cls(value=budget.value, tolerance=budget.tolerance, source=budget.source, line=budget.line)
 
-    def __getitem__(self, name: str) -> Any:  # TEMP until the report package lands
-        return getattr(self, name)
-
-    def get(self, name: str, default: Any = None) -> Any:  # TEMP until the report package lands
-        return getattr(self, name, default)
-
     @property
     def where(self) -> str:
-        """``budgets/cpu.yaml:12`` (or the file alone)."""
-        return f"{self.source}:{self.line}" if self.line else self.source
+        """``budgets/cpu.yaml:12`` (or the file alone), relative to the working folder when under it."""
+        source = self.source
+        with contextlib.suppress(ValueError):
+            source = str(Path(source).resolve().relative_to(Path.cwd().resolve())) if Path(source).is_absolute() else source
+        return f"{source}:{self.line}" if self.line else source
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,10 +119,10 @@ class Record:
 
     @classmethod
     def from_verdict(cls, v: Verdict, *, nodeid: str, device: DeviceInfo, extra: Mapping[str, Any] | None = None) -> Record:
-        try:
+        unit, kind, direction = "", "", ""
+        # An error record for a misspelt metric keeps its name, with no unit or kind.
+        with contextlib.suppress(UnknownMetricError):
             unit, kind, direction = v.info.unit, v.info.kind, v.info.direction
-        except UnknownMetricError:  # an error record for a misspelt metric keeps its name
-            unit = kind = direction = ""
         return cls(
             nodeid=nodeid, key=v.key, metric=v.metric, outcome=v.outcome, value=v.value, ci=v.ci,
             ci_confidence=v.confidence if v.ci else None, n=v.n, cv=v.cv,

@@ -50,13 +50,8 @@ from torchlevers.warmup import (
     CompileConfig,
     CompiledStep,
     CudaAllocConf,
-    DynamoCounters,
-    RecompileError,
-    WarmupConfig,
-    WarmupReport,
     compile_and_warm,
     set_cuda_alloc_conf,
-    warm_up,
 )
 
 __all__ = [
@@ -74,7 +69,6 @@ __all__ = [
     "CompileConfig",
     "CompiledStep",
     "CudaAllocConf",
-    "DynamoCounters",
     "FP32StatsLayerNorm",
     "IdSpace",
     "LayerClip",
@@ -84,10 +78,7 @@ __all__ = [
     "PerLayerClipper",
     "PrecisionPolicy",
     "QueryLengthDistribution",
-    "RecompileError",
     "StepReport",
-    "WarmupConfig",
-    "WarmupReport",
     "check_ids",
     "clip_global_norm",
     "compile_and_warm",
@@ -109,5 +100,4 @@ __all__ = [
     "shape_class_batches",
     "swap_layernorms",
     "triton_available",
-    "warm_up",
 ]

@@ -65,20 +65,23 @@ def _ln_bwd(
         w = tl.where(cmask, 1.0, 0.0)
     dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     db_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for i in range(0, rows_per_prog):
-        row = pid * rows_per_prog + i
-        rmask = row < M
-        mask = cmask & rmask
-        x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
-        mean = tl.load(Mean + row, mask=rmask, other=0.0)
-        rstd = tl.load(Rstd + row, mask=rmask, other=0.0)
-        xhat = tl.where(mask, (x - mean) * rstd, 0.0)
+    # The last program's run ends at M through the loop bound, not a row mask, so every mask
+    # is a block-shaped comparison: the interpreter broadcasts a scalar `row < M` into the
+    # block as int32 data, which Triton 3.7 loads through and 3.9 refuses ("mask has
+    # unsupported dtype"). Compiled, the bound also skips the masked-off iterations.
+    first = pid * rows_per_prog
+    end = tl.minimum(first + rows_per_prog, M)
+    for row in range(first, end):
+        x = tl.load(X + row * stride_x + cols, mask=cmask, other=0.0).to(tl.float32)
+        dy = tl.load(DY + row * stride_dy + cols, mask=cmask, other=0.0).to(tl.float32)
+        mean = tl.load(Mean + row)
+        rstd = tl.load(Rstd + row)
+        xhat = tl.where(cmask, (x - mean) * rstd, 0.0)
         g = dy * w
         c1 = tl.sum(xhat * g, axis=0) / N
         c2 = tl.sum(g, axis=0) / N
         dx = (g - (xhat * c1 + c2)) * rstd
-        tl.store(DX + row * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
+        tl.store(DX + row * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=cmask)
         dw_acc += dy * xhat
         db_acc += dy
     tl.store(DW_part + pid * N + cols, dw_acc, mask=cmask)

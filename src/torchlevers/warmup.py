@@ -1,11 +1,11 @@
-"""Warm-up until steady, a torch.compile wrapper (warm every shape class, record compile_s, then run under fail_on_recompile) and a PYTORCH_CUDA_ALLOC_CONF helper."""
+"""A torch.compile wrapper (warm every shape class until dynamo settles, then run under fail_on_recompile) and a PYTORCH_CUDA_ALLOC_CONF helper."""
 
 from __future__ import annotations
 
 import os
 import time
 from collections.abc import Callable, MutableMapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 import torch
@@ -14,180 +14,14 @@ __all__ = [
     "CompileConfig",
     "CompiledStep",
     "CudaAllocConf",
-    "DynamoCounters",
-    "RecompileError",
-    "WarmupConfig",
-    "WarmupReport",
     "compile_and_warm",
     "set_cuda_alloc_conf",
-    "warm_up",
 ]
-
-
-# --------------------------------------------------------------------------- counters
-
-
-@dataclass(frozen=True)
-class DynamoCounters:
-    """Snapshot of the dynamo counters that move when something (re)compiles.
-
-    There is no "recompiles" counter: a recompile shows as growth of
-    ``frames_total`` and ``unique_graphs``. The counters are process-wide, so
-    other compiled code running meanwhile moves them too.
-    """
-
-    frames_total: int = 0
-    frames_ok: int = 0
-    unique_graphs: int = 0
-    graph_breaks: int = 0
-    """Sum over all graph-break reasons."""
-
-    @classmethod
-    def read(cls) -> DynamoCounters:
-        """Read ``torch._dynamo.utils.counters`` now."""
-        from torch._dynamo.utils import counters
-
-        return cls(
-            frames_total=int(counters["frames"]["total"]),
-            frames_ok=int(counters["frames"]["ok"]),
-            unique_graphs=int(counters["stats"]["unique_graphs"]),
-            graph_breaks=int(sum(counters["graph_break"].values())),
-        )
-
-    def __sub__(self, other: DynamoCounters) -> DynamoCounters:
-        return DynamoCounters(**{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)})
-
-    def changed_since(self, other: DynamoCounters) -> bool:
-        """Whether any counter moved."""
-        return self != other
-
-
-# --------------------------------------------------------------------------- warm-up
-
-
-@dataclass(frozen=True, kw_only=True)
-class WarmupConfig:
-    """When a warm-up counts as steady."""
-
-    min_rounds: int = 1
-    """Passes over all shape classes always run (first-call costs: allocator, caches, compile)."""
-    max_rounds: int = 5
-    """Give up after this many passes; the report then says ``steady=False``."""
-    steady_rounds: int = 1
-    """Consecutive passes in which the dynamo counters did not move."""
-    time_tolerance: float | None = None
-    """Also require the pass time to change by at most this fraction from the previous
-    pass (e.g. 0.05); None judges by counters only (timing is noisy on shared machines)."""
-
-    def __post_init__(self) -> None:
-        if self.min_rounds < 1:
-            raise ValueError(f"min_rounds must be >= 1, got {self.min_rounds!r}")
-        if self.max_rounds < self.min_rounds:
-            raise ValueError(f"max_rounds must be >= min_rounds={self.min_rounds}, got {self.max_rounds!r}")
-        if self.steady_rounds < 1:
-            raise ValueError(f"steady_rounds must be >= 1, got {self.steady_rounds!r}")
-        if self.time_tolerance is not None and not self.time_tolerance > 0:
-            raise ValueError(f"time_tolerance must be > 0 or None, got {self.time_tolerance!r}")
-
-
-@dataclass(frozen=True)
-class WarmupReport:
-    """What a warm-up did."""
-
-    rounds: int
-    """Passes over the shape classes."""
-    steps: int
-    """Calls of the step."""
-    steady: bool
-    """The stopping rule was met within ``max_rounds``."""
-    round_s: tuple[float, ...]
-    """Wall time of each pass (seconds)."""
-    compile_s: float
-    """Wall time of the calls during which the dynamo counters moved (seconds):
-    compilation plus that call's own run."""
-    counters: DynamoCounters
-    """Counter growth over the whole warm-up."""
-    changed: tuple[bool, ...] = field(repr=False)
-    """Per pass: did the counters move."""
-
-
-def _default_sync() -> None:
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
-
-
-def warm_up(
-    step: Callable[[Any], Any],
-    shape_classes: Sequence[Any],
-    config: WarmupConfig | None = None,
-    *,
-    synchronize: Callable[[], None] | None = None,
-    read_counters: Callable[[], DynamoCounters] | None = None,
-) -> WarmupReport:
-    """Run ``step`` once per shape class, pass after pass, until steady.
-
-    Args:
-        step: one training or inference step taking one batch, e.g. ``lambda b: train_step(model, b)``.
-        shape_classes: one representative batch per shape class (e.g. one per bucket).
-            Every shape the measured run will see must be here.
-        config: stopping rule; defaults to :class:`WarmupConfig()`.
-        synchronize: waits for queued device work before a clock is read; default
-            ``torch.cuda.synchronize`` when CUDA is initialised, else nothing.
-        read_counters: source of counter snapshots; default :meth:`DynamoCounters.read`.
-
-    Returns:
-        :class:`WarmupReport`.
-    """
-    cfg = config or WarmupConfig()
-    if len(shape_classes) == 0:
-        raise ValueError("shape_classes is empty: give one batch per shape the step will see")
-    sync = synchronize or _default_sync
-    read = read_counters or DynamoCounters.read
-    start = read()
-    round_s: list[float] = []
-    changed: list[bool] = []
-    compile_s = 0.0
-    quiet = 0
-    steady = False
-    steps = 0
-    for r in range(cfg.max_rounds):
-        before_round = read()
-        t_round = time.perf_counter()
-        for batch in shape_classes:
-            before = read()
-            t0 = time.perf_counter()
-            step(batch)
-            sync()
-            dt = time.perf_counter() - t0
-            steps += 1
-            if read().changed_since(before):
-                compile_s += dt
-        round_s.append(time.perf_counter() - t_round)
-        moved = read().changed_since(before_round)
-        changed.append(moved)
-        stable_time = True
-        if cfg.time_tolerance is not None:
-            stable_time = len(round_s) >= 2 and abs(round_s[-1] - round_s[-2]) <= cfg.time_tolerance * round_s[-2]
-        quiet = quiet + 1 if (not moved and stable_time) else 0
-        if r + 1 >= cfg.min_rounds and quiet >= cfg.steady_rounds:
-            steady = True
-            break
-    return WarmupReport(
-        rounds=len(round_s),
-        steps=steps,
-        steady=steady,
-        round_s=tuple(round_s),
-        compile_s=compile_s,
-        counters=read() - start,
-        changed=tuple(changed),
-    )
 
 
 # --------------------------------------------------------------------------- compile
 
-
-class RecompileError(RuntimeError):
-    """A compiled step met an input it was not warmed up for."""
+_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -203,22 +37,51 @@ class CompileConfig:
     ``torch._dynamo.config.recompile_limit``); True: dynamic from the start."""
     fullgraph: bool = False
     """Fail on any graph break instead of splitting."""
-    warmup: WarmupConfig = field(default_factory=lambda: WarmupConfig(min_rounds=2, max_rounds=5))
-    """Stopping rule; two passes minimum so automatic-dynamic recompiles are caught."""
+    min_rounds: int = 2
+    """Passes over all shape classes that always run: with ``dynamic=None`` the second shape
+    recompiles the first static graph as a dynamic one, so one pass is not enough."""
+    max_rounds: int = 5
+    """Passes after which a step that still compiles is refused as not shape-stable."""
 
     def __post_init__(self) -> None:
-        allowed = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-        if self.mode is not None and self.mode not in allowed:
-            raise ValueError(f"mode must be one of {allowed} or None, got {self.mode!r}")
+        if self.mode is not None and self.mode not in _MODES:
+            raise ValueError(f"mode must be one of {_MODES} or None, got {self.mode!r}")
         if not self.backend:
             raise ValueError(f"backend must be a backend name, got {self.backend!r}")
+        if self.min_rounds < 1:
+            raise ValueError(f"min_rounds must be >= 1, got {self.min_rounds!r}")
+        if self.max_rounds < self.min_rounds:
+            raise ValueError(f"max_rounds must be >= min_rounds={self.min_rounds}, got {self.max_rounds!r}")
+
+
+def _dynamo_activity() -> tuple[int, int]:
+    """Frames dynamo converted and graphs it produced: both grow on every (re)compile.
+
+    There is no recompile counter; these are the two that move (process-wide)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["frames"]["total"]), int(counters["stats"]["unique_graphs"])
+
+
+def _recompile_error(message: str) -> RuntimeError:
+    """torch's own ``RecompileError`` (a RuntimeError), imported late: ``torch._dynamo`` costs
+    seconds to import and a user of the other levers never needs it."""
+    from torch._dynamo.exc import RecompileError
+
+    return RecompileError(message)
+
+
+def _sync() -> None:
+    # Compile time is read from a host clock: wait for queued GPU work first.
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 class CompiledStep:
-    """A compiled callable with its warm-up report; calls run under ``fail_on_recompile``.
+    """A compiled callable, warmed on every shape class; calls run under ``fail_on_recompile``.
 
     Build it with :func:`compile_and_warm`. A call that would recompile raises
-    :class:`RecompileError` instead of silently paying compile time inside a
+    ``torch._dynamo.exc.RecompileError`` instead of silently paying compile time inside a
     measurement.
     """
 
@@ -232,23 +95,34 @@ class CompiledStep:
             dynamic=self.config.dynamic,
             fullgraph=self.config.fullgraph,
         )
-        self.report: WarmupReport | None = None
+        self.rounds: int | None = None
+        """Warm-up passes over the shape classes run (None before :meth:`warm`)."""
+        self._compile_s: float | None = None
 
     @property
     def compile_s(self) -> float:
-        """Seconds spent compiling during warm-up (see :attr:`WarmupReport.compile_s`)."""
-        if self.report is None:
+        """Seconds of the warm-up calls during which dynamo compiled (compilation plus that
+        call's own run)."""
+        if self._compile_s is None:
             raise RuntimeError("not warmed up yet: call warm() or use compile_and_warm()")
-        return self.report.compile_s
+        return self._compile_s
 
-    def warm(self, shape_classes: Sequence[Any]) -> WarmupReport:
-        """Call the compiled function on every shape class until the dynamo counters stop moving.
+    def warm(self, shape_classes: Sequence[Any]) -> float:
+        """Call the compiled function on every shape class, pass after pass, until a pass compiles nothing.
+
+        Args:
+            shape_classes: one batch per shape class the step will see (e.g. one per bucket).
+
+        Returns:
+            :attr:`compile_s`.
 
         Raises:
-            ValueError: with ``dynamic=False`` and more shape classes than the
+            ValueError: no shape classes, or with ``dynamic=False`` more shape classes than the
                 recompile limit, where dynamo would silently fall back to eager.
-            RecompileError: if the counters still move after ``max_rounds`` passes.
+            torch._dynamo.exc.RecompileError: dynamo still compiles after ``max_rounds`` passes.
         """
+        if len(shape_classes) == 0:
+            raise ValueError("shape_classes is empty: give one batch per shape the step will see")
         limit = int(getattr(torch._dynamo.config, "recompile_limit", 8))
         if self.config.dynamic is False and len(shape_classes) > limit:
             raise ValueError(
@@ -256,26 +130,35 @@ class CompiledStep:
                 f"torch._dynamo.config.recompile_limit={limit}; past it dynamo runs eagerly. "
                 "Use dynamic=None, fewer buckets, or raise the limit"
             )
-        report = warm_up(self.compiled, shape_classes, self.config.warmup)
-        if not report.steady:
-            raise RecompileError(
-                f"still recompiling after {report.rounds} warm-up passes "
-                f"(counters moved: {report.counters}); inputs are not shape-stable"
-            )
-        self.report = report
-        return report
+        compile_s = 0.0
+        for done in range(1, self.config.max_rounds + 1):
+            before_round = _dynamo_activity()
+            for batch in shape_classes:
+                before = _dynamo_activity()
+                t0 = time.perf_counter()
+                self.compiled(batch)
+                _sync()
+                if _dynamo_activity() != before:
+                    compile_s += time.perf_counter() - t0
+            if done >= self.config.min_rounds and _dynamo_activity() == before_round:
+                self.rounds, self._compile_s = done, compile_s
+                return compile_s
+        raise _recompile_error(
+            f"still recompiling after {self.config.max_rounds} warm-up passes over "
+            f"{len(shape_classes)} shape classes: inputs are not shape-stable"
+        )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.report is None:
+        if self._compile_s is None:
             raise RuntimeError("not warmed up yet: call warm() or use compile_and_warm()")
         try:
             with torch.compiler.set_stance("fail_on_recompile"):
                 return self.compiled(*args, **kwargs)
         except RuntimeError as exc:
             if "fail_on_recompile" in str(exc) or "Detected recompile" in str(exc):
-                raise RecompileError(
-                    "the compiled step would recompile for this input: add its shape class "
-                    "(shape, dtype, device) to the warm-up batches"
+                raise _recompile_error(
+                    "the compiled step would recompile for this input (fail_on_recompile): add its "
+                    "shape class (shape, dtype, device) to the warm-up batches"
                 ) from exc
             raise
 
@@ -283,7 +166,7 @@ class CompiledStep:
 def compile_and_warm(
     fn: Callable[..., Any], shape_classes: Sequence[Any], config: CompileConfig | None = None
 ) -> CompiledStep:
-    """``torch.compile`` ``fn``, warm every shape class until steady, return the ready step.
+    """``torch.compile`` ``fn``, warm every shape class until dynamo settles, return the ready step.
 
     Args:
         fn: a step or module taking one batch (``fn(batch)``).
@@ -291,8 +174,8 @@ def compile_and_warm(
         config: compile options; defaults to :class:`CompileConfig()`.
 
     Returns:
-        :class:`CompiledStep` with ``compile_s`` and the warm-up report; calls
-        run under ``torch.compiler.set_stance("fail_on_recompile")``.
+        :class:`CompiledStep` with ``compile_s``; calls run under
+        ``torch.compiler.set_stance("fail_on_recompile")``.
     """
     step = CompiledStep(fn, config)
     step.warm(shape_classes)

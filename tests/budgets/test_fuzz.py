@@ -1,4 +1,4 @@
-"""Fuzzed budget input: any text gives a valid budget set or the project's own error naming the place."""
+"""Fuzzed budget input: any bytes load, or give the project's own errors naming the file; never an exception."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from perfbudget.budgets import BudgetError, Measured, apply_updates, load_dir, parse_text
+from perfbudget.budgets import BudgetError, BudgetSet, Measured, apply_updates, load_dir, parse_text
 from perfbudget.device import SELECTOR_FIELDS, DeviceInfo
 from perfbudget.metrics import METRICS
 
@@ -52,9 +52,88 @@ def check(text: str) -> None:
     for e in f.errors:
         assert isinstance(e, BudgetError)
         assert str(e).startswith("budgets/fuzz.yaml")
+    # Either usable (entry errors at most, each confined to its key) or every error is file-level.
+    assert f.usable == (f.selector is not None and not f.file_errors)
+    if not f.usable:
+        assert f.file_errors == f.errors and f.errors
+    for e in f.entry_errors:
+        assert e.keypath[0] == "budgets" and e.keypath[1] in _keys(text)
     for metrics in f.entries.values():
         for b in metrics.values():
             assert math.isfinite(b.value) and b.value >= 0 and 0 <= b.tolerance <= 1
+
+
+def _keys(text: str) -> set[str]:
+    data = yaml.safe_load(text)
+    return {str(k) for k in data["budgets"]}
+
+
+def load_bytes(data: bytes) -> tuple[BudgetSet, str]:
+    """``data`` as the only budget file of a folder, loaded; never raises."""
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "fuzz.yaml"
+        path.write_bytes(data)
+        return load_dir(d), str(path)
+
+
+def check_bytes(data: bytes) -> None:
+    bs, path = load_bytes(data)
+    assert [str(f.path) for f in bs.files] == [path] and not bs.errors
+    f = bs.files[0]
+    for e in f.errors:
+        assert isinstance(e, BudgetError) and e.path == path and str(e).startswith(path)
+    if f.usable:  # loaded; what failed is confined to entries, each listed
+        assert f.selector is not None and bs.file_errors == [] and bs.entry_errors == f.errors
+    else:  # never a silent skip: the run sees the file's errors
+        assert f.errors and bs.file_errors == f.errors
+
+
+# A real budget file, then edits of the kinds people and tools make: tags, aliases,
+# duplicated or cut lines, stray brackets, control bytes, invalid UTF-8.
+VALID = (Path(__file__).parents[2] / "budgets" / "cpu.yaml").read_bytes()
+TOKENS = [
+    b"!!python/object/apply:os.system ['true']", b"!!python/name:os.system", b"!!binary aGk=", b"!!set {a}",
+    b"&a ", b"*a", b"<<: *a\n", b"{", b"}", b"[", b"]", b": ", b"- ", b"\t", b"\x00", b"\xff\xfe", b"'", b'"',
+    b"\n    flops: 1\n", b"model: 123", b"1e400", b"1" + b"0" * 400, b"~", b"=", b"? ", b"%YAML 1.1\n---\n",
+    b"---\n", b"...\n", b"\n", b"  ", b"#", b"!x ",
+]
+edits = st.lists(
+    st.tuples(st.floats(0, 1), st.sampled_from(["insert", "delete", "duplicate_line"]), st.sampled_from(TOKENS),
+              st.integers(1, 40)),
+    min_size=1, max_size=5,
+)
+
+
+def apply_edits(text: bytes, ops: list[tuple[float, str, bytes, int]]) -> bytes:
+    for where, op, token, n in ops:
+        i = int(where * len(text))
+        if op == "insert":
+            text = text[:i] + token + text[i:]
+        elif op == "delete":
+            text = text[:i] + text[i + n:]
+        else:
+            start = text.rfind(b"\n", 0, i) + 1
+            end = text.find(b"\n", i)
+            end = len(text) if end < 0 else end + 1
+            text = text[:end] + text[start:end] + text[end:]
+    return text
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300))
+def test_any_bytes_load_or_fail_naming_the_file(data: bytes) -> None:
+    check_bytes(data)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(edits)
+def test_edited_budget_files_load_or_fail_naming_the_file(ops: list[tuple[float, str, bytes, int]]) -> None:
+    check_bytes(apply_edits(VALID, ops))
+
+
+def test_the_edited_file_is_the_real_one_and_valid() -> None:
+    bs, _ = load_bytes(VALID)
+    assert bs.files[0].usable and not bs.files[0].errors and bs.files[0].entries
 
 
 @settings(max_examples=300, deadline=None)

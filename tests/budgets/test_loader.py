@@ -153,3 +153,102 @@ def test_budgets_path_that_is_a_file(tmp_path: Path) -> None:
     p = tmp_path / "budgets"
     p.write_text("")
     assert "not a folder" in str(load_dir(p).errors[0])
+
+
+@pytest.mark.parametrize(
+    ("selector", "message"),
+    [
+        ("{type: cpu, model: 123}", "device.model: expected a string; quote it (model: '123'), got 123"),
+        ("{type: cpu, torch: 2.10}", "device.torch: expected a string; quote the version (torch: '2.1')"),
+        ("{type: cpu, model: ''}", "device.model: expected a non-empty string"),
+        ("{type: cpu, model: [Xeon]}", "device.model: expected a string, got ['Xeon']"),
+        ("{type: cpu, threads: '1'}", "device.threads: expected a positive integer, got '1'"),
+        ("{type: cpu, threads: 0}", "device.threads: expected a positive integer, got 0"),
+        ("{type: cuda, count: true}", "device.count: expected a positive integer, got True"),
+        ("{type: cpu, model: 2026-01-01}", "device.model: expected a string, got datetime.date(2026, 1, 1)"),
+        ("[cpu]", "device: expected a mapping of device fields"),
+    ],
+)
+def test_selector_values_of_the_wrong_type_are_file_errors(selector: str, message: str) -> None:
+    # Coercing these would give a selector that matches no machine: a silently unbudgeted file.
+    f = parse_text(GOOD.replace("{type: cpu}", selector), "budgets/cpu.yaml")
+    assert f.selector is None and not f.usable
+    assert len(f.file_errors) == 1 and str(f.file_errors[0]).startswith(f"budgets/cpu.yaml:2: {message}")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        GOOD + "    flops: 1\n",  # duplicate key inside an entry
+        GOOD.replace("flops: 2415919104", "flops: !!python/object/apply:os.system ['true']"),
+        GOOD.replace("flops: 2415919104", "flops: !!python/name:os.system"),
+        GOOD.replace("flops: 2415919104", "flops: !!python/tuple [1]"),
+        GOOD.replace("flops: 2415919104", "flops: !!binary aGk="),
+        GOOD.replace("encoder-train:", "encoder-train: !!python/object/apply:os.system\n   "),
+        GOOD.replace("  encoder-train:", "  base: &b {flops: 1}\n  other: {<<: *b}\n  encoder-train:"),
+        GOOD.replace("  encoder-train:", "  loop: &l {k: *l}\n  encoder-train:"),
+    ],
+    ids=["duplicate", "apply-scalar", "name", "tuple", "binary", "apply-mapping", "merge", "recursive-alias"],
+)
+def test_parse_errors_inside_budgets_make_the_file_unusable(text: str) -> None:
+    f = parse_text(text, "budgets/cpu.yaml")
+    assert not f.usable and f.entries == {}
+    assert f.file_errors == f.errors and len(f.errors) == 1
+    assert f.errors[0].line is not None and str(f.errors[0]).startswith(f"budgets/cpu.yaml:{f.errors[0].line}: budgets")
+
+
+def test_unsafe_tags_are_not_executed(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    text = f"schema: 1\ndevice: {{type: cpu}}\nbudgets: !!python/object/apply:os.system ['touch {marker}']\n"
+    assert parse_text(text, "budgets/cpu.yaml").file_errors
+    assert not marker.exists()
+
+
+def test_alias_bombs_and_deep_nesting_are_errors() -> None:
+    bomb = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    bomb += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 9)]
+    e = one_error("\n".join(bomb) + "\n")
+    assert "aliases expanded" in str(e) and e.line is not None
+    assert "nested deeper than" in str(one_error("[" * 3000 + "]" * 3000))
+    assert "nested deeper than" in str(one_error("a: " + "[" * 40 + "]" * 40))
+
+
+def test_huge_numbers_and_control_characters_are_errors() -> None:
+    e = one_error(GOOD.replace("2415919104", "1" + "0" * 400))
+    assert e.keypath == ("budgets", "encoder-train", "flops", "value") and "..." in str(e)
+    e = one_error(GOOD.replace("schema: 1", "schema: 1\x07"))
+    assert str(e).startswith("budgets/cpu.yaml:1: invalid YAML") and "#x0007" in str(e)
+
+
+def test_top_level_note_must_be_text() -> None:
+    e = one_error(GOOD + "note: [a]\n")
+    assert e.keypath == ("note",) and not parse_text(GOOD + "note: [a]\n", "budgets/cpu.yaml").usable
+
+
+def test_file_errors_are_listed_whatever_device_the_file_selects(tmp_path: Path) -> None:
+    (tmp_path / "cpu.yaml").write_text(GOOD)
+    (tmp_path / "nvidia-h100.yaml").write_text(
+        "schema: 1\ndevice: {type: cuda, model: H100}\nbudgets:\n  k:\n    flops: 1\n    flops: 2\n")
+    (tmp_path / "cpu-xeon.yaml").write_text(
+        "schema: 1\ndevice: {type: cpu, model: Xeon}\nbudgets:\n  k:\n    flops: !!python/object/apply:os.system [x]\n")
+    (tmp_path / "cpu-123.yaml").write_text("schema: 1\ndevice: {type: cpu, model: 123}\nbudgets: {}\n")
+    (tmp_path / "cpu-typo.yaml").write_text(
+        "schema: 1\ndevice: {type: cpu, model: Xeon}\nbudgets:\n  k:\n    flops: lots\n")
+    bs = load_dir(tmp_path)
+    got = sorted(str(e) for e in bs.file_errors)
+    assert got == [
+        f"{tmp_path}/cpu-123.yaml:2: device.model: expected a string; quote it (model: '123'), got 123",
+        f"{tmp_path}/cpu-xeon.yaml:5: budgets.k.flops: invalid YAML: tag '!!python/object/apply:os.system' is not allowed",
+        f"{tmp_path}/nvidia-h100.yaml:6: budgets.k.flops: duplicate key (first defined on line 5), got 'flops'",
+    ]
+    # An entry error leaves its file usable: it is listed apart, and fails only its key.
+    assert [str(e) for e in bs.entry_errors] == [
+        f"{tmp_path}/cpu-typo.yaml:5: budgets.k.flops: expected a number or a mapping with 'value' and 'tolerance', got 'lots'"
+    ]
+    e = bs.file_errors[0]
+    assert (Path(e.path or "").name, e.line, e.key, e.message) == (
+        "cpu-123.yaml", 2, "device.model", "expected a string; quote it (model: '123')")
+    # The recorder's view: every file-level error counts for every key on every device.
+    assert len(bs.errors_for("encoder-train", CPU)) == 3
+    assert len(bs.errors_for("encoder-train", GPU)) == 3
+    assert bs.resolve("encoder-train", "flops", CPU) is not None  # the good file still resolves

@@ -2,6 +2,8 @@
 
 The interpreter flag is read when kernels are decorated and is process-wide, so it is
 set only in a child process; this test session's own Triton state stays untouched.
+The unit tests run it on the oldest triton pyproject.toml allows, and
+scripts/test-triton-newest.sh on the newest.
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ CHILD = textwrap.dedent(
     import json
     import torch
     import torch.nn.functional as F
+    import triton
     from torchlevers.layernorm import fp32_stats_layer_norm, select_backend
 
     torch.set_num_threads(1)
-    out = {}
+    out = {"triton": triton.__version__}
     g = torch.Generator().manual_seed(0)
 
     def errors(x, w, b, dtype):
@@ -79,6 +82,11 @@ def child_result() -> dict[str, object]:
 
 
 def test_triton_kernels_run_under_the_interpreter(child_result: dict[str, object]) -> None:
+    import triton
+
+    # The child ran the triton this session imports (scripts/test-triton-newest.sh shadows
+    # the venv's one through PYTHONPATH, which the child inherits).
+    assert child_result["triton"] == triton.__version__
     assert child_result["backend"] == "triton"
     assert "20000 features" in str(child_result["refused"])
 

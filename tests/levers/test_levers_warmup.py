@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -18,12 +19,8 @@ from torchlevers.warmup import (
     CompileConfig,
     CompiledStep,
     CudaAllocConf,
-    DynamoCounters,
-    RecompileError,
-    WarmupConfig,
     compile_and_warm,
     set_cuda_alloc_conf,
-    warm_up,
 )
 
 EAGER = CompileConfig(backend="eager")  # exercises dynamo without inductor's C++ build
@@ -33,29 +30,26 @@ def _shapes() -> list[torch.Tensor]:
     return [torch.randn(2, 4), torch.randn(3, 4), torch.randn(5, 4)]
 
 
-def test_eager_step_is_steady_after_the_minimum_rounds() -> None:
-    calls: list[tuple[int, ...]] = []
-    report = warm_up(lambda b: calls.append(tuple(b.shape)), _shapes(), WarmupConfig(min_rounds=2))
-    assert report.steady and report.rounds == 2 and report.steps == 6
-    assert calls == [(2, 4), (3, 4), (5, 4)] * 2
-    assert report.compile_s == 0.0 and report.counters == DynamoCounters()
+def _dynamo_frames() -> int:
+    # The test reads dynamo's counter itself: the lever exposes no counter type on purpose.
+    from torch._dynamo.utils import counters
+
+    return int(counters["frames"]["total"])
 
 
 def test_compile_warms_every_shape_class_then_refuses_to_recompile() -> None:
     def step(x: torch.Tensor) -> torch.Tensor:
         return (x * 2 + 1).sum(-1)
 
+    before_warm = _dynamo_frames()
     compiled = compile_and_warm(step, _shapes(), EAGER)
-    report = compiled.report
-    assert report is not None and report.steady
-    assert report.changed[0] and not report.changed[-1]  # compiled in pass 1, quiet after
-    assert report.counters.frames_total >= 1 and report.counters.unique_graphs >= 1
-    assert compiled.compile_s > 0
+    assert _dynamo_frames() > before_warm  # it compiled during the warm-up ...
+    assert compiled.rounds == 2 and compiled.compile_s > 0  # ... and the minimum 2 passes sufficed
     torch.testing.assert_close(compiled(torch.ones(5, 4)), step(torch.ones(5, 4)))
-    before = DynamoCounters.read()
-    with pytest.raises(RecompileError, match="warm-up batches"):
+    before = _dynamo_frames()
+    with pytest.raises(torch._dynamo.exc.RecompileError, match="warm-up batches"):
         compiled(torch.ones(5, 4, dtype=torch.float64))  # a shape class never warmed
-    assert DynamoCounters.read() == before  # refused, not recompiled
+    assert _dynamo_frames() == before  # refused, not recompiled
 
 
 def test_without_the_stance_an_unwarmed_input_recompiles_silently() -> None:
@@ -65,9 +59,9 @@ def test_without_the_stance_an_unwarmed_input_recompiles_silently() -> None:
         return x.relu().sum()
 
     compiled = compile_and_warm(step, _shapes(), EAGER)
-    before = DynamoCounters.read()
+    before = _dynamo_frames()
     compiled.compiled(torch.ones(5, 4, dtype=torch.float64))
-    assert DynamoCounters.read().changed_since(before)
+    assert _dynamo_frames() > before
 
 
 def test_static_shapes_beyond_the_recompile_limit_are_refused() -> None:
@@ -77,34 +71,36 @@ def test_static_shapes_beyond_the_recompile_limit_are_refused() -> None:
         compile_and_warm(lambda x: x + 1, shapes, CompileConfig(backend="eager", dynamic=False))
 
 
-def test_unsteady_warmup_is_reported() -> None:
-    """A step that keeps compiling never counts as steady (counters faked, not the global ones)."""
-    frames = {"total": 0}
+def test_a_step_that_keeps_compiling_is_refused() -> None:
+    """Each pass meets a new static shape: dynamo never settles within max_rounds."""
 
-    def step(batch: Any) -> None:
-        frames["total"] += 1
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return x + 1
 
-    def read() -> DynamoCounters:
-        return DynamoCounters(frames_total=frames["total"])
-
-    report = warm_up(step, [0, 1], WarmupConfig(max_rounds=3), read_counters=read)
-    assert not report.steady and report.rounds == 3 and all(report.changed)
-    assert report.counters.frames_total == 6 and report.steps == 6
+    compiled = CompiledStep(step, CompileConfig(backend="eager", dynamic=False, max_rounds=3))
+    with pytest.raises(torch._dynamo.exc.RecompileError, match="still recompiling after 3 warm-up passes"):
+        compiled.warm(_NewShapeEachPass())
 
 
-def test_steady_needs_quiet_rounds_in_a_row() -> None:
-    frames = {"total": 0, "calls": 0}
+class _NewShapeEachPass(Sequence[torch.Tensor]):
+    """One shape class that is a new shape every time it is read (once per pass)."""
 
-    def step(batch: Any) -> None:
-        frames["calls"] += 1
-        if frames["calls"] <= 2:  # compiles during the first pass only
-            frames["total"] += 1
+    def __init__(self) -> None:
+        self.n = 0
 
-    def read() -> DynamoCounters:
-        return DynamoCounters(frames_total=frames["total"])
+    def __len__(self) -> int:
+        return 1
 
-    report = warm_up(step, [0, 1], WarmupConfig(min_rounds=1, steady_rounds=2, max_rounds=5), read_counters=read)
-    assert report.steady and report.rounds == 3 and report.changed == (True, False, False)
+    def __getitem__(self, i: Any) -> Any:
+        if i != 0:
+            raise IndexError(i)
+        self.n += 1
+        return torch.ones(self.n)
+
+
+def test_no_shape_classes_is_refused() -> None:
+    with pytest.raises(ValueError, match="shape_classes is empty"):
+        compile_and_warm(lambda x: x, [], EAGER)
 
 
 def test_not_warmed_compiled_step_refuses_calls() -> None:
@@ -118,20 +114,15 @@ def test_not_warmed_compiled_step_refuses_calls() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "needle"),
     [
+        ({"mode": "fast"}, "'fast'"),
+        ({"backend": ""}, "backend"),
         ({"min_rounds": 0}, "min_rounds"),
         ({"min_rounds": 3, "max_rounds": 2}, "max_rounds"),
-        ({"steady_rounds": 0}, "steady_rounds"),
-        ({"time_tolerance": 0.0}, "time_tolerance"),
     ],
 )
-def test_warmup_config_names_bad_values(kwargs: dict[str, Any], needle: str) -> None:
+def test_compile_config_names_bad_values(kwargs: dict[str, Any], needle: str) -> None:
     with pytest.raises(ValueError, match=needle):
-        WarmupConfig(**kwargs)
-
-
-def test_compile_config_names_bad_mode() -> None:
-    with pytest.raises(ValueError, match="'fast'"):
-        CompileConfig(mode="fast")  # type: ignore[arg-type]
+        CompileConfig(**kwargs)
 
 
 # --------------------------------------------------------------------------- allocator
@@ -198,7 +189,7 @@ def test_bucket_shape_classes_warm_a_compiled_model_for_a_whole_epoch() -> None:
     step = compile_and_warm(lambda b: model(b["input_ids"]).sum(), shape_class_batches(buckets, batch_size=8), EAGER)
     sampler = BucketBatchSampler(lengths, buckets, batch_size=8, seed=0, drop_last=True)
     collate = BucketCollator(buckets)
-    before = DynamoCounters.read()
+    before = _dynamo_frames()
     for batch in sampler:
         step(collate([sequences[i] for i in batch]))
-    assert DynamoCounters.read() == before
+    assert _dynamo_frames() == before

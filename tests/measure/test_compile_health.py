@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +14,7 @@ from perfbudget.measure.compile_health import (
     CompileCounters,
     RecompileError,
     explain_graph_breaks,
+    inductor_dirs,
     no_recompiles,
     read_counters,
     reset_compiler,
@@ -82,6 +86,7 @@ def test_warm_until_stable_covers_every_shape_class() -> None:
     assert report.stable and report.rounds == 2
     assert report.counters.frames_total == 2 and report.counters.unique_graphs == 2
     assert report.first_call_s > 0 and report.compile_s >= 0
+    assert report.cache == "warm"  # backend "eager": inductor compiled nothing
     with no_recompiles() as watch:
         f(torch.randn(4))
         f(torch.randn(8))
@@ -111,9 +116,59 @@ def test_warm_until_stable_gives_up_after_max_rounds() -> None:
 
 
 def test_counter_arithmetic() -> None:
-    a = CompileCounters(frames_total=3, unique_graphs=2, break_reasons={"x": 2, "y": 1})
-    b = CompileCounters(frames_total=1, unique_graphs=1, break_reasons={"x": 2})
+    a = CompileCounters(frames_total=3, unique_graphs=2, break_reasons={"x": 2, "y": 1}, fx_cache_misses=2)
+    b = CompileCounters(frames_total=1, unique_graphs=1, break_reasons={"x": 2}, fx_cache_misses=2)
     d = a - b
     assert d == CompileCounters(frames_total=2, unique_graphs=1, break_reasons={"y": 1})
     assert d.graph_breaks == 1 and d.recompiles == 2 and d.changed()
     assert not (a - a).changed()
+
+
+def test_cache_state_from_inductor_counters() -> None:
+    """cold: a graph missed or bypassed the FX-graph cache; warm: every one was a hit."""
+    from torch._dynamo.utils import counters
+
+    before = read_counters()
+    counters["inductor"]["fxgraph_cache_hit"] += 2
+    hits = read_counters() - before
+    assert (hits.fx_cache_hits, hits.cache) == (2, "warm") and hits.changed()
+    counters["inductor"]["fxgraph_cache_miss"] += 1
+    assert (read_counters() - before).cache == "cold"
+    after_miss = read_counters()
+    counters["inductor"]["fxgraph_cache_bypass"] += 1
+    assert (read_counters() - after_miss).cache == "cold"
+    assert CompileCounters().cache == "warm"
+
+
+def test_warm_until_stable_reports_a_cold_cache() -> None:
+    from torch._dynamo.utils import counters
+
+    def compiles_cold(x: torch.Tensor) -> torch.Tensor:
+        if not counters["inductor"]["fxgraph_cache_miss"]:  # the first call "compiles"
+            counters["inductor"]["fxgraph_cache_miss"] += 1
+        return x
+
+    report = warm_until_stable(compiles_cold, [(torch.ones(1),)])
+    assert report.cache == "cold" and report.counters.fx_cache_misses == 1 and report.rounds == 2
+
+
+def test_inductor_dirs_keep_the_cache_and_headers_in_the_project(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.delenv("PERFBUDGET_KEEP_TMPDIR", raising=False)
+    monkeypatch.setenv("TMPDIR", "/elsewhere")
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    inductor_dirs(tmp_path / ".perfbudget")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / ".perfbudget" / "inductor")
+    assert os.environ["TMPDIR"] == str(tmp_path / ".perfbudget" / "tmp")
+    assert tempfile.gettempdir() == str(tmp_path / ".perfbudget" / "tmp")
+    assert (tmp_path / ".perfbudget" / "inductor").is_dir()
+
+
+def test_inductor_dirs_keep_what_the_user_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/mine")
+    monkeypatch.setenv("PERFBUDGET_KEEP_TMPDIR", "1")
+    monkeypatch.setenv("TMPDIR", "/my-tmp")
+    inductor_dirs(tmp_path)
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/mine" and os.environ["TMPDIR"] == "/my-tmp"

@@ -101,20 +101,47 @@ def test_rapl_unreadable_counter(tmp_path: Path) -> None:
 
 def test_nvml_joules_per_sample(fake_nvml: FakeNvml) -> None:
     def step() -> None:
-        fake_nvml.energy_mj += 2_000  # 2 J per call
+        fake_nvml.gpu.energy_mj += 2_000  # 2 J per call
 
     result = energy_per_sample(
         step, samples_per_call=8, device="cuda", windows=2, min_window_s=0.01, nvml_module=fake_nvml
     )
     assert isinstance(result, EnergySamples)
-    assert result.source == "nvml" and result.domain == "GPU 0 (NVIDIA H200)"
+    assert result.source == "nvml" and result.domain == "GPU 0 (cuda:0), NVIDIA H200"
+    assert result.j_per_sample == pytest.approx((0.25, 0.25))
+    # One NVML session for every read of the measurement.
+    assert fake_nvml.inits == fake_nvml.shutdowns == 1
+
+
+def test_nvml_energy_of_a_worker_pinned_to_gpu2_reads_gpu2(worker_on_gpu2: FakeNvml) -> None:
+    def step() -> None:
+        for g in worker_on_gpu2.gpus:  # the other workers burn far more on their own GPUs
+            g.energy_mj += 2_000 if g.index == 2 else 50_000
+
+    result = energy_per_sample(
+        step, samples_per_call=8, device="cuda", windows=2, min_window_s=0.01, nvml_module=worker_on_gpu2
+    )
+    assert isinstance(result, EnergySamples)
+    assert result.domain == "GPU 2 (cuda:0), NVIDIA H200"
     assert result.j_per_sample == pytest.approx((0.25, 0.25))
 
 
 def test_nvml_without_energy_counter(fake_nvml: FakeNvml) -> None:
-    fake_nvml.energy_supported = False
+    fake_nvml.gpu.energy_supported = False
     result = energy_per_sample(lambda: None, device="cuda", nvml_module=fake_nvml)
-    assert isinstance(result, Unmeasurable) and result.reason.startswith("no NVML energy counter")
+    assert isinstance(result, Unmeasurable) and result.reason.startswith("no NVML energy counter on GPU 0 (cuda:0)")
+    assert fake_nvml.inits == fake_nvml.shutdowns == 1
+
+
+def test_nvml_energy_of_a_device_not_visible(fake_nvml: FakeNvml) -> None:
+    result = energy_per_sample(lambda: None, device="cuda", device_index=1, nvml_module=fake_nvml)
+    assert isinstance(result, Unmeasurable) and "CUDA device 1 is not visible" in result.reason
+
+
+def test_energy_and_nvml_share_one_unmeasurable_type() -> None:
+    from perfbudget.measure import nvml, unmeasurable
+
+    assert Unmeasurable is nvml.Unmeasurable is unmeasurable.Unmeasurable
 
 
 def test_argument_validation() -> None:

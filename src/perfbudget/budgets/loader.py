@@ -11,7 +11,13 @@ from typing import Any
 
 import yaml
 
-from ..device import SELECTOR_FIELDS, DeviceInfo, Selector
+from ..device import (
+    SELECTOR_FIELDS,
+    SELECTOR_INT_FIELDS,
+    SELECTOR_VERSION_FIELDS,
+    DeviceInfo,
+    Selector,
+)
 from ..metrics import UnknownMetricError, parse_name
 from .schema import PROVENANCE_FIELDS, SCHEMA_VERSION, Budget, BudgetError, BudgetFile, Provenance
 
@@ -19,21 +25,37 @@ __all__ = ["BudgetSet", "load_dir", "load_file", "parse_text"]
 
 _TOP_KEYS = ("schema", "device", "budgets", "note")
 _ENTRY_KEYS = ("value", "tolerance", "provenance", "note")
-_INT_SELECTOR = ("count", "threads")
-_PLAIN_TAGS = ("tag:yaml.org,2002:map", "tag:yaml.org,2002:seq")
+_Y = "tag:yaml.org,2002:"
+_COLLECTION_TAGS = (f"{_Y}map", f"{_Y}seq")
+# Plain YAML scalars only. ``!!binary``, ``!!set`` and every ``!!python/...`` tag are refused
+# before anything is constructed; timestamps stay allowed for an unquoted provenance date.
+_SCALAR_TAGS = tuple(f"{_Y}{t}" for t in ("str", "int", "float", "bool", "null", "timestamp"))
+#: Deepest nesting a budget file may have (a real one is 6 levels deep).
+MAX_DEPTH = 32
+#: Most values a file may expand to, aliases included: a few aliases can otherwise
+#: expand to billions of values ("billion laughs").
+MAX_NODES = 100_000
+
+
+def _short_tag(tag: str | None) -> str:
+    return "!!" + tag[len(_Y):] if tag and tag.startswith(_Y) else str(tag)
 
 
 class _Doc:
     """YAML parsed into plain Python with the line of every key path.
 
-    Composes the node tree with ``yaml.SafeLoader`` (so tags such as
-    ``!!python/object`` are refused) and builds values ourselves to catch
-    duplicate keys, which ``yaml.safe_load`` silently overwrites.
+    Composes the node tree with ``yaml.SafeLoader`` and builds values ourselves: tags
+    other than plain maps, lists and scalars are refused before anything is constructed,
+    duplicate keys are caught (``yaml.safe_load`` silently keeps the last), and recursive
+    aliases, alias bombs and deep nesting end in an error instead of an exception.
+    Every problem is raised as a :class:`BudgetError` naming the file and line.
     """
 
     def __init__(self, text: str, path: Path) -> None:
         self.path = path
         self.lines: dict[tuple[str, ...], int] = {}
+        self._nodes = 0
+        self._active: set[int] = set()
         loader: yaml.SafeLoader | None = None
         try:
             loader = yaml.SafeLoader(text)
@@ -44,41 +66,75 @@ class _Doc:
             line = mark.line + 1 if mark is not None else None
             msg = " ".join(str(p) for p in (exc.context, exc.problem) if p)
             raise BudgetError(f"invalid YAML: {msg}", path=path, line=line) from None
+        except yaml.reader.ReaderError as exc:
+            # Raised for characters YAML forbids (NUL, most control characters); it carries
+            # an offset, not a mark.
+            line = text.count("\n", 0, exc.position) + 1 if isinstance(exc.position, int) else None
+            char = f"#x{exc.character:04x}" if isinstance(exc.character, int) else repr(exc.character)
+            raise BudgetError(f"invalid YAML: {exc.reason} (character {char})",
+                              path=path, line=line) from None
         except yaml.YAMLError as exc:
             raise BudgetError(f"invalid YAML: {exc}", path=path) from None
+        except RecursionError:
+            # PyYAML composes nested collections recursively.
+            raise BudgetError(f"invalid YAML: nested deeper than {MAX_DEPTH} levels", path=path) from None
         finally:
             if loader is not None:
                 loader.dispose()
 
+    def _fail(self, message: str, node: yaml.Node, keypath: tuple[str, ...]) -> BudgetError:
+        return BudgetError(message, path=self.path, line=node.start_mark.line + 1, keypath=keypath)
+
     def _build(self, loader: yaml.SafeLoader, node: yaml.Node, keypath: tuple[str, ...]) -> Any:
         self.lines.setdefault(keypath, node.start_mark.line + 1)
-        if isinstance(node, (yaml.MappingNode, yaml.SequenceNode)) and node.tag not in _PLAIN_TAGS:
-            # We build collections ourselves, so refuse tags SafeLoader would refuse.
-            raise BudgetError(
-                f"invalid YAML: tag {node.tag!r} is not allowed", path=self.path,
-                line=node.start_mark.line + 1, keypath=keypath,
-            )
-        if isinstance(node, yaml.MappingNode):
-            out: dict[Any, Any] = {}
-            for knode, vnode in node.value:
-                key = loader.construct_object(knode, deep=True)
-                if not isinstance(key, (str, int, float, bool)) or key is None:
-                    raise BudgetError(
-                        "mapping keys must be plain strings",
-                        path=self.path, line=knode.start_mark.line + 1, keypath=keypath, value=key,
-                    )
-                skey = str(key)
-                sub = (*keypath, skey)
-                if skey in out:
-                    raise BudgetError(
-                        f"duplicate key (first defined on line {self.lines[sub]})",
-                        path=self.path, line=knode.start_mark.line + 1, keypath=sub, value=skey,
-                    )
-                self.lines[sub] = knode.start_mark.line + 1
-                out[skey] = self._build(loader, vnode, sub)
-            return out
-        if isinstance(node, yaml.SequenceNode):
-            return [self._build(loader, n, (*keypath, str(i))) for i, n in enumerate(node.value)]
+        self._nodes += 1
+        if self._nodes > MAX_NODES:
+            raise self._fail(f"invalid YAML: more than {MAX_NODES} values (aliases expanded)", node, keypath)
+        if len(keypath) > MAX_DEPTH:
+            raise self._fail(f"invalid YAML: nested deeper than {MAX_DEPTH} levels", node, keypath)
+        if isinstance(node, yaml.ScalarNode):
+            return self._scalar(loader, node, keypath)
+        if node.tag not in _COLLECTION_TAGS:
+            raise self._fail(f"invalid YAML: tag {_short_tag(node.tag)!r} is not allowed", node, keypath)
+        if id(node) in self._active:
+            raise self._fail("invalid YAML: an alias refers to a collection that contains it", node, keypath)
+        self._active.add(id(node))
+        try:
+            if isinstance(node, yaml.SequenceNode):
+                return [self._build(loader, n, (*keypath, str(i))) for i, n in enumerate(node.value)]
+            return self._mapping(loader, node, keypath)
+        finally:
+            self._active.discard(id(node))
+
+    def _mapping(self, loader: yaml.SafeLoader, node: yaml.Node, keypath: tuple[str, ...]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for knode, vnode in node.value:
+            if knode.tag == f"{_Y}merge":
+                raise self._fail("invalid YAML: merge keys ('<<') are not supported; write the keys out",
+                                 knode, keypath)
+            if not isinstance(knode, yaml.ScalarNode):
+                raise self._fail("invalid YAML: mapping keys must be plain strings, got a collection",
+                                 knode, keypath)
+            key = self._scalar(loader, knode, keypath)
+            if key is None or not isinstance(key, (str, int, float, bool)):
+                raise BudgetError("mapping keys must be plain strings", path=self.path,
+                                  line=knode.start_mark.line + 1, keypath=keypath, value=key)
+            skey = str(key)
+            sub = (*keypath, skey)
+            if skey in out:
+                raise BudgetError(
+                    f"duplicate key (first defined on line {self.lines[sub]})",
+                    path=self.path, line=knode.start_mark.line + 1, keypath=sub, value=skey,
+                )
+            self.lines[sub] = knode.start_mark.line + 1
+            out[skey] = self._build(loader, vnode, sub)
+        return out
+
+    def _scalar(self, loader: yaml.SafeLoader, node: yaml.ScalarNode, keypath: tuple[str, ...]) -> Any:
+        if node.tag not in _SCALAR_TAGS:
+            # '=' and '<<' resolve to these tags when unquoted.
+            hint = "; quote it if it is text" if node.tag in (f"{_Y}value", f"{_Y}merge") else ""
+            raise self._fail(f"invalid YAML: tag {_short_tag(node.tag)!r} is not allowed{hint}", node, keypath)
         return loader.construct_object(node, deep=True)
 
     def line(self, keypath: tuple[str, ...]) -> int | None:
@@ -94,6 +150,16 @@ def _suggest(word: str, choices: Iterable[str]) -> str:
 
 def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _finite(v: Any) -> bool:
+    """A number that fits a float and is finite (a 400-digit integer does not fit)."""
+    if not _number(v):
+        return False
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:
+        return False
 
 
 class _Validator:
@@ -114,25 +180,39 @@ class _Validator:
         ok = True
         criteria: list[tuple[str, Any]] = []
         for name, want in raw.items():
-            sub = (*kp, name)
-            if name not in SELECTOR_FIELDS:
-                self.err(f"unknown device field{_suggest(name, SELECTOR_FIELDS)}", sub, name)
-                ok = False
-            elif name == "type" and want not in ("cpu", "cuda"):
-                self.err("expected 'cpu' or 'cuda'", sub, want)
-                ok = False
-            elif name in _INT_SELECTOR and (not isinstance(want, int) or isinstance(want, bool) or want < 1):
-                self.err("expected a positive integer", sub, want)
-                ok = False
-            elif name not in _INT_SELECTOR and (isinstance(want, bool) or not isinstance(want, (str, int, float))):
-                self.err("expected a string", sub, want)
+            problem = self._selector_field(name, want)
+            if problem:
+                self.err(problem, (*kp, name), name if problem.startswith("unknown") else want)
                 ok = False
             else:
-                criteria.append((name, str(want) if name not in _INT_SELECTOR else want))
+                criteria.append((name, want))
         if "type" not in raw:
             self.err("missing 'type' (cpu or cuda)", kp, raw)
             ok = False
         return Selector(tuple(sorted(criteria))) if ok else None
+
+    @staticmethod
+    def _selector_field(name: str, want: Any) -> str:
+        """Why ``name: want`` is not a usable selector field, or ``""``.
+
+        A value of the wrong type is an error, never a selector that matches nothing:
+        ``model: 123`` would otherwise select no machine and silently budget nothing.
+        """
+        if name not in SELECTOR_FIELDS:
+            return f"unknown device field{_suggest(name, SELECTOR_FIELDS)}"
+        if name == "type":
+            return "" if want in ("cpu", "cuda") else "expected 'cpu' or 'cuda'"
+        if name in SELECTOR_INT_FIELDS:
+            ok = isinstance(want, int) and not isinstance(want, bool) and want >= 1
+            return "" if ok else "expected a positive integer"
+        if isinstance(want, str):
+            # A substring or prefix match on "" selects every device.
+            return "" if want.strip() else "expected a non-empty string (an empty one selects every device)"
+        if _number(want) and name in SELECTOR_VERSION_FIELDS:
+            return f"expected a string; quote the version ({name}: '{want}'): as a number 2.10 reads as 2.1"
+        if _number(want):
+            return f"expected a string; quote it ({name}: '{want}')"
+        return "expected a string"
 
     def provenance(self, raw: Any, kp: tuple[str, ...]) -> Provenance | None:
         if raw is None:
@@ -151,7 +231,7 @@ class _Validator:
                 return None
         for name in ("cv", "noise", "ref_ms"):
             v = raw.get(name)
-            if v is not None and (not _number(v) or not math.isfinite(v) or v < 0):
+            if v is not None and (not _finite(v) or v < 0):
                 self.err("expected a non-negative number", (*kp, name), v)
                 return None
         text = {k: (None if raw.get(k) is None else str(raw[k])) for k in ("device", "torch", "date", "commit")}
@@ -180,14 +260,14 @@ class _Validator:
         if value is None:
             self.err("missing 'value'", kp, raw)
             return None
-        if not _number(value) or not math.isfinite(value):
+        if not _finite(value):
             self.err("expected a finite number", (*kp, "value"), value)
             return None
         if value < 0:
             self.err("expected a non-negative number", (*kp, "value"), value)
             return None
         tol = raw.get("tolerance", parsed.metric.default_tolerance)
-        if not _number(tol) or not math.isfinite(tol) or not 0.0 <= tol <= 1.0:
+        if not _finite(tol) or not 0.0 <= tol <= 1.0:
             self.err("expected a number in [0, 1]", (*kp, "tolerance"), tol)
             return None
         note = raw.get("note")
@@ -243,7 +323,10 @@ def parse_text(text: str, path: str | Path) -> BudgetFile:
             b = v.entry(key, metric, raw)
             if b is not None:
                 entries.setdefault(key, {})[metric] = b
-    note = data.get("note") if isinstance(data.get("note"), str) else None
+    note = data.get("note")
+    if note is not None and not isinstance(note, str):
+        v.err("expected a string", ("note",), note)
+        note = None
     return BudgetFile(path=path, selector=selector, entries=entries, errors=v.errors, note=note)
 
 
@@ -251,9 +334,16 @@ def load_file(path: str | Path) -> BudgetFile:
     """Read and validate one budget file."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        return BudgetFile(path=path, selector=None, errors=[BudgetError(f"cannot read: {exc}", path=path)])
+        data = path.read_bytes()
+    except OSError as exc:
+        return BudgetFile(path=path, selector=None,
+                          errors=[BudgetError(f"cannot read: {exc.strerror or exc}", path=path)])
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        err = BudgetError(f"cannot read: not UTF-8 (byte {data[exc.start]:#04x})", path=path, line=line)
+        return BudgetFile(path=path, selector=None, errors=[err])
     return parse_text(text, path)
 
 
@@ -262,12 +352,28 @@ class BudgetSet:
     """All budget files of a folder, validated once.
 
     ``resolve`` picks, per (key, metric), the budget of the most specific file
-    whose device selector matches.
+    whose device selector matches. ``file_errors`` lists every file that could not
+    be loaded, whatever device it selects: a run must fail on them, since a broken
+    file's budgets are unknown on every machine.
     """
 
     root: Path
     files: list[BudgetFile] = field(default_factory=list)
     errors: list[BudgetError] = field(default_factory=list)
+    """Errors of the folder itself (not a folder); the files' errors are on each file."""
+
+    @property
+    def file_errors(self) -> list[BudgetError]:
+        """Every error that makes a file (or the folder) unusable, for any device, by file and line.
+
+        ``str(e)`` reads ``budgets/cpu.yaml:4: device.model: expected a string; ...``.
+        """
+        return [*self.errors, *(e for f in self.files for e in f.file_errors)]
+
+    @property
+    def entry_errors(self) -> list[BudgetError]:
+        """Errors confined to one workload key of a usable file, in every file."""
+        return [e for f in self.files for e in f.entry_errors]
 
     def matching(self, info: DeviceInfo) -> list[BudgetFile]:
         """Usable files that select ``info``, most specific first."""
@@ -277,14 +383,13 @@ class BudgetSet:
     def errors_for(self, key: str, info: DeviceInfo | None = None) -> list[BudgetError]:
         """Errors that make the budgets of ``key`` unknowable.
 
-        File-level errors of any file count (a broken file might have held the
-        budget); entry errors only for ``key``. ``info`` narrows entry errors
-        to files selecting that device.
+        Every file-level error counts (a broken file might have held the budget);
+        entry errors only for ``key``. ``info`` narrows entry errors to files
+        selecting that device.
         """
-        out = list(self.errors)
+        out = list(self.file_errors)
         for f in self.files:
-            out.extend(f.file_errors)
-            if info is None or (f.selector is not None and f.matches(info)):
+            if info is None or f.matches(info):
                 out.extend(f.key_errors(key))
         return out
 

@@ -55,8 +55,13 @@ class BudgetError(ValueError):
         if self.line is not None:
             where += f":{self.line}"
         key = f" {self.key}:" if self.keypath else ""
-        got = f", got {self.value!r}" if self.value is not ... else ""
+        got = f", got {_clip(repr(self.value))}" if self.value is not ... else ""
         return f"{where}:{key} {self.message}{got}"
+
+
+def _clip(text: str, limit: int = 80) -> str:
+    """A long offending value, shortened so the message stays one readable line."""
+    return text if len(text) <= limit else f"{text[: limit - 12]}...{text[-8:]}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,7 +108,9 @@ class Budget:
         source: budget file path.
         line: line of the metric in the file, when known.
         provenance: measurement behind the value, when written by the updater.
-        note: free text from a reviewer.
+        note: free text kept by the updater: why the value or tolerance is what it is (for a
+            portable budget, the machines its tolerance was derived from or the lever's
+            guarantee it encodes; for a widened one, the runs that measured the floor).
     """
 
     key: str
@@ -120,9 +127,11 @@ class Budget:
 class BudgetFile:
     """A parsed budget file. ``errors`` holds what failed validation.
 
-    A file-level error (bad YAML, schema or device block) makes the file unusable:
-    every test that could depend on it fails with that error. An entry-level error
-    (keypath starting ``budgets.<key>``) only affects tests of that key.
+    A file-level error (bad YAML, a duplicate key or a refused tag anywhere in the file,
+    a bad schema, device block or top-level key) makes the file unusable: its budgets
+    are unknown on every device, so the run fails (``BudgetSet.file_errors``). An
+    entry-level error (keypath starting ``budgets.<key>`` in a file that parsed and
+    has a usable device block) only affects tests of that key.
     """
 
     path: Path
@@ -133,10 +142,18 @@ class BudgetFile:
 
     @property
     def file_errors(self) -> list[BudgetError]:
-        return [e for e in self.errors if len(e.keypath) < 2 or e.keypath[0] != "budgets"]
+        """Errors that make the whole file unusable; every error of an unusable file."""
+        if self.selector is None or any(not _is_entry_error(e) for e in self.errors):
+            return list(self.errors)
+        return []
+
+    @property
+    def entry_errors(self) -> list[BudgetError]:
+        """Errors confined to one workload key of a usable file."""
+        return [] if self.file_errors else list(self.errors)
 
     def key_errors(self, key: str) -> list[BudgetError]:
-        return [e for e in self.errors if len(e.keypath) >= 2 and e.keypath[:2] == ("budgets", key)]
+        return [e for e in self.entry_errors if e.keypath[:2] == ("budgets", key)]
 
     @property
     def usable(self) -> bool:
@@ -144,3 +161,7 @@ class BudgetFile:
 
     def matches(self, info: DeviceInfo) -> bool:
         return self.selector is not None and self.selector.matches(info)
+
+
+def _is_entry_error(e: BudgetError) -> bool:
+    return len(e.keypath) >= 2 and e.keypath[0] == "budgets"

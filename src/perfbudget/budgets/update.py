@@ -155,8 +155,8 @@ def _round(metric: str, value: float) -> float | int:
 def _target(measured: Measured, budgets: BudgetSet) -> tuple[Path, dict[str, Any]]:
     """The file a measured value belongs in, and the device block for a new file.
 
-    An existing budget is updated where it lives. A new portable exact count goes
-    into the broad type file (``cpu.yaml``); anything else into the most specific
+    An existing budget is updated where it lives. A new portable value (counts, numeric
+    errors, CPU memory) goes into the broad type file (``cpu.yaml``); anything else into the most specific
     matching file that names the device model, else a new per-device file.
     """
     info = measured.device
@@ -164,7 +164,7 @@ def _target(measured: Measured, budgets: BudgetSet) -> tuple[Path, dict[str, Any
     if existing is not None:
         return Path(existing.source), {}
     matching = budgets.matching(info)
-    if parse_name(measured.metric).metric.portable:
+    if parse_name(measured.metric).metric.portable_on(info.type):
         broad = [f for f in matching if f.selector and f.selector.specificity == 1]
         if broad:
             return broad[0].path, {}
@@ -264,6 +264,11 @@ def _decide(entry: Any, m: Measured, allow_loosen: bool) -> tuple[Action, float 
     rel = abs(new - old) / abs(old) if old else (0.0 if new == old else float("inf"))
     if new == old:
         return "kept", old, "unchanged"
+    if not info.statistical and isinstance(entry, dict) and entry.get("note") and tol > 0 and better:
+        # A value whose tolerance spans several machine kinds (see its note): tightening it to
+        # this machine would fail the others.
+        return "kept", old, ("derived from several machines (see its note); re-derive it with "
+                             "scripts/portable-budgets.py")
     if better:
         # Skip churn from noise: a statistical budget moves only beyond a third of its tolerance.
         if info.statistical and rel <= tol / 3:

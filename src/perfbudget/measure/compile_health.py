@@ -1,15 +1,18 @@
-"""torch.compile health: graph breaks with reasons, recompiles, compile time, warm-up until stable."""
+"""torch.compile health: graph breaks with reasons, recompiles, compile time, inductor cache state, warm-up until stable."""
 
 from __future__ import annotations
 
+import os
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 __all__ = [
+    "CacheState",
     "CompileCounters",
     "GraphBreak",
     "GraphBreakReport",
@@ -17,11 +20,17 @@ __all__ = [
     "RecompileWatch",
     "WarmupReport",
     "explain_graph_breaks",
+    "inductor_dirs",
     "no_recompiles",
     "read_counters",
     "reset_compiler",
     "warm_until_stable",
 ]
+
+CacheState = Literal["cold", "warm"]
+"""Inductor's FX-graph cache during a compile: ``cold`` when inductor generated code (a cache
+miss or a graph the cache cannot hold), ``warm`` when every graph came from the cache (or no
+inductor graph was compiled at all, e.g. backend ``eager``)."""
 
 
 def _first_line(text: str) -> str:
@@ -46,6 +55,12 @@ class CompileCounters:
     """Calls captured into graphs."""
     break_reasons: Mapping[str, int] = field(default_factory=dict)
     """Graph-break reason (first line of dynamo's message) -> count."""
+    fx_cache_hits: int = 0
+    """Inductor graphs loaded from the FX-graph cache (``counters["inductor"]["fxgraph_cache_hit"]``)."""
+    fx_cache_misses: int = 0
+    """Inductor graphs compiled because the cache did not have them (``fxgraph_cache_miss``)."""
+    fx_cache_bypasses: int = 0
+    """Inductor graphs compiled without the cache, which cannot hold them (``fxgraph_cache_bypass``)."""
 
     @property
     def graph_breaks(self) -> int:
@@ -58,6 +73,12 @@ class CompileCounters:
         counter). Meaningful on a difference of snapshots taken after warm-up."""
         return self.frames_total
 
+    @property
+    def cache(self) -> CacheState:
+        """Whether inductor compiled cold or warm, read on a difference of snapshots taken around
+        the compile: ``cold`` if any graph missed (or bypassed) the FX-graph cache."""
+        return "cold" if self.fx_cache_misses > 0 or self.fx_cache_bypasses > 0 else "warm"
+
     def __sub__(self, other: CompileCounters) -> CompileCounters:
         reasons = dict(self.break_reasons)
         for k, v in other.break_reasons.items():
@@ -68,12 +89,21 @@ class CompileCounters:
             unique_graphs=self.unique_graphs - other.unique_graphs,
             calls_captured=self.calls_captured - other.calls_captured,
             break_reasons={k: v for k, v in reasons.items() if v},
+            fx_cache_hits=self.fx_cache_hits - other.fx_cache_hits,
+            fx_cache_misses=self.fx_cache_misses - other.fx_cache_misses,
+            fx_cache_bypasses=self.fx_cache_bypasses - other.fx_cache_bypasses,
         )
 
     def changed(self) -> bool:
         """True if this difference shows any compile activity."""
         return bool(
-            self.frames_total or self.unique_graphs or self.calls_captured or self.break_reasons
+            self.frames_total
+            or self.unique_graphs
+            or self.calls_captured
+            or self.break_reasons
+            or self.fx_cache_hits
+            or self.fx_cache_misses
+            or self.fx_cache_bypasses
         )
 
 
@@ -87,12 +117,16 @@ def read_counters() -> CompileCounters:
         reasons[key] = reasons.get(key, 0) + int(n)
     frames: Mapping[str, Any] = counters.get("frames", {})
     st: Mapping[str, Any] = counters.get("stats", {})
+    inductor: Mapping[str, Any] = counters.get("inductor", {})
     return CompileCounters(
         frames_total=int(frames.get("total", 0)),
         frames_ok=int(frames.get("ok", 0)),
         unique_graphs=int(st.get("unique_graphs", 0)),
         calls_captured=int(st.get("calls_captured", 0)),
         break_reasons=reasons,
+        fx_cache_hits=int(inductor.get("fxgraph_cache_hit", 0)),
+        fx_cache_misses=int(inductor.get("fxgraph_cache_miss", 0)),
+        fx_cache_bypasses=int(inductor.get("fxgraph_cache_bypass", 0)),
     )
 
 
@@ -174,7 +208,10 @@ class WarmupReport:
     compile_s: float
     """Warm-up wall time beyond what the same calls take once stable, in seconds: the compile cost."""
     counters: CompileCounters
-    """Counter growth over the whole warm-up (graphs, frames, graph breaks)."""
+    """Counter growth over the whole warm-up (graphs, frames, graph breaks, FX-graph cache)."""
+    cache: CacheState
+    """``cold`` if inductor compiled any graph during the warm-up, ``warm`` if all came from its
+    cache: ``compile_s`` is budgeted per state (``compile_s[cold]``, ``compile_s[warm]``)."""
 
 
 def warm_until_stable(
@@ -199,7 +236,7 @@ def warm_until_stable(
 
     Returns:
         ``WarmupReport``; ``compile_s`` is the time of the rounds that compiled minus the same
-        number of stable rounds.
+        number of stable rounds; ``cache`` says whether inductor's FX-graph cache was cold.
     """
     if not inputs:
         raise ValueError("inputs must hold at least one argument tuple (one per shape class)")
@@ -229,12 +266,14 @@ def warm_until_stable(
         compile_s = max(0.0, sum(compiling) - steady * len(compiling))
     else:
         compile_s = sum(round_times)
+    grown = read_counters() - start
     return WarmupReport(
         rounds=len(round_times),
         stable=stable,
         first_call_s=first_call_s,
         compile_s=compile_s,
-        counters=read_counters() - start,
+        counters=grown,
+        cache=grown.cache,
     )
 
 
@@ -294,17 +333,21 @@ def no_recompiles(*, stance: bool = True) -> Iterator[RecompileWatch]:
         )
 
 
-def inductor_dirs(root: Path) -> None:
+def inductor_dirs(root: str | os.PathLike[str]) -> None:
     """Keep inductor's cache and its precompiled headers (under TMPDIR) in ``root``.
 
-    A second run then starts warm. Headers go to ``tempfile.gettempdir()`` whatever
-    ``TORCHINDUCTOR_CACHE_DIR`` says, so TMPDIR moves too.
-    """
-    import os
-    import tempfile
+    A second run then starts warm (``WarmupReport.cache == "warm"``). Call it before the first
+    compile. Headers go to ``tempfile.gettempdir()`` whatever ``TORCHINDUCTOR_CACHE_DIR`` says,
+    so TMPDIR moves too, unless ``PERFBUDGET_KEEP_TMPDIR`` is set; a
+    ``TORCHINDUCTOR_CACHE_DIR`` already set is kept.
 
-    cache = root / "inductor"
-    tmp = root / "tmp"
+    Args:
+        root: a project-local, ignored folder (e.g. ``.perfbudget``); ``inductor/`` and ``tmp/``
+            are created in it.
+    """
+    base = Path(root)
+    cache = base / "inductor"
+    tmp = base / "tmp"
     cache.mkdir(parents=True, exist_ok=True)
     tmp.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache))

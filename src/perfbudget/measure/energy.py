@@ -6,11 +6,15 @@ import os
 import re
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from perfbudget.device import DeviceType
 from perfbudget.measure import nvml, stats
+from perfbudget.measure.sync import device_sync
+from perfbudget.measure.unmeasurable import Unmeasurable
 
 __all__ = [
     "RAPL_ROOT",
@@ -22,18 +26,6 @@ __all__ = [
 ]
 
 RAPL_ROOT = Path("/sys/class/powercap")
-
-Device = Literal["cpu", "cuda"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class Unmeasurable:
-    """Energy cannot be measured here; ``reason`` says why. Never replaced by an estimate."""
-
-    reason: str
-
-    def __bool__(self) -> bool:
-        return False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,8 +39,8 @@ class EnergySamples:
     samples_per_window: tuple[int, ...]
     source: Literal["nvml", "rapl"]
     domain: str
-    """What the counter covers, e.g. ``"GPU 0 (NVIDIA H200)"`` or ``"package-0"``. RAPL
-    packages include every process on the socket."""
+    """What the counter covers, e.g. ``"GPU 2 (cuda:0), NVIDIA H200"`` or ``"package-0"``.
+    RAPL packages include every process on the socket."""
 
     def summary(self, confidence: float = 0.95) -> stats.Summary:
         """Median J/sample, CI of the median, IQR, CV over the windows."""
@@ -130,20 +122,29 @@ class _Counter:
         return total * self._scale
 
 
-def _nvml_counter(index: int, module: Any) -> tuple[_Counter, str] | Unmeasurable:
-    first = nvml.total_energy_mj(index, module=module)
-    if isinstance(first, nvml.Unavailable):
-        return Unmeasurable(reason=f"no NVML energy counter: {first.reason}")
-    info = nvml.device_info(index, module=module)
-    name = info.name if isinstance(info, nvml.DeviceInfo) else "?"
+def _nvml_counter(
+    device_index: int | None, module: Any, stack: ExitStack
+) -> tuple[_Counter, str] | Unmeasurable:
+    """The energy counter of CUDA device ``device_index``'s GPU; its NVML session stays open
+    (closed by ``stack``) for every read of the measurement."""
+    opened = nvml.open_session(module)
+    if isinstance(opened, Unmeasurable):
+        return Unmeasurable(reason=f"no NVML energy counter: {opened.reason}")
+    session = stack.enter_context(opened)
+    gpu = session.gpu(device_index)
+    if isinstance(gpu, Unmeasurable):
+        return Unmeasurable(reason=f"no NVML energy counter: {gpu.reason}")
+    first = session.total_energy_mj(gpu)
+    if isinstance(first, Unmeasurable):
+        return Unmeasurable(reason=f"no NVML energy counter on {gpu.label}: {first.reason}")
 
     def read() -> list[int]:
-        v = nvml.total_energy_mj(index, module=module)
-        if isinstance(v, nvml.Unavailable):
-            raise RuntimeError(f"NVML energy counter stopped answering: {v.reason}")
+        v = session.total_energy_mj(gpu)
+        if isinstance(v, Unmeasurable):
+            raise RuntimeError(f"NVML energy counter of {gpu.label} stopped answering: {v.reason}")
         return [v]
 
-    return _Counter(read, [None], 1e-3), f"GPU {index} ({name})"
+    return _Counter(read, [None], 1e-3), f"{gpu.label}, {gpu.name}"
 
 
 def _rapl_counter(root: str | os.PathLike[str]) -> tuple[_Counter, str] | Unmeasurable:
@@ -162,10 +163,10 @@ def energy_per_sample(
     step: Callable[[], Any],
     *,
     samples_per_call: int = 1,
-    device: Device = "cpu",
+    device: DeviceType = "cpu",
     windows: int = 5,
     min_window_s: float = 1.0,
-    device_index: int = 0,
+    device_index: int | None = None,
     sync: Callable[[], Any] | None = None,
     nvml_module: Any = None,
     rapl_root: str | os.PathLike[str] = RAPL_ROOT,
@@ -177,16 +178,17 @@ def energy_per_sample(
     shorter than ~1 s are dominated by its granularity; RAPL counters wrap (at
     ``max_energy_range_uj``, minutes of full load), which is undone once per window, so windows
     must stay shorter than that. GPU work is synchronized (``sync``,
-    default ``torch.cuda.synchronize`` for ``device="cuda"``) before each counter read.
+    default :func:`~perfbudget.measure.sync.device_sync` of ``device``) before each counter read.
 
     Args:
         step: processes ``samples_per_call`` samples per call.
         samples_per_call: samples (e.g. batch size or tokens) per call.
-        device: ``"cuda"`` reads NVML's total-energy counter of ``device_index``;
-            ``"cpu"`` reads RAPL package counters.
+        device: ``"cuda"`` reads NVML's total-energy counter of the GPU behind CUDA device
+            ``device_index``; ``"cpu"`` reads RAPL package counters.
         windows: number of windows (energy is a statistics kind: one value per window).
         min_window_s: least window length in seconds.
-        device_index: NVML device index.
+        device_index: CUDA device index as torch numbers it (``None``: the current device);
+            the NVML device is found from it (see ``measure.nvml.NvmlSession.gpu``).
         sync: waits for queued device work.
         nvml_module: a ``pynvml``-compatible module (tests inject a fake one).
         rapl_root: powercap directory.
@@ -203,27 +205,46 @@ def energy_per_sample(
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
 
-    found = (
-        _nvml_counter(device_index, nvml_module) if device == "cuda" else _rapl_counter(rapl_root)
+    with ExitStack() as stack:
+        found = (
+            _nvml_counter(device_index, nvml_module, stack) if device == "cuda" else _rapl_counter(rapl_root)
+        )
+        if isinstance(found, Unmeasurable):
+            return found
+        counter, domain = found
+        if sync is None:
+            sync = device_sync("cuda" if device == "cuda" and _cuda_available() else "cpu")
+        per_sample, lengths, counts = _windows(step, counter, sync, windows, min_window_s, samples_per_call)
+    return EnergySamples(
+        j_per_sample=tuple(per_sample),
+        window_s=tuple(lengths),
+        samples_per_window=tuple(counts),
+        source="nvml" if device == "cuda" else "rapl",
+        domain=domain,
     )
-    if isinstance(found, Unmeasurable):
-        return found
-    counter, domain = found
-    if sync is None and device == "cuda":
-        import torch
 
-        if torch.cuda.is_available():
-            sync = torch.cuda.synchronize
 
-    def wait() -> None:
-        if sync is not None:
-            sync()
+def _cuda_available() -> bool:
+    # A fake NVML (tests) reads "cuda" energy on a machine without CUDA: no GPU work to wait for.
+    import torch
 
+    return bool(torch.cuda.is_available())
+
+
+def _windows(
+    step: Callable[[], Any],
+    counter: _Counter,
+    sync: Callable[[], Any],
+    windows: int,
+    min_window_s: float,
+    samples_per_call: int,
+) -> tuple[list[float], list[float], list[int]]:
+    """Joules per sample, seconds and samples of each window."""
     per_sample: list[float] = []
     lengths: list[float] = []
     counts: list[int] = []
     step()  # one unmeasured call: lazy initialisation is not part of steady-state energy
-    wait()
+    sync()
     for _ in range(windows):
         calls = 0
         before = counter.snapshot()
@@ -232,7 +253,7 @@ def energy_per_sample(
             step()
             calls += 1
             if time.perf_counter() - t0 >= min_window_s:
-                wait()
+                sync()
                 if time.perf_counter() - t0 >= min_window_s:
                     break
         after = counter.snapshot()
@@ -241,10 +262,4 @@ def energy_per_sample(
         per_sample.append(counter.delta_j(before, after) / n)
         lengths.append(elapsed)
         counts.append(n)
-    return EnergySamples(
-        j_per_sample=tuple(per_sample),
-        window_s=tuple(lengths),
-        samples_per_window=tuple(counts),
-        source="nvml" if device == "cuda" else "rapl",
-        domain=domain,
-    )
+    return per_sample, lengths, counts

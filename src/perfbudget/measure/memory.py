@@ -7,6 +7,8 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from perfbudget.device import DeviceType
+from perfbudget.measure.sync import device_sync
 from perfbudget.measure.timing import pinned_threads
 
 if TYPE_CHECKING:
@@ -24,7 +26,6 @@ __all__ = [
 
 MIB = 1024 * 1024
 PHASES: tuple[str, ...] = ("forward", "backward", "optimizer")
-Device = Literal["cpu", "cuda"]
 
 _STEP_MARK = "perfbudget::step"
 _PHASE_MARK = "perfbudget::phase::"
@@ -47,7 +48,7 @@ def peak_live_bytes(deltas: Iterable[tuple[int, int]]) -> int:
     return peak
 
 
-def _allocation_records(prof: Any, device: Device) -> list[tuple[int, int, int | None]]:
+def _allocation_records(prof: Any, device: DeviceType) -> list[tuple[int, int, int | None]]:
     """``(start_ns, nbytes, address)`` of every allocator event of a finished profile.
 
     The address comes from the profiler's event tree; where that (experimental) API is missing,
@@ -74,9 +75,9 @@ def _allocation_records(prof: Any, device: Device) -> list[tuple[int, int, int |
                 continue
             out.append((int(node.start_time_ns), int(f.alloc_size), int(f.ptr)))
     except (ImportError, AttributeError, RuntimeError):
-        from torch.autograd import DeviceType
+        from torch.autograd import DeviceType as ProfilerDevice
 
-        want = DeviceType.CPU if device == "cpu" else DeviceType.CUDA
+        want = ProfilerDevice.CPU if device == "cpu" else ProfilerDevice.CUDA
         out = [
             (int(e.start_ns()), int(e.nbytes()), None)
             for e in results.events()
@@ -112,7 +113,7 @@ def _own_allocations(
     return out
 
 
-def memory_events(prof: Any, *, device: Device = "cpu") -> list[tuple[int, int]]:
+def memory_events(prof: Any, *, device: DeviceType = "cpu") -> list[tuple[int, int]]:
     """Allocator events of a finished ``torch.profiler.profile(profile_memory=True)`` run.
 
     One event per allocation (positive bytes) and per free (negative bytes) of a block that
@@ -218,11 +219,11 @@ class PhasePeaks:
     forward_mib: float
     backward_mib: float
     optimizer_mib: float
-    reference: Literal["allocated", "step_start"]
-    """``"allocated"`` (CUDA): absolute ``max_memory_allocated`` during the phase, weights
-    and everything else live included. ``"step_start"`` (CPU): peak of the bytes the step
-    itself allocated and still holds (see :func:`peak_cpu_mib`), counted from the step's start."""
-    device: Device
+    reference: Literal["step_start"]
+    """What the peaks count, on both devices: the bytes the step itself allocated and still
+    holds, counted from the step's start (CUDA: ``max_memory_allocated`` during the phase minus
+    ``memory_allocated`` before the step; CPU: see :func:`peak_cpu_mib`)."""
+    device: DeviceType
 
     def by_phase(self) -> dict[str, float]:
         """``{"forward": MiB, "backward": MiB, "optimizer": MiB}``."""
@@ -270,15 +271,17 @@ def peak_by_phase(
     *,
     backward: Callable[[torch.Tensor], Any] | None = None,
     optimizer: Any = None,
-    device: Device = "cuda",
+    device: DeviceType = "cuda",
     warmup: int = 1,
     threads: int | None = 1,
 ) -> PhasePeaks:
     """Peak memory of the forward, backward and optimizer phases of one training step.
 
     CUDA: before each phase the allocator's peak is reset
-    (``torch.cuda.reset_peak_memory_stats``); after it, ``max_memory_allocated`` is read.
-    Allocated, never reserved or NVML "used": those include the cache and other processes.
+    (``torch.cuda.reset_peak_memory_stats``); after it, ``max_memory_allocated`` is read, less
+    what was allocated before the step (weights, optimizer state), so the number means what
+    it means on CPU. Allocated, never reserved or NVML "used": those include the cache and
+    other processes.
 
     CPU: the step runs under the profiler with ``profile_memory=True`` and each phase's
     peak is read from the running sum of the step's own allocations and frees, counted from
@@ -329,13 +332,19 @@ def _cuda_phase_peaks(
     import torch
 
     peaks: dict[str, float] = {}
+    sync = device_sync("cuda")
+    sync()
+    # Counted from the step's start, as on CPU (where only the step's own allocations are
+    # visible): weights, optimizer state and anything else alive before the step are left out,
+    # so one metric name means one thing on both devices.
+    start = torch.cuda.memory_allocated()
 
     def run(name: str, fn: Callable[[], Any]) -> Any:
-        torch.cuda.synchronize()
+        sync()
         torch.cuda.reset_peak_memory_stats()
         out = fn()
-        torch.cuda.synchronize()
-        peaks[name] = torch.cuda.max_memory_allocated() / MIB
+        sync()
+        peaks[name] = (torch.cuda.max_memory_allocated() - start) / MIB
         return out
 
     held = {"loss": run("forward", fwd)}
@@ -347,7 +356,7 @@ def _cuda_phase_peaks(
         forward_mib=peaks["forward"],
         backward_mib=peaks["backward"],
         optimizer_mib=peaks["optimizer"],
-        reference="allocated",
+        reference="step_start",
         device="cuda",
     )
 

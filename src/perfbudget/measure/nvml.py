@@ -1,27 +1,38 @@
-"""NVIDIA device state through NVML: VRAM, energy counter, power, GPM metrics, other processes, clock throttling."""
+"""NVIDIA device state through NVML for a CUDA device: VRAM, energy counter, power, GPM metrics, other processes, clock throttling."""
 
 from __future__ import annotations
 
 import os
+import re
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager, suppress
-from dataclasses import dataclass
-from typing import Any, Literal
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import suppress
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Literal, TypeVar
+
+from perfbudget.measure.unmeasurable import Unmeasurable
 
 __all__ = [
+    "CUDA_PROPERTIES",
     "GPM_METRICS",
     "NVML_MODULE",
-    "DeviceInfo",
     "GpmMetrics",
+    "GpuInfo",
+    "GpuPreflight",
     "GpuProcess",
-    "Preflight",
-    "Unavailable",
-    "device_info",
+    "NvmlGpu",
+    "NvmlSession",
+    "Unmeasurable",
+    "driver_version",
     "gpm_metrics",
+    "gpu_count",
+    "gpu_info",
+    "gpu_preflight",
+    "open_session",
     "power_w",
-    "preflight",
     "total_energy_mj",
+    "visible_gpus",
 ]
 
 MIB = 1024 * 1024
@@ -30,54 +41,19 @@ NVML_MODULE: Any = None
 """Seam: the ``pynvml``-compatible module to use. ``None`` imports ``pynvml`` (nvidia-ml-py).
 Tests set this, or pass ``module=`` to a function, to inject a fake NVML."""
 
+CUDA_PROPERTIES: Callable[[int], Any] | None = None
+"""Seam: CUDA device index -> its properties as ``torch.cuda.get_device_properties`` returns
+them (``uuid``; ``pci_domain_id``, ``pci_bus_id``, ``pci_device_id``), or ``None`` when unknown.
+``None`` here asks torch when CUDA is available. Tests set it to stand in for GPUs."""
 
-@dataclass(frozen=True, kw_only=True)
-class Unavailable:
-    """NVML (or one of its features) cannot be used here; ``reason`` says why."""
-
-    reason: str
-
-    def __bool__(self) -> bool:
-        return False
+_T = TypeVar("_T")
 
 
-class _Unavailable(Exception):
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-def _module(module: Any) -> Any:
-    if module is not None:
-        return module
-    if NVML_MODULE is not None:
-        return NVML_MODULE
-    try:
-        import pynvml
-    except ImportError as exc:
-        raise _Unavailable(f"nvidia-ml-py is not installed ({exc})") from exc
-    return pynvml
+# --------------------------------------------------------------------------- session
 
 
 def _describe(exc: BaseException) -> str:
     return f"{exc} ({type(exc).__name__})"
-
-
-@contextmanager
-def _session(module: Any) -> Iterator[Any]:
-    """``nvmlInit`` ... ``nvmlShutdown``; any NVML error becomes ``_Unavailable``."""
-    nv = _module(module)
-    try:
-        nv.nvmlInit()
-    except nv.NVMLError as exc:
-        raise _Unavailable(f"NVML unavailable: {_describe(exc)}") from exc
-    try:
-        yield nv
-    except nv.NVMLError as exc:
-        raise _Unavailable(f"NVML call failed: {_describe(exc)}") from exc
-    finally:
-        with suppress(nv.NVMLError):
-            nv.nvmlShutdown()
 
 
 def _text(v: Any) -> str:
@@ -95,6 +71,314 @@ def _optional(nv: Any, fn: Callable[[], Any]) -> Any:
 
 def _call_optional(nv: Any, fn: Callable[..., Any], *args: Any) -> Any:
     return _optional(nv, lambda: fn(*args))
+
+
+def visible_gpus(cuda_visible_devices: str | None, device_count: int) -> list[str]:
+    """The GPUs this process may use, as ``CUDA_VISIBLE_DEVICES`` entries.
+
+    Args:
+        cuda_visible_devices: the variable's value, or ``None`` when unset.
+        device_count: GPUs the driver reports (used when the variable is unset).
+
+    Returns:
+        Indices or UUIDs (``["0", "1"]``, ``["GPU-8f…", "MIG-…"]``); empty for none. As CUDA
+        does, entries after an invalid one (``-1``, an empty entry) are ignored.
+    """
+    if cuda_visible_devices is None:
+        return [str(i) for i in range(max(device_count, 0))]
+    out = []
+    for raw in cuda_visible_devices.split(","):
+        entry = raw.strip()
+        if not entry or re.fullmatch(r"-\d+", entry):
+            break
+        out.append(entry)
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class NvmlGpu:
+    """The NVML device behind one CUDA device: NVML numbers GPUs in PCI bus order over the whole
+    machine, CUDA numbers only the visible ones (``CUDA_VISIBLE_DEVICES=2``: ``cuda:0`` is NVML GPU 2)."""
+
+    cuda_index: int
+    """The CUDA device index, as torch numbers it in this process."""
+    nvml_index: int | None
+    """NVML's index of the device; ``None`` for a MIG instance, which has none."""
+    uuid: str | None
+    """``GPU-…`` or ``MIG-…``, as NVML reports it."""
+    name: str
+    """Product name, e.g. ``NVIDIA H200``."""
+    found_by: Literal["uuid", "pci_bus_id", "cuda_visible_devices"]
+    """How the device was matched: torch's UUID or PCI address of the CUDA device, or (without
+    CUDA in this process) the ``CUDA_VISIBLE_DEVICES`` entry at ``cuda_index``."""
+    handle: Any = field(repr=False, compare=False)
+    """The NVML handle; valid while its :class:`NvmlSession` is open."""
+
+    @property
+    def label(self) -> str:
+        """``GPU 2 (cuda:0)``: NVML's number and CUDA's."""
+        return _label(self.nvml_index, self.uuid, self.cuda_index)
+
+
+def _label(nvml_index: int | None, uuid: str | None, cuda_index: int) -> str:
+    # Messages name both numbers: "GPU 2" alone is wrong in a process that calls it cuda:0.
+    nvml = f"GPU {nvml_index}" if nvml_index is not None else (uuid or "GPU ?")
+    return f"{nvml} (cuda:{cuda_index})"
+
+
+def _current_cuda_index() -> int:
+    """torch's current CUDA device, without initialising CUDA just to ask (then it is 0)."""
+    try:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            return int(torch.cuda.current_device())
+    except (ImportError, RuntimeError):
+        pass
+    return 0
+
+
+def _cuda_properties(cuda_index: int) -> Any:
+    """torch's properties of CUDA device ``cuda_index``; ``None`` without CUDA in this process."""
+    try:
+        if CUDA_PROPERTIES is not None:
+            return CUDA_PROPERTIES(cuda_index)
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        return torch.cuda.get_device_properties(cuda_index)
+    except (ImportError, RuntimeError, AssertionError, ValueError):
+        # No usable CUDA here, or no such index (torch asserts): CUDA_VISIBLE_DEVICES decides.
+        return None
+
+
+def _uuid_names(text: str) -> list[str]:
+    # torch prints the bare 8-4-4-4-12 UUID; NVML names it GPU-… (or MIG-… for an instance).
+    text = text.strip()
+    if text.startswith(("GPU-", "MIG-")):
+        return [text]
+    return [f"GPU-{text}", f"MIG-{text}"]
+
+
+def _pci_bus_id(props: Any) -> str | None:
+    ids = [getattr(props, n, None) for n in ("pci_domain_id", "pci_bus_id", "pci_device_id")]
+    if not all(isinstance(v, int) for v in ids):
+        return None  # older torch has no PCI fields
+    domain, bus, device = ids
+    # NVML's own spelling (nvmlPciInfo_t.busId); a GPU is always function 0.
+    return f"{domain:08X}:{bus:02X}:{device:02X}.0"
+
+
+class NvmlSession:
+    """NVML initialised once for a group of reads (``nvmlInit``), shut down by :meth:`close`.
+
+    Open it with :func:`open_session`, use it as a context manager, find a CUDA device's GPU
+    with :meth:`gpu`, then read it. Every method answers a value or :class:`Unmeasurable`;
+    NVML errors never escape.
+    """
+
+    def __init__(self, nv: Any) -> None:
+        self.nv = nv
+        """The ``pynvml``-compatible module, initialised."""
+        self._open = True
+
+    def close(self) -> None:
+        """``nvmlShutdown`` (once)."""
+        if self._open:
+            self._open = False
+            with suppress(self.nv.NVMLError):
+                self.nv.nvmlShutdown()
+
+    def __enter__(self) -> NvmlSession:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _guard(self, fn: Callable[[], _T]) -> _T | Unmeasurable:
+        try:
+            return fn()
+        except self.nv.NVMLError as exc:
+            return Unmeasurable(reason=f"NVML call failed: {_describe(exc)}")
+
+    def gpu_count(self) -> int | Unmeasurable:
+        """GPUs the driver reports on the whole machine (``CUDA_VISIBLE_DEVICES`` does not apply)."""
+        return self._guard(lambda: int(self.nv.nvmlDeviceGetCount()))
+
+    def driver_version(self) -> str | Unmeasurable:
+        """The NVIDIA driver version, e.g. ``560.35.03``."""
+        return self._guard(lambda: _text(self.nv.nvmlSystemGetDriverVersion()))
+
+    def gpu(self, device_index: int | None = None) -> NvmlGpu | Unmeasurable:
+        """The NVML device of CUDA device ``device_index`` (``None``: torch's current device).
+
+        Matched by the CUDA device's UUID, else its PCI bus id (both from torch's device
+        properties, which initialises CUDA), else (no CUDA in this process, or NVML knows
+        neither) by the ``CUDA_VISIBLE_DEVICES`` entry at that index: an NVML index, a GPU UUID
+        prefix or a MIG UUID. That fallback assumes CUDA numbers GPUs in NVML's PCI bus order
+        (``CUDA_DEVICE_ORDER=PCI_BUS_ID`` makes sure).
+
+        Returns:
+            :class:`NvmlGpu`, or :class:`Unmeasurable` naming the index and why it has no GPU.
+
+        Raises:
+            ValueError: a negative ``device_index``.
+        """
+        cuda_index = _current_cuda_index() if device_index is None else device_index
+        if cuda_index < 0:
+            raise ValueError(f"device_index must be a CUDA device index >= 0, got {device_index!r}")
+        props = _cuda_properties(cuda_index)
+        if props is not None:
+            uuid = getattr(props, "uuid", None)
+            if uuid is not None and str(uuid).strip():
+                for name in _uuid_names(str(uuid)):
+                    h = self._lookup("nvmlDeviceGetHandleByUUID", name)
+                    if h is not None:
+                        return self._found(h, cuda_index, "uuid")
+            bus_id = _pci_bus_id(props)
+            if bus_id is not None:
+                h = self._lookup("nvmlDeviceGetHandleByPciBusId", bus_id)
+                if h is not None:
+                    return self._found(h, cuda_index, "pci_bus_id")
+        return self._guard(lambda: self._from_visible_devices(cuda_index))
+
+    def _lookup(self, getter: str, key: str) -> Any:
+        """A handle from an NVML lookup by key; ``None`` when not found (or no such getter)."""
+        fn = getattr(self.nv, getter, None)
+        return None if fn is None else _call_optional(self.nv, fn, key)
+
+    def _from_visible_devices(self, cuda_index: int) -> NvmlGpu | Unmeasurable:
+        nv = self.nv
+        raw = os.environ.get("CUDA_VISIBLE_DEVICES")
+        count = int(nv.nvmlDeviceGetCount())
+        entries = visible_gpus(raw, count)
+        if cuda_index >= len(entries):
+            why = (
+                f"NVML reports {count} GPU(s) and CUDA_VISIBLE_DEVICES is unset"
+                if raw is None
+                else f"CUDA_VISIBLE_DEVICES={raw!r} leaves {len(entries)} of the {count} GPU(s) NVML reports"
+            )
+            return Unmeasurable(reason=f"CUDA device {cuda_index} is not visible: {why}")
+        entry = entries[cuda_index]
+        if entry.isdigit():
+            if int(entry) >= count:
+                return Unmeasurable(
+                    reason=f"CUDA_VISIBLE_DEVICES entry {entry!r} names no GPU: NVML reports {count}"
+                )
+            return self._found(nv.nvmlDeviceGetHandleByIndex(int(entry)), cuda_index, "cuda_visible_devices")
+        if entry.startswith("MIG-"):
+            h = self._lookup("nvmlDeviceGetHandleByUUID", entry)
+            if h is None:
+                return Unmeasurable(reason=f"CUDA_VISIBLE_DEVICES entry {entry!r}: NVML knows no such MIG device")
+            return self._found(h, cuda_index, "cuda_visible_devices")
+        # CUDA accepts any unique prefix of a GPU UUID.
+        handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        matches = [h for h in handles if _text(nv.nvmlDeviceGetUUID(h)).startswith(entry)]
+        if len(matches) != 1:
+            return Unmeasurable(
+                reason=f"CUDA_VISIBLE_DEVICES entry {entry!r} matches {len(matches)} of the {count} "
+                "GPU UUIDs NVML reports (CUDA needs exactly one)"
+            )
+        return self._found(matches[0], cuda_index, "cuda_visible_devices")
+
+    def _found(
+        self, h: Any, cuda_index: int, found_by: Literal["uuid", "pci_bus_id", "cuda_visible_devices"]
+    ) -> NvmlGpu:
+        nv = self.nv
+        index = _optional(nv, lambda: nv.nvmlDeviceGetIndex(h))
+        uuid = _optional(nv, lambda: nv.nvmlDeviceGetUUID(h))
+        return NvmlGpu(
+            cuda_index=cuda_index,
+            nvml_index=None if index is None else int(index),
+            uuid=None if uuid is None else _text(uuid),
+            name=_text(nv.nvmlDeviceGetName(h)),
+            found_by=found_by,
+            handle=h,
+        )
+
+    def info(self, gpu: NvmlGpu) -> GpuInfo | Unmeasurable:
+        """VRAM, power, energy counter, clocks, clock reasons, processes and versions of ``gpu``."""
+        return self._guard(lambda: _gpu_info(self.nv, gpu))
+
+    def total_energy_mj(self, gpu: NvmlGpu) -> int | Unmeasurable:
+        """``gpu``'s total energy counter in mJ since the driver loaded (Volta and later)."""
+        return self._guard(lambda: int(self.nv.nvmlDeviceGetTotalEnergyConsumption(gpu.handle)))
+
+    def power_w(self, gpu: NvmlGpu, *, instant: bool = True) -> float | Unmeasurable:
+        """Board power of ``gpu`` in watts (see :func:`power_w`)."""
+        return self._guard(lambda: _power_w(self.nv, gpu.handle, instant))
+
+    def gpm_metrics(
+        self, gpu: NvmlGpu, run: Callable[[], Any] | None, metrics: Sequence[str]
+    ) -> GpmMetrics | Unmeasurable:
+        """GPM metrics of ``gpu`` around ``run()`` (see :func:`gpm_metrics`)."""
+        return self._guard(lambda: _gpm(self.nv, gpu, run, metrics))
+
+
+def open_session(module: Any = None) -> NvmlSession | Unmeasurable:
+    """Initialise NVML: the one place perfbudget does.
+
+    Args:
+        module: a ``pynvml``-compatible module (default: :data:`NVML_MODULE` or ``pynvml``).
+
+    Returns:
+        An open :class:`NvmlSession` (close it, or use ``with``), or :class:`Unmeasurable`
+        (nvidia-ml-py not installed, no driver).
+    """
+    nv = module if module is not None else NVML_MODULE
+    if nv is None:
+        try:
+            import pynvml
+        except ImportError as exc:
+            return Unmeasurable(reason=f"nvidia-ml-py is not installed ({exc})")
+        nv = pynvml
+    try:
+        nv.nvmlInit()
+    except nv.NVMLError as exc:
+        return Unmeasurable(reason=f"NVML unavailable: {_describe(exc)}")
+    return NvmlSession(nv)
+
+
+def _on_gpu(
+    device_index: int | None, module: Any, read: Callable[[NvmlSession, NvmlGpu], _T | Unmeasurable]
+) -> _T | Unmeasurable:
+    """Open a session, find CUDA device ``device_index``'s GPU, ``read`` it, close."""
+    opened = open_session(module)
+    if isinstance(opened, Unmeasurable):
+        return opened
+    with opened as session:
+        gpu = session.gpu(device_index)
+        if isinstance(gpu, Unmeasurable):
+            return gpu
+        return read(session, gpu)
+
+
+def gpu_count(*, module: Any = None) -> int | Unmeasurable:
+    """GPUs the NVIDIA driver reports (never initialises CUDA).
+
+    Returns:
+        The count over the whole machine, or :class:`Unmeasurable` without a driver.
+    """
+    opened = open_session(module)
+    if isinstance(opened, Unmeasurable):
+        return opened
+    with opened as session:
+        return session.gpu_count()
+
+
+def driver_version(*, module: Any = None) -> str | Unmeasurable:
+    """The NVIDIA driver version (``560.35.03``), or :class:`Unmeasurable` without a driver."""
+    opened = open_session(module)
+    if isinstance(opened, Unmeasurable):
+        return opened
+    with opened as session:
+        return session.driver_version()
+
+
+# --------------------------------------------------------------------------- device state
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -178,10 +462,14 @@ def _processes(nv: Any, handle: Any) -> tuple[GpuProcess, ...]:
 
 
 @dataclass(frozen=True, kw_only=True)
-class DeviceInfo:
-    """State of one GPU as NVML reports it."""
+class GpuInfo:
+    """State of the GPU behind one CUDA device, as NVML reports it."""
 
-    index: int
+    cuda_index: int
+    """The CUDA device index (torch's numbering in this process)."""
+    nvml_index: int | None
+    """NVML's index of the same device (``None`` for a MIG instance)."""
+    uuid: str | None
     name: str
     memory_total_mib: float
     memory_used_mib: float
@@ -201,9 +489,14 @@ class DeviceInfo:
     """CUDA version the driver supports, e.g. ``"12.4"``."""
     compute_capability: tuple[int, int] | None
 
+    @property
+    def label(self) -> str:
+        """``GPU 2 (cuda:0)``: NVML's number and CUDA's, for messages."""
+        return _label(self.nvml_index, self.uuid, self.cuda_index)
 
-def _device_info(nv: Any, index: int) -> DeviceInfo:
-    h = nv.nvmlDeviceGetHandleByIndex(index)
+
+def _gpu_info(nv: Any, gpu: NvmlGpu) -> GpuInfo:
+    h = gpu.handle
     mem = nv.nvmlDeviceGetMemoryInfo(h)
     power = _optional(nv, lambda: nv.nvmlDeviceGetPowerUsage(h))
     energy = _optional(nv, lambda: nv.nvmlDeviceGetTotalEnergyConsumption(h))
@@ -213,9 +506,11 @@ def _device_info(nv: Any, index: int) -> DeviceInfo:
     mask = _clock_reasons_mask(nv, h)
     cuda_v = _optional(nv, lambda: nv.nvmlSystemGetCudaDriverVersion())
     cc = _optional(nv, lambda: nv.nvmlDeviceGetCudaComputeCapability(h))
-    return DeviceInfo(
-        index=index,
-        name=_text(nv.nvmlDeviceGetName(h)),
+    return GpuInfo(
+        cuda_index=gpu.cuda_index,
+        nvml_index=gpu.nvml_index,
+        uuid=gpu.uuid,
+        name=gpu.name,
         memory_total_mib=mem.total / MIB,
         memory_used_mib=mem.used / MIB,
         power_w=None if power is None else power / 1000.0,
@@ -230,89 +525,87 @@ def _device_info(nv: Any, index: int) -> DeviceInfo:
     )
 
 
-def device_info(index: int = 0, *, module: Any = None) -> DeviceInfo | Unavailable:
-    """VRAM, power, energy counter, clocks, clock reasons, processes and versions of GPU ``index``.
+def gpu_info(device_index: int | None = None, *, module: Any = None) -> GpuInfo | Unmeasurable:
+    """VRAM, power, energy counter, clocks, clock reasons, processes and versions of a CUDA device's GPU.
 
     Args:
-        index: NVML device index.
+        device_index: CUDA device index as torch numbers it (``None``: the current device);
+            never an NVML index (see :meth:`NvmlSession.gpu`).
         module: a ``pynvml``-compatible module (default: :data:`NVML_MODULE` or ``pynvml``).
 
     Returns:
-        ``DeviceInfo``, or ``Unavailable`` with the reason (no driver, no such device...).
+        ``GpuInfo``, or ``Unmeasurable`` with the reason (no driver, no such device...).
     """
-    try:
-        with _session(module) as nv:
-            return _device_info(nv, index)
-    except _Unavailable as exc:
-        return Unavailable(reason=exc.reason)
+    return _on_gpu(device_index, module, lambda s, gpu: s.info(gpu))
 
 
-def total_energy_mj(index: int = 0, *, module: Any = None) -> int | Unavailable:
-    """GPU ``index``'s total energy counter in mJ since the driver loaded.
+def total_energy_mj(device_index: int | None = None, *, module: Any = None) -> int | Unmeasurable:
+    """A CUDA device's total energy counter in mJ since the driver loaded.
 
     The counter refreshes every ~10-100 ms: integrate over windows of >= 1 s (see
-    ``measure.energy``).
-
-    Returns:
-        The counter, or ``Unavailable`` (no NVML, or a GPU older than Volta).
-    """
-    try:
-        with _session(module) as nv:
-            h = nv.nvmlDeviceGetHandleByIndex(index)
-            return int(nv.nvmlDeviceGetTotalEnergyConsumption(h))
-    except _Unavailable as exc:
-        return Unavailable(reason=exc.reason)
-
-
-def power_w(index: int = 0, *, instant: bool = True, module: Any = None) -> float | Unavailable:
-    """Board power of GPU ``index`` in watts.
+    ``measure.energy``, which keeps one session open for its reads).
 
     Args:
-        instant: read the instantaneous field (``NVML_FI_DEV_POWER_INSTANT``) where the
-            driver has it; ``nvmlDeviceGetPowerUsage`` is a ~1 s average on GA100 and later.
+        device_index: CUDA device index (``None``: the current device).
+        module: a ``pynvml``-compatible module.
 
     Returns:
-        Watts, or ``Unavailable``.
+        The counter, or ``Unmeasurable`` (no NVML, or a GPU older than Volta).
     """
-    try:
-        with _session(module) as nv:
-            h = nv.nvmlDeviceGetHandleByIndex(index)
-            field = getattr(nv, "NVML_FI_DEV_POWER_INSTANT", None)
-            if instant and field is not None:
-                vals = _optional(nv, lambda: nv.nvmlDeviceGetFieldValues(h, [field]))
-                if vals is not None and int(getattr(vals[0], "nvmlReturn", 1)) == 0:
-                    return float(vals[0].value.uiVal) / 1000.0
-            return float(nv.nvmlDeviceGetPowerUsage(h)) / 1000.0
-    except _Unavailable as exc:
-        return Unavailable(reason=exc.reason)
+    return _on_gpu(device_index, module, lambda s, gpu: s.total_energy_mj(gpu))
+
+
+def _power_w(nv: Any, h: Any, instant: bool) -> float:
+    field_id = getattr(nv, "NVML_FI_DEV_POWER_INSTANT", None)
+    if instant and field_id is not None:
+        vals = _optional(nv, lambda: nv.nvmlDeviceGetFieldValues(h, [field_id]))
+        if vals is not None and int(getattr(vals[0], "nvmlReturn", 1)) == 0:
+            return float(vals[0].value.uiVal) / 1000.0
+    return float(nv.nvmlDeviceGetPowerUsage(h)) / 1000.0
+
+
+def power_w(device_index: int | None = None, *, instant: bool = True, module: Any = None) -> float | Unmeasurable:
+    """Board power of a CUDA device's GPU in watts.
+
+    Args:
+        device_index: CUDA device index (``None``: the current device).
+        instant: read the instantaneous field (``NVML_FI_DEV_POWER_INSTANT``) where the
+            driver has it; ``nvmlDeviceGetPowerUsage`` is a ~1 s average on GA100 and later.
+        module: a ``pynvml``-compatible module.
+
+    Returns:
+        Watts, or ``Unmeasurable``.
+    """
+    return _on_gpu(device_index, module, lambda s, gpu: s.power_w(gpu, instant=instant))
 
 
 @dataclass(frozen=True, kw_only=True)
-class Preflight:
-    """Whether GPU ``index`` is in a state where timing budgets can be gated."""
+class GpuPreflight:
+    """Whether a CUDA device's GPU is in a state where timing budgets can be gated."""
 
     ok: bool
     problems: tuple[str, ...]
     """Why not, one sentence each (another process, throttled clocks)."""
-    device: DeviceInfo
+    gpu: GpuInfo
 
 
-def preflight(
-    index: int = 0, *, own_pids: Iterable[int] | None = None, module: Any = None
-) -> Preflight | Unavailable:
+def gpu_preflight(
+    device_index: int | None = None, *, own_pids: Iterable[int] | None = None, module: Any = None
+) -> GpuPreflight | Unmeasurable:
     """Check that no other process uses the GPU and that its clocks are not throttled.
 
     Args:
-        index: NVML device index.
+        device_index: CUDA device index (``None``: the current device). Under
+            ``CUDA_VISIBLE_DEVICES`` this is the visible device's GPU, not NVML's GPU of that number.
         own_pids: PIDs that belong to this run (default: this process). Inside a container,
             NVML may report host PIDs: add them here if the run's own process is listed.
         module: a ``pynvml``-compatible module.
 
     Returns:
-        ``Preflight`` (``ok`` False with the problems), or ``Unavailable``.
+        ``GpuPreflight`` (``ok`` False with the problems), or ``Unmeasurable``.
     """
-    info = device_info(index, module=module)
-    if isinstance(info, Unavailable):
+    info = gpu_info(device_index, module=module)
+    if isinstance(info, Unmeasurable):
         return info
     mine = set(own_pids) if own_pids is not None else {os.getpid()}
     problems = []
@@ -323,11 +616,14 @@ def preflight(
             + (f", {p.used_mib:.0f} MiB)" if p.used_mib is not None else ")")
             for p in others
         )
-        problems.append(f"other processes use GPU {index}: {listed}")
+        problems.append(f"other processes use {info.label}: {listed}")
     throttled = [r for r in info.clock_reasons if r in _THROTTLING]
     if throttled:
-        problems.append(f"GPU {index} clocks are throttled: {', '.join(throttled)}")
-    return Preflight(ok=not problems, problems=tuple(problems), device=info)
+        problems.append(f"{info.label} clocks are throttled: {', '.join(throttled)}")
+    return GpuPreflight(ok=not problems, problems=tuple(problems), gpu=info)
+
+
+# --------------------------------------------------------------------------- GPM
 
 
 GPM_METRICS: dict[str, str] = {
@@ -384,13 +680,33 @@ def _gpm_window(
     return values, window, padded
 
 
+def _gpm(nv: Any, gpu: NvmlGpu, run: Callable[[], Any] | None, metrics: Sequence[str]) -> GpmMetrics | Unmeasurable:
+    if not hasattr(nv, "nvmlGpmSampleAlloc"):
+        return Unmeasurable(reason="this nvidia-ml-py has no GPM API")
+    support = nv.nvmlGpmQueryDeviceSupport(gpu.handle)
+    if not getattr(support, "isSupportedDevice", 0):
+        return Unmeasurable(reason=f"GPM is not supported on {gpu.name} (needs Hopper or later)")
+    s1 = nv.nvmlGpmSampleAlloc()
+    try:
+        s2 = nv.nvmlGpmSampleAlloc()
+        try:
+            values, window, padded = _gpm_window(nv, gpu.handle, s1, s2, run, metrics)
+        finally:
+            nv.nvmlGpmSampleFree(s2)
+    finally:
+        nv.nvmlGpmSampleFree(s1)
+    if not values:
+        return Unmeasurable(reason=f"GPM returned no value for {list(metrics)} on {gpu.label}")
+    return GpmMetrics(values_pct=values, window_s=window, padded_s=padded)
+
+
 def gpm_metrics(
     run: Callable[[], Any] | None = None,
     *,
-    index: int = 0,
+    device_index: int | None = None,
     metrics: Sequence[str] = ("sm_occupancy", "sm_util", "tensor_util"),
     module: Any = None,
-) -> GpmMetrics | Unavailable:
+) -> GpmMetrics | Unmeasurable:
     """Sample GPM metrics around ``run()``: SM occupancy, SM utilisation, tensor utilisation.
 
     Values are whole-device averages over the window, so the workload should be the only
@@ -399,36 +715,14 @@ def gpm_metrics(
 
     Args:
         run: the workload; ``None`` samples whatever the device does for 0.1 s.
-        index: NVML device index.
+        device_index: CUDA device index (``None``: the current device).
         metrics: names from :data:`GPM_METRICS`.
         module: a ``pynvml``-compatible module.
 
     Returns:
-        ``GpmMetrics``, or ``Unavailable`` (no NVML, a GPU before Hopper, MIG...).
+        ``GpmMetrics``, or ``Unmeasurable`` (no NVML, a GPU before Hopper, MIG...).
     """
     unknown = [m for m in metrics if m not in GPM_METRICS]
     if unknown:
         raise ValueError(f"unknown GPM metric(s) {unknown}; known: {', '.join(GPM_METRICS)}")
-    try:
-        with _session(module) as nv:
-            if not hasattr(nv, "nvmlGpmSampleAlloc"):
-                return Unavailable(reason="this nvidia-ml-py has no GPM API")
-            h = nv.nvmlDeviceGetHandleByIndex(index)
-            support = nv.nvmlGpmQueryDeviceSupport(h)
-            if not getattr(support, "isSupportedDevice", 0):
-                name = _text(nv.nvmlDeviceGetName(h))
-                return Unavailable(reason=f"GPM is not supported on {name} (needs Hopper or later)")
-            s1 = nv.nvmlGpmSampleAlloc()
-            try:
-                s2 = nv.nvmlGpmSampleAlloc()
-                try:
-                    values, window, padded = _gpm_window(nv, h, s1, s2, run, metrics)
-                finally:
-                    nv.nvmlGpmSampleFree(s2)
-            finally:
-                nv.nvmlGpmSampleFree(s1)
-            if not values:
-                return Unavailable(reason=f"GPM returned no value for {list(metrics)}")
-            return GpmMetrics(values_pct=values, window_s=window, padded_s=padded)
-    except _Unavailable as exc:
-        return Unavailable(reason=exc.reason)
+    return _on_gpu(device_index, module, lambda s, gpu: s.gpm_metrics(gpu, run, metrics))

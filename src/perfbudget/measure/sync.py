@@ -1,4 +1,4 @@
-"""Waiting for queued device work: one helper for every timer and fixture."""
+"""Waiting for queued device work before a host clock or counter is read."""
 
 from __future__ import annotations
 
@@ -9,12 +9,27 @@ from perfbudget.device import DeviceType
 __all__ = ["device_sync"]
 
 
+def _no_sync() -> None:
+    """CPU work is finished when the call returns: nothing to wait for."""
+
+
 def device_sync(device: DeviceType) -> Callable[[], None]:
-    """``torch.cuda.synchronize`` for ``"cuda"``, a no-op for ``"cpu"``."""
+    """The function that waits for ``device``'s queued work.
+
+    Args:
+        device: ``"cuda"`` (``torch.cuda.synchronize`` of the current device) or ``"cpu"``
+            (a no-op).
+
+    Returns:
+        A zero-argument callable.
+
+    Raises:
+        ValueError: any other device name.
+    """
     if device == "cuda":
         import torch
 
         return torch.cuda.synchronize
-    if device != "cpu":
-        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
-    return lambda: None
+    if device == "cpu":
+        return _no_sync
+    raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
