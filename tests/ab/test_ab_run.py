@@ -16,6 +16,7 @@ from perfbudget.ab.cli import build_parser, main, register
 from perfbudget.ab.compare import ABInfo
 from perfbudget.ab.pairs import SideSetup, parse_cpus
 from perfbudget.ab.run import ABConfig, ABRun, UsageError, run_ab
+from perfbudget.cli import main as report_main
 from perfbudget.results import load_results
 
 FAKE_SIDE = HERE / "fake_side.py"
@@ -115,6 +116,11 @@ def test_a_planted_slowdown_fails_and_exact_changes_are_shown(make_repo: Callabl
     assert info is not None and not info.compared and extra.outcome == "unbudgeted"
     assert "not compared with the base: the base lacks it" in extra.reason
     assert_never_both_running(result)
+    # Every report renders the merged file with its "vs base" columns.
+    for fmt in ("terminal", "markdown", "html", "junit"):
+        out = repo / f"report.{fmt}"
+        assert report_main(["report", str(result.path), "--format", fmt, "-o", str(out), "--exit-zero"]) == 0
+        assert "head/base" in out.read_text() or ".ratio" in out.read_text(), fmt
 
 
 def test_a_base_that_cannot_run_is_reported_and_judged_on_budgets(make_repo: Callable[..., Path]) -> None:
