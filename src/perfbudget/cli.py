@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TextIO
 
+from .ab.cli import register as register_ab
 from .budgets.loader import load_dir
 from .budgets.update import UpdateReport, apply_updates, git_commit
 from .device import DeviceInfo
@@ -263,6 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--allow-loosen", action="store_true", help="also write values worse than the budget")
     u.add_argument("--dry-run", action="store_true", help="print the diff, write nothing")
     u.set_defaults(func=cmd_update)
+    register_ab(sub)  # perfbudget ab: the lockstep A/B run (its own module)
     return p
 
 

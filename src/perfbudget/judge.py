@@ -182,11 +182,14 @@ class Judge:
             # Keep what was measured, so a broken budget file loses no data.
             v = decide(self.key, name, samples, None, policy=self.config.policy)
             return v.with_(outcome="error", reason=problem)
-        if self.config.preflight and statistical:
+        # One side of a lockstep A/B run: both sides share the machine's state, so its load
+        # is no reason to set samples aside, and the ratio is judged raw (normalising by the
+        # reference hid most of a planted slowdown in the experiment).
+        if self.config.preflight and statistical and not self.config.collect:
             return _not_judged(decide(self.key, name, samples, None, policy=self.config.policy), budget,
                                "preflight: " + "; ".join(self.config.preflight))
         ref_ms: float | None = None
-        if reference is not None:
+        if reference is not None and not self.config.collect:
             mismatch = self._reference_mismatch(reference, budget)
             if mismatch and not self.config.collect:
                 return _not_judged(decide(self.key, name, samples, None, policy=self.config.policy), budget, mismatch)

@@ -54,10 +54,13 @@ class BudgetRef:
     """Budget file it came from."""
     line: int | None = None
     """Line of the entry in that file, when known."""
+    ab_tolerance: float | None = None
+    """Tolerance of the head/base ratio in a lockstep A/B run, when the entry sets one."""
 
     @classmethod
     def of(cls, budget: Budget) -> BudgetRef:
-        return cls(value=budget.value, tolerance=budget.tolerance, source=budget.source, line=budget.line)
+        return cls(value=budget.value, tolerance=budget.tolerance, source=budget.source, line=budget.line,
+                   ab_tolerance=budget.ab_tolerance)
 
     @property
     def where(self) -> str:
@@ -145,7 +148,8 @@ class Record:
             "value": _to_json(self.value),
             "ci": None if self.ci is None else [_to_json(self.ci[0]), _to_json(self.ci[1])],
             "ci_confidence": self.ci_confidence, "n": self.n, "cv": _to_json(self.cv),
-            "budget": None if b is None else {"value": b.value, "tolerance": b.tolerance, "source": b.source, "line": b.line},
+            "budget": None if b is None else {"value": b.value, "tolerance": b.tolerance, "source": b.source,
+                                              "line": b.line, "ab_tolerance": b.ab_tolerance},
             "limit": _to_json(self.limit), "rounds": self.rounds, "confirmed": self.confirmed, "reason": self.reason,
             "samples": [_to_json(x) for x in self.samples], "attribution": list(self.attribution),
             "device": None if self.device is None else self.device.as_dict(),
@@ -182,7 +186,8 @@ class Record:
             value=_from_json(d.get("value")), ci=pair(d.get("ci")), ci_confidence=d.get("ci_confidence"),
             n=int(d.get("n", 0)), cv=_from_json(d.get("cv")),
             budget=None if not b else BudgetRef(value=float(b["value"]), tolerance=float(b["tolerance"]),
-                                                 source=str(b.get("source", "")), line=b.get("line")),
+                                                 source=str(b.get("source", "")), line=b.get("line"),
+                                                 ab_tolerance=_from_json(b.get("ab_tolerance"))),
             limit=_from_json(d.get("limit")), rounds=int(d.get("rounds", 1)), confirmed=d.get("confirmed"),
             reason=str(d.get("reason", "")), samples=floats(d.get("samples")),
             attribution=tuple(str(a) for a in d.get("attribution", ())),

@@ -38,6 +38,7 @@ budgets:
     step_ms:
       value: 1.0
       tolerance: 0.3
+      ab_tolerance: 0.1
 """
 
 

@@ -43,7 +43,8 @@ budgets:
   fake-step:
     step_ms:
       value: 1.0
-      tolerance: 0.2
+      tolerance: 0.3
+      ab_tolerance: 0.2
     flops:
       value: 1000
       tolerance: 0.0
@@ -124,7 +125,7 @@ def test_a_planted_slowdown_fails_and_exact_changes_are_shown(make_repo: Callabl
 
 
 def test_a_base_that_cannot_run_is_reported_and_judged_on_budgets(make_repo: Callable[..., Path]) -> None:
-    no_step_budget = BUDGETS.replace("    step_ms:\n      value: 1.0\n      tolerance: 0.2\n", "")
+    no_step_budget = BUDGETS.replace("    step_ms:\n      value: 1.0\n      tolerance: 0.3\n      ab_tolerance: 0.2\n", "")
     repo = make_repo({"src/fakelib/__init__.py": "raise ImportError('the base predates fakelib')\n",
                       "budgets/cpu.yaml": no_step_budget},
                      {"src/fakelib/__init__.py": lib()})

@@ -232,8 +232,8 @@ def _merge_one(
             return head0.with_(reason=f"not compared with the base: {why}; {head0.reason}",
                                extra={**head0.extra, **ab.to_extra()}), "not compared"
         return _not_compared(head0, used, budget, why), "not compared"
-    if budget is not None and policy.tolerance_from_budgets:
-        tolerance, source = budget.tolerance, BudgetRef.of(budget).where
+    if budget is not None and policy.tolerance_from_budgets and budget.ab_tolerance is not None:
+        tolerance, source = budget.ab_tolerance, BudgetRef.of(budget).where
     else:
         tolerance, source = info.default_tolerance, f"default for {info.kind}"
     rv = judge_ratios(ratios, tolerance=tolerance, direction=info.direction, prior_sd=policy.sd_for(info.kind),

@@ -62,8 +62,9 @@ class ABPolicy:
         confidence: two-sided coverage of the CI of the ratio.
         prior_sd: prior per-pair sd of the log-ratio, by metric kind.
         prior_df: degrees of freedom the prior is worth.
-        tolerance_from_budgets: take a check's tolerance from its budget when it has one
-            (else the metric's default tolerance).
+        tolerance_from_budgets: take a check's tolerance from its budget's ``ab_tolerance``
+            when it has one (else the metric's default tolerance). The budget's stored-mode
+            ``tolerance`` is never used: it may carry a floor for between-run noise.
     """
 
     confidence: float = 0.95

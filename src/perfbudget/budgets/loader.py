@@ -24,7 +24,7 @@ from .schema import PROVENANCE_FIELDS, SCHEMA_VERSION, Budget, BudgetError, Budg
 __all__ = ["BudgetSet", "load_dir", "load_file", "parse_text"]
 
 _TOP_KEYS = ("schema", "device", "budgets", "note")
-_ENTRY_KEYS = ("value", "tolerance", "provenance", "note")
+_ENTRY_KEYS = ("value", "tolerance", "ab_tolerance", "provenance", "note")
 _Y = "tag:yaml.org,2002:"
 _COLLECTION_TAGS = (f"{_Y}map", f"{_Y}seq")
 # Plain YAML scalars only. ``!!binary``, ``!!set`` and every ``!!python/...`` tag are refused
@@ -207,7 +207,7 @@ class _Validator:
             return "" if ok else "expected a positive integer"
         if isinstance(want, str):
             # A substring or prefix match on "" selects every device.
-            return "" if want.strip() else "expected a non-empty string (an empty one selects every device)"
+            return "" if want else "expected a non-empty string (an empty one selects every device)"
         if _number(want) and name in SELECTOR_VERSION_FIELDS:
             return f"expected a string; quote the version ({name}: '{want}'): as a number 2.10 reads as 2.1"
         if _number(want):
@@ -270,6 +270,10 @@ class _Validator:
         if not _finite(tol) or not 0.0 <= tol <= 1.0:
             self.err("expected a number in [0, 1]", (*kp, "tolerance"), tol)
             return None
+        ab_tol = raw.get("ab_tolerance")
+        if ab_tol is not None and (not _finite(ab_tol) or not 0.0 <= ab_tol <= 1.0):
+            self.err("expected a number in [0, 1]", (*kp, "ab_tolerance"), ab_tol)
+            return None
         note = raw.get("note")
         if note is not None and not isinstance(note, str):
             self.err("expected a string", (*kp, "note"), note)
@@ -282,6 +286,7 @@ class _Validator:
             metric=metric,
             value=float(value),
             tolerance=float(tol),
+            ab_tolerance=None if ab_tol is None else float(ab_tol),
             source=str(self.doc.path),
             line=self.doc.line(kp),
             provenance=prov,

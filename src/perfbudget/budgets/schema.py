@@ -105,6 +105,10 @@ class Budget:
         metric: full metric name (``op_self_ms[aten::mm]``).
         value: budget value in the metric's unit.
         tolerance: relative tolerance in [0, 1] in the bad direction.
+        ab_tolerance: the tolerance of the head/base ratio in a lockstep A/B run, when it
+            differs from the metric's default. ``tolerance`` may carry a floor for the noise
+            between runs in different processes, which taking turns removes, so A/B does not
+            use it.
         source: budget file path.
         line: line of the metric in the file, when known.
         provenance: measurement behind the value, when written by the updater.
@@ -120,6 +124,7 @@ class Budget:
     source: str
     line: int | None = None
     provenance: Provenance | None = None
+    ab_tolerance: float | None = None
     note: str | None = None
 
 
