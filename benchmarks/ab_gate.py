@@ -1,0 +1,257 @@
+"""How good is the lockstep A/B gate? False alarms, detection and cost of `perfbudget ab`, measured.
+
+Works in a scratch clone of this repository's HEAD (never in the checkout itself):
+
+- A/A: ``perfbudget ab --base HEAD`` with the working tree equal to the base: every failing
+  timing check is a false alarm;
+- planted regressions as real commits on top of the base, each a changed workload file
+  (``src/torchlevers/workloads/encoder.py``):
+  - ``step:F``: every encoder training step spins F of its own duration longer;
+  - ``op:F``: the encoder's FFN gets an extra matmul sized to add F to the step's
+    ``aten::mm`` FLOPs (a slowdown of one operator, ``aten::mm``, that takes >= 10 % of the
+    step); it also adds ``aten::mm`` calls, so the exact ``op_count`` check sees it too:
+    detection is counted by any check and by timing checks alone.
+
+Usage (a quiet machine, nothing else running)::
+
+    python benchmarks/ab_gate.py --aa 20 --plant step:0.10:10 --plant op:0.10:10 \\
+        --plant step:0.05:3 --plant step:0.20:3 --plant op:0.05:3 --plant op:0.20:3 \\
+        --out benchmarks/ab-gate-cpu.md --minutes 80
+
+Runs are interleaved across scenarios (so a time limit leaves every scenario with some
+runs); the table is rewritten after every run with the counts behind every rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+#: The suite's encoder checks: step latency/throughput and the per-operator checks.
+TESTS = ("perf_tests/test_encoder.py", "-k", "step_latency or operators")
+TIMING = ("step_ms", "throughput_samples_per_s", "op_self_ms", "op_share")
+WORKLOAD = "src/torchlevers/workloads/encoder.py"
+
+STEP_PLANT = '''
+
+# --- planted by benchmarks/ab_gate.py: every training step spins {frac} of its own duration longer
+import time as _planted_time
+
+_planted_step = EncoderWorkload.step
+
+
+def _planted_slow_step(self, batch):  # type: ignore[no-untyped-def]
+    t0 = _planted_time.perf_counter()
+    out = _planted_step(self, batch)
+    t1 = _planted_time.perf_counter()
+    stop = t1 + {frac} * (t1 - t0)
+    while _planted_time.perf_counter() < stop:
+        pass
+    return out
+
+
+EncoderWorkload.step = _planted_slow_step  # type: ignore[method-assign]
+'''
+
+WIDTH_PROBE = '''
+import sys
+from torchlevers.workloads import EncoderConfig, EncoderWorkload
+from perfbudget.measure.operators import count_flops
+frac = float(sys.argv[1])
+cfg = EncoderConfig.for_size("tiny", device="cpu")
+w = EncoderWorkload(cfg)
+batch = w.make_batch()
+mm = count_flops(lambda: w.step(batch)).by_op.get("aten::mm", 0)
+# The planted matmul adds 4*T*d_ff FLOPs per output column and layer (one mm forward, one
+# for the input gradient), as the fixtures' op_slowdown plant computed it.
+per_column = 4 * cfg.batch_size * cfg.seq_len * cfg.d_ff * cfg.n_layers
+print(min(cfg.d_model, max(1, round(frac * mm / per_column))))
+'''
+
+
+@dataclass
+class Scenario:
+    name: str
+    kind: str  # "aa", "step", "op"
+    frac: float
+    runs: int
+    done: list[dict] = field(default_factory=list)
+
+
+def sh(*args: str, cwd: Path, env: dict[str, str] | None = None, check: bool = True) -> str:
+    got = subprocess.run(args, cwd=cwd, env=env, text=True, capture_output=True)
+    if check and got.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} failed ({got.returncode}): {got.stderr[-2000:]}")
+    return got.stdout
+
+
+def plant(clone: Path, base: str, kind: str, frac: float) -> str:
+    """Commit the plant on top of ``base`` on a scratch branch; returns the commit."""
+    sh("git", "checkout", "-q", "--detach", base, cwd=clone)
+    path = clone / WORKLOAD
+    text = path.read_text()
+    if kind == "step":
+        text += STEP_PLANT.format(frac=frac)
+    else:
+        env = {**os.environ, "PYTHONPATH": str(clone / "src")}
+        width = int(sh(sys.executable, "-c", WIDTH_PROBE, str(frac), cwd=clone, env=env).strip())
+        old_flag, old_width = "    extra_ffn_matmul: bool = False", "    extra_ffn_width: int = 0"
+        if old_flag not in text or old_width not in text:
+            raise RuntimeError(f"{WORKLOAD}: the EncoderConfig fields the op plant edits have moved")
+        text = text.replace(old_flag, "    extra_ffn_matmul: bool = True").replace(
+            old_width, f"    extra_ffn_width: int = {width}")
+    path.write_text(text)
+    sh("git", "-c", "user.name=bench", "-c", "user.email=bench@localhost", "commit", "-qam",
+       f"planted {kind} {frac}", cwd=clone)
+    return sh("git", "rev-parse", "HEAD", cwd=clone).strip()
+
+
+def ab_run(clone: Path, base: str, out: Path, max_pairs: int) -> dict:
+    start = time.perf_counter()
+    got = subprocess.run(
+        [sys.executable, "-m", "perfbudget.cli", "ab", "--base", base, "--max-pairs", str(max_pairs),
+         "--out", str(out), "--", *TESTS],
+        cwd=clone, text=True, capture_output=True,
+        env={**os.environ, "PYTHONPATH": str(clone / "src")},
+    )
+    wall = time.perf_counter() - start
+    if not out.exists():
+        return {"wall_s": wall, "rc": got.returncode, "error": got.stderr[-1500:], "checks": {}}
+    data = json.loads(out.read_text())
+    checks = {}
+    for r in data["records"]:
+        if r["outcome"] == "not_measured":
+            continue
+        base_side = r.get("base") or {}
+        checks[f"{r['key']}.{r['metric']}"] = {"outcome": r["outcome"], "ratio": base_side.get("ratio"),
+                                              "pairs": base_side.get("pairs")}
+    ab = data["meta"].get("ab", {})
+    return {"wall_s": wall, "rc": got.returncode, "pairs": ab.get("pairs"), "checks": checks}
+
+
+def family(metric: str) -> str:
+    return metric.split(".", 1)[1].split("[", 1)[0]
+
+
+def table(scenarios: list[Scenario], plain_s: float | None, command: str) -> str:
+    lines = ["# Lockstep A/B gate, measured", "",
+             f"Machine: {platform_line()}; torch threads 1; both sides pinned to one CPU (`--cpus auto`).",
+             f"Checks: `{' '.join(TESTS)}` (encoder step latency/throughput, per-operator self time/share/count).",
+             f"Command: `{command}`", ""]
+    if plain_s:
+        lines.append(f"One plain run of the same tests (`pytest {' '.join(TESTS)}`): {plain_s:.0f} s.")
+        lines.append("")
+    lines += ["| scenario | runs | detected (any check) | detected (timing checks) | not judged | "
+              "failing checks / checks | median pairs | median wall (s) | cost vs plain run |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for s in scenarios:
+        runs = [r for r in s.done if "error" not in r]
+        errors = len(s.done) - len(runs)
+        if not s.done:
+            continue
+        any_fail = sum(1 for r in runs if any(c["outcome"] in ("fail", "error") for c in r["checks"].values()))
+        timing_fail = sum(1 for r in runs if any(c["outcome"] == "fail" and family(k) in TIMING
+                                                 for k, c in r["checks"].items()))
+        not_judged = sum(1 for r in runs if any(c["outcome"] in ("unmeasurable", "unbudgeted", "error")
+                                                and family(k) in TIMING for k, c in r["checks"].items()))
+        n_checks = sum(1 for r in runs for k in r["checks"] if family(k) in TIMING)
+        n_fail = sum(1 for r in runs for k, c in r["checks"].items() if family(k) in TIMING and c["outcome"] == "fail")
+        pairs = statistics.median([r["pairs"] or 0 for r in runs]) if runs else 0
+        wall = statistics.median([r["wall_s"] for r in runs]) if runs else 0
+        cost = f"{wall / plain_s:.1f}x" if plain_s else "-"
+        label = "A/A (false alarms)" if s.kind == "aa" else s.name
+        err = f" (+{errors} errored)" if errors else ""
+        lines.append(f"| {label} | {len(runs)}{err} | {any_fail}/{len(runs)} | {timing_fail}/{len(runs)} | "
+                     f"{not_judged}/{len(runs)} | {n_fail}/{n_checks} | {pairs:g} | {wall:.0f} | {cost} |")
+    lines += ["", "Per-check ratios (head/base, one value per run):", ""]
+    for s in scenarios:
+        per: dict[str, list[str]] = defaultdict(list)
+        for r in s.done:
+            for k, c in r.get("checks", {}).items():
+                if c["ratio"] is not None:
+                    mark = "!" if c["outcome"] == "fail" else ""
+                    per[k].append(f"{c['ratio']:.3f}{mark}")
+        if per:
+            lines.append(f"- {s.name}:")
+            lines += [f"  - `{k}`: {', '.join(v)}" for k, v in sorted(per.items())]
+    lines += ["", "`!` marks a failing verdict. Rates above are counts of runs (any check failing, or any "
+              "timing check failing); `failing checks / checks` counts every timing check of every run."]
+    return "\n".join(lines) + "\n"
+
+
+def platform_line() -> str:
+    model = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{os.cpu_count()} vCPU {model!r}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--aa", type=int, default=20, help="A/A runs")
+    ap.add_argument("--plant", action="append", default=[], metavar="KIND:FRAC:RUNS",
+                    help="a planted regression: step:0.10:10 or op:0.10:10")
+    ap.add_argument("--max-pairs", type=int, default=6)
+    ap.add_argument("--minutes", type=float, default=80.0, help="stop starting runs after this long")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "ab-gate-cpu.md")
+    args = ap.parse_args()
+    command = " ".join(["python benchmarks/ab_gate.py", *sys.argv[1:]])
+    scenarios = [Scenario("A/A", "aa", 0.0, args.aa)]
+    for spec in args.plant:
+        kind, frac, runs = spec.split(":")
+        if kind not in ("step", "op"):
+            ap.error(f"--plant {spec}: kind must be step or op")
+        scenarios.append(Scenario(f"{kind} +{float(frac):.0%}", kind, float(frac), int(runs)))
+    tmp = Path(tempfile.mkdtemp(prefix="ab-gate-"))
+    clone = tmp / "scratch"
+    sh("git", "clone", "-q", str(ROOT), str(clone), cwd=tmp)
+    base = sh("git", "rev-parse", "HEAD", cwd=clone).strip()
+    env = {**os.environ, "PYTHONPATH": str(clone / "src")}
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "pytest", *TESTS, "-q", "-p", "no:cacheprovider"], cwd=clone, env=env,
+                   capture_output=True)
+    plain_s = time.perf_counter() - t0
+    commits: dict[tuple[str, float], str] = {}
+    deadline = time.monotonic() + args.minutes * 60
+    i = 0
+    while time.monotonic() < deadline and any(len(s.done) < s.runs for s in scenarios):
+        # Interleaved: the scenario furthest from its target (by fraction done) goes next.
+        s = min((s for s in scenarios if len(s.done) < s.runs), key=lambda s: len(s.done) / s.runs)
+        head = base
+        if s.kind != "aa":
+            if (s.kind, s.frac) not in commits:
+                commits[(s.kind, s.frac)] = plant(clone, base, s.kind, s.frac)
+            head = commits[(s.kind, s.frac)]
+        sh("git", "checkout", "-q", "--detach", head, cwd=clone)
+        got = ab_run(clone, base, tmp / f"run-{i}.json", args.max_pairs)
+        s.done.append(got)
+        i += 1
+        print(f"ab-gate: {s.name} run {len(s.done)}/{s.runs}: {got.get('pairs')} pairs, {got['wall_s']:.0f} s, "
+              + ", ".join(f"{k.split('.', 1)[1]}={c['outcome']}" for k, c in got["checks"].items()
+                          if family(k) in TIMING), flush=True)
+        args.out.write_text(table(scenarios, plain_s, command))
+    (args.out.with_suffix(".json")).write_text(json.dumps(
+        {"plain_s": plain_s, "scenarios": [s.__dict__ for s in scenarios]}, indent=1))
+    shutil.rmtree(tmp, ignore_errors=True)
+    print(args.out.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
