@@ -187,7 +187,7 @@ class PerfRecorder:
         step: Callable[[], Any],
         *,
         samples_per_step: int,
-        reference: Callable[[], Any] | bool | None = True,
+        reference: Callable[[], Any] | bool | None = None,
         explain_operators: bool = True,
         min_samples: int = 40,
         max_ms: float = 2000,
@@ -195,14 +195,18 @@ class PerfRecorder:
     ) -> tuple[Verdict, Verdict]:
         """Record ``step_ms`` and ``throughput_samples_per_s`` of a warm training/inference step.
 
-        Unprofiled samples, each paired with a run of the machine-speed reference (host
-        drift cancels). A failing step time is explained by profiling the step against the
-        key's ``op_self_ms`` budgets (which operators moved).
+        Unprofiled samples (CUDA events on a GPU). A failing step time is explained by
+        profiling the step against the key's ``op_self_ms`` budgets (which operators moved).
+
+        Reference normalisation is opt-in (``reference=True``): measured on these VMs, it
+        absorbed 25-45 % of a planted +10 % step slowdown against stored budgets and most of
+        it in lockstep, while the machines that keep stored budgets (a pinned runner of one
+        SKU) drift little; a drifting machine should use ``perfbudget ab`` instead.
 
         Args:
             step: one full step (zero-argument callable).
             samples_per_step: samples per step, for samples/s.
-            reference: as in :meth:`time` (default: the device's machine reference).
+            reference: as in :meth:`time` (default: none).
             explain_operators: profile the step on failure to name the operators that moved.
             min_samples, max_ms, warmup_ms: as in :func:`~perfbudget.measure.timing.bench`.
 
@@ -275,7 +279,7 @@ class PerfRecorder:
         self,
         requests: Callable[[], Iterable[Callable[[], Iterable[Any]]]],
         *,
-        reference: Callable[[], Any] | bool | None = True,
+        reference: Callable[[], Any] | bool | None = None,
     ) -> dict[str, Verdict]:
         """Record serving latencies of streamed requests: ``ttft_ms``, ``token_ms``,
         ``e2e_ms_p50``, ``e2e_ms_p90`` and ``tokens_per_s``.
@@ -284,8 +288,8 @@ class PerfRecorder:
             requests: returns one round of requests, each a callable that starts the
                 request and returns its tokens as they are produced (a generator). A round
                 should hold >= 64 requests so a p90 has samples above it.
-            reference: as in :meth:`time`; timed after every request, and every latency is
-                paired with its request's reference time.
+            reference: as in :meth:`time` (default: none); timed after every request, and
+                every latency is paired with its request's reference time.
 
         Returns:
             metric -> verdict.
@@ -334,6 +338,7 @@ class PerfRecorder:
         rounds: int = OP_ROUNDS,
         steps: int = 2,
         families: Sequence[str] = _OP_BUDGET_FAMILIES,
+        reference: bool = False,
     ) -> Any:
         """Record per-operator self time, share of the step and call counts.
 
@@ -349,6 +354,8 @@ class PerfRecorder:
             steps: steps per profiled round.
             families: which of ``op_self_ms``, ``op_share``, ``op_count`` to record (counts
                 alone are exact and hold on any machine).
+            reference: time the machine-speed reference before each round and normalise
+                self times by it (opt-in, as in :meth:`step`).
 
         Returns:
             The first :class:`~perfbudget.measure.operators.OpRounds`.
@@ -359,7 +366,7 @@ class PerfRecorder:
         unknown = set(families) - set(_OP_BUDGET_FAMILIES)
         if unknown or not families:
             raise ValueError(f"families must be some of {_OP_BUDGET_FAMILIES}, got {tuple(families)!r}")
-        ref = machine_reference(self._dev)
+        ref = machine_reference(self._dev) if reference else None
 
         def profiled() -> OpRounds:
             return profile_rounds(step, rounds=rounds, steps=steps, device=self._dev, reference=ref)
@@ -383,15 +390,15 @@ class PerfRecorder:
         threshold = NEW_OP_SHARE_UPDATE if self.update else NEW_OP_SHARE_CHECK
         ops = set(self._budgeted_ops()) | set(first.top(threshold))
         def self_ms_of(op: str) -> Callable[[OpRounds], Any]:
-            return lambda r: (r.self_ms(op), list(r.ref_ms))
+            return (lambda r: (r.self_ms(op), list(r.ref_ms))) if reference else (lambda r: r.self_ms(op))
 
         def share_of(op: str) -> Callable[[OpRounds], Any]:
             return lambda r: r.share(op)
 
         for op in sorted(ops, key=lambda o: -first.mean_share(o)):
             if "op_self_ms" in families:
-                self.record(f"op_self_ms[{op}]", first.self_ms(op), reference=list(first.ref_ms),
-                            more=more_for(self_ms_of(op)))
+                self.record(f"op_self_ms[{op}]", first.self_ms(op),
+                            reference=list(first.ref_ms) if reference else None, more=more_for(self_ms_of(op)))
             if "op_share" in families:
                 self.record(f"op_share[{op}]", first.share(op), more=more_for(share_of(op)))
             if "op_count" in families:
