@@ -324,10 +324,13 @@ budgets:
 """
 
 
-def test_planted_regression_shows_in_every_report_with_trace_and_flame_graph(pytester: pytest.Pytester) -> None:
+def test_planted_regression_shows_in_every_report_with_trace_and_flame_graph(pytester: pytest.Pytester,
+                                                                             stable_machine: str) -> None:
     pytester.makepyfile(test_planted=PLANTED)
     (pytester.path / "budgets").mkdir()
-    (pytester.path / "budgets" / "cpu.yaml").write_text(PLANTED_BUDGETS)
+    # Timing budgets gate only in a file keyed by the identity of a machine declared stable.
+    (pytester.path / "budgets" / "cpu.yaml").write_text(
+        PLANTED_BUDGETS.replace("device: {type: cpu}", f"device: {{type: cpu, identity: {stable_machine}}}", 1))
     r = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--junitxml=junit.xml", *QUIET_ENOUGH)
     r.assert_outcomes(passed=1, failed=1)
     r.stdout.fnmatch_lines([
@@ -383,7 +386,8 @@ def test_{key}(perf, n):
 """
 
 
-def test_perfbudget_merge_of_two_shards_gives_the_unsharded_report(pytester: pytest.Pytester) -> None:
+def test_perfbudget_merge_of_two_shards_gives_the_unsharded_report(pytester: pytest.Pytester,
+                                                                    stable_machine: str) -> None:
     from perfbudget.cli import main
 
     pytester.makepyfile(test_a=SHARDED.format(key="a", base=10.0), test_b=SHARDED.format(key="b", base=4.0))

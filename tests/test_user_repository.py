@@ -127,7 +127,7 @@ def outcomes(p: pytest.Pytester) -> dict[str, str]:
     return {f"{r['key']}.{r['metric']}": r["outcome"] for r in records}
 
 
-def test_update_then_pass_then_wider_model_fails_the_right_checks(repo: pytest.Pytester) -> None:
+def test_update_then_pass_then_wider_model_fails_the_right_checks(repo: pytest.Pytester, stable_machine: str) -> None:
     run(repo, "--update-budgets").assert_outcomes(passed=5)
     written = outcomes(repo)
     for metric in ("step_ms", "throughput_samples_per_s", "flops", "op_count[aten::addmm]",

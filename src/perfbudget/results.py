@@ -118,6 +118,8 @@ class Record:
     direction: str = ""
     base: BaseSide | None = None
     """Lockstep A/B: the base commit's side of the comparison."""
+    advice: str = ""
+    """For an ``advisory`` record: the outcome it would have had where timing gates."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -133,7 +135,7 @@ class Record:
             limit=v.limit, rounds=v.rounds, confirmed=v.confirmed, reason=v.reason,
             samples=tuple(v.samples), attribution=tuple(v.attribution), device=device,
             unit=unit, kind=kind, direction=direction, extra=dict(extra or {}),
-            ref_ms=v.ref_ms,
+            ref_ms=v.ref_ms, advice=v.advice,
         )
 
     def with_(self, **changes: Any) -> Record:
@@ -159,6 +161,7 @@ class Record:
                 "ratio_ci": None if s.ratio_ci is None else [_to_json(s.ratio_ci[0]), _to_json(s.ratio_ci[1])],
                 "pairs": s.pairs, "pair_ratios": [_to_json(x) for x in s.pair_ratios],
             },
+            "advice": self.advice,
             "extra": self.extra,
         }
 
@@ -198,6 +201,7 @@ class Record:
                 value=_from_json(s.get("value")), samples=floats(s.get("samples")), ratio=_from_json(s.get("ratio")),
                 ratio_ci=pair(s.get("ratio_ci")), pairs=int(s.get("pairs", 0)), pair_ratios=floats(s.get("pair_ratios")),
             ),
+            advice=str(d.get("advice", "")),
             extra=dict(d.get("extra") or {}),
         )
 

@@ -17,6 +17,7 @@ from .artifacts import ArtifactConfig, parse_kinds
 from .budgets.loader import BudgetSet, load_dir
 from .budgets.update import UpdateReport, apply_updates, git_commit
 from .device import DeviceInfo, DeviceType, describe
+from .judge import STABLE_MACHINE_ENV
 from .metrics import lookup
 from .preflight import DEFAULT_MAX_LOAD_PER_CORE
 from .results import BudgetRef, Record, Results
@@ -42,6 +43,9 @@ def add_options(parser: pytest.Parser) -> None:
                          "sets, timing never fails a test; the A/B driver judges.")
     parser.addini("perfbudget_budgets_dir", "budget folder, relative to the rootdir", default="budgets")
     parser.addini("perfbudget_threads", "torch threads for CPU timing", default="1")
+    parser.addini("perfbudget_stable_machine", "declare this machine stable, so stored timing budgets keyed by "
+                  f"its identity gate: its identity (`perfbudget show --identity`) or 'yes'; env {STABLE_MACHINE_ENV} "
+                  "wins; unset: stored timing is advisory", default="")
     parser.addini("perfbudget_max_load", "1-minute load average per core above which CPU timing checks "
                   "are not judged (skip; a failure under --perf-strict)", default=str(DEFAULT_MAX_LOAD_PER_CORE))
     parser.addini("perfbudget_artifacts", "failure artifacts: all, none, or some of trace, flamegraph, memory",
@@ -74,6 +78,8 @@ class PerfSession:
     html: bool = True
     pin_gpus: bool = True
     inductor_dir: str = ".perfbudget"
+    stable_machine: str = ""
+    """The declaration of a stable machine (an identity or ``yes``), empty when not declared."""
     pinned_gpu: str | None = None
     records: list[Record] = field(default_factory=list)
     errors: list[dict[str, str]] = field(default_factory=list)
@@ -123,6 +129,8 @@ class PerfSession:
             html=bool(config.getini("perfbudget_html")),
             pin_gpus=bool(config.getini("perfbudget_pin_gpus")),
             inductor_dir=str(config.getini("perfbudget_inductor_dir")),
+            stable_machine=os.environ.get(STABLE_MACHINE_ENV, "").strip()
+            or str(config.getini("perfbudget_stable_machine")).strip(),
         )
 
     @property
@@ -135,6 +143,26 @@ class PerfSession:
         if type not in self._devices:
             self._devices[type] = describe(type, threads=self.threads if type == "cpu" else None)
         return self._devices[type]
+
+    def stable_identity(self, type: DeviceType) -> str | None:
+        """This device's identity when the machine is declared stable, else ``None``.
+
+        Raises:
+            ValueError: the declaration names another identity (the runner's hardware
+                changed, or a setting was copied to another machine kind).
+        """
+        declared = self.stable_machine
+        if not declared or declared.lower() in ("no", "false", "0"):
+            return None
+        ident = self.device(type).identity
+        if ident is None:
+            raise ValueError(f"{STABLE_MACHINE_ENV}/perfbudget_stable_machine={declared!r}: this {type} device's "
+                             "identity is unknown, so no stored timing budget can be matched to it")
+        if declared.lower() in ("yes", "true", "1") or declared.lower() == ident.lower():
+            return ident
+        raise ValueError(f"{STABLE_MACHINE_ENV}/perfbudget_stable_machine={declared!r} declares a stable machine, "
+                         f"but this {type} device is {ident}: fix the declaration (or the runner) before "
+                         "stored timing budgets may gate")
 
     def update_command(self, nodeid: str) -> str:
         cmd = ["pytest", nodeid, "--update-budgets"]

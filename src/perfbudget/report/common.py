@@ -39,6 +39,7 @@ __all__ = [
     "op_of",
     "ordered",
     "outcome_counts",
+    "outcome_text",
     "ratio_ci_text",
     "ratio_text",
     "record_ci_text",
@@ -54,7 +55,8 @@ __all__ = [
 REGRESSION_OUTCOMES = ("fail", "error")
 
 #: Report order of outcomes: what needs attention first.
-OUTCOME_ORDER = {"error": 0, "fail": 1, "unbudgeted": 2, "stale": 3, "unmeasurable": 4, "pass": 5}
+OUTCOME_ORDER = {"error": 0, "fail": 1, "inconclusive": 2, "unbudgeted": 3, "stale": 4, "advisory": 5,
+                 "unmeasurable": 6, "pass": 7}
 
 #: Metric families judged per operator: their records are "the operators that moved".
 OP_FAMILIES = ("op_self_ms", "op_share", "op_count")
@@ -200,6 +202,11 @@ def outcome_counts(records: Iterable[Record]) -> dict[str, int]:
     for r in records:
         out[r.outcome] = out.get(r.outcome, 0) + 1
     return dict(sorted(out.items(), key=lambda kv: OUTCOME_ORDER.get(kv[0], 9)))
+
+
+def outcome_text(r: Record) -> str:
+    """``FAIL``, or ``ADVISORY (fail)`` for an advisory record with its would-be outcome."""
+    return f"{r.outcome.upper()} ({r.advice})" if r.outcome == "advisory" and r.advice else r.outcome.upper()
 
 
 def summary_line(records: Iterable[Record]) -> str:

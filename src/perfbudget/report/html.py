@@ -29,6 +29,7 @@ from .common import (
     has_base,
     ordered,
     outcome_counts,
+    outcome_text,
     ratio_ci_text,
     ratio_text,
     record_ci_text,
@@ -51,6 +52,8 @@ _COLOR = {
     "fail": "#cf222e",
     "error": "#8250df",
     "stale": "#bf8700",
+    "inconclusive": "#9a6700",
+    "advisory": "#bc4c00",
     "pass": "#1a7f37",
     "unbudgeted": "#8c959f",
     "unmeasurable": "#8c959f",
@@ -352,7 +355,7 @@ def _table(records: Sequence[Record]) -> str:
         if vs_base:
             nums += base_cells(r)
         cells = [
-            f'<td style="color:{_COLOR.get(r.outcome, "")};font-weight:600">{_e(r.outcome.upper())}</td>',
+            f'<td style="color:{_COLOR.get(r.outcome, "")};font-weight:600">{_e(outcome_text(r))}</td>',
             f"<td><code>{_e(r.metric)}</code></td>",
             *(f'<td class="num">{_e(x)}</td>' for x in nums),
             f'<td class="muted">{_e(budget_where(r))}</td>',

@@ -22,6 +22,7 @@ from .common import (
     fmt_value,
     has_base,
     ordered,
+    outcome_text,
     record_ci_text,
     sort_key,
     summary_line,
@@ -36,7 +37,7 @@ def _row(r: Record, *, with_key: bool, vs_base: bool) -> list[str]:
              ci_text(r.ci), str(r.n), cv_text(r)]
     if vs_base:
         cells += base_cells(r)
-    cells.append(r.outcome.upper())
+    cells.append(outcome_text(r))
     return [r.key, *cells] if with_key else cells
 
 
