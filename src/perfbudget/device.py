@@ -233,7 +233,7 @@ def _torch_isa() -> str | None:
     import torch
 
     try:
-        caps = dict(torch.cpu.get_capabilities())  # type: ignore[attr-defined]
+        caps = dict(torch.cpu.get_capabilities())
         capability = str(torch.backends.cpu.get_cpu_capability())
     except Exception:  # an older torch, or a platform without cpuinfo: the ISA stays unknown
         return None
