@@ -13,7 +13,15 @@ import pytest
 
 from perfbudget.budgets import load_dir
 from perfbudget.budgets.verdict import VerdictPolicy
-from perfbudget.device import DeviceInfo, Selector, cpu_id, cpu_isa, describe, device_file_stem, isa_class
+from perfbudget.device import (
+    DeviceInfo,
+    Selector,
+    cpu_id,
+    cpu_isa,
+    describe,
+    device_file_stem,
+    isa_class,
+)
 from perfbudget.judge import Judge, JudgeConfig
 from perfbudget.metrics import parse_name
 
