@@ -87,6 +87,9 @@ class BaseSide:
     """Process pairs behind the ratio."""
     pair_ratios: tuple[float, ...] = ()
     """head / base of each process pair."""
+    detectable: float | None = None
+    """The smallest change (a fraction, in the bad direction) this run could have resolved as a
+    failure at the pairs it got: a statistical check's minimum detectable effect."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -160,6 +163,7 @@ class Record:
                 "value": _to_json(s.value), "samples": [_to_json(x) for x in s.samples], "ratio": _to_json(s.ratio),
                 "ratio_ci": None if s.ratio_ci is None else [_to_json(s.ratio_ci[0]), _to_json(s.ratio_ci[1])],
                 "pairs": s.pairs, "pair_ratios": [_to_json(x) for x in s.pair_ratios],
+                "detectable": _to_json(s.detectable),
             },
             "advice": self.advice,
             "extra": self.extra,
@@ -200,6 +204,7 @@ class Record:
             base=None if not s else BaseSide(
                 value=_from_json(s.get("value")), samples=floats(s.get("samples")), ratio=_from_json(s.get("ratio")),
                 ratio_ci=pair(s.get("ratio_ci")), pairs=int(s.get("pairs", 0)), pair_ratios=floats(s.get("pair_ratios")),
+                detectable=_from_json(s.get("detectable")),
             ),
             advice=str(d.get("advice", "")),
             extra=dict(d.get("extra") or {}),

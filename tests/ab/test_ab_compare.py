@@ -284,3 +284,21 @@ def test_ab_info_round_trips_through_extra_and_refuses_a_bad_shape() -> None:
         ABInfo.from_extra({"ab": {"compared": "yes"}})
     with pytest.raises(ExtraError, match="expected numbers or null"):
         ABInfo.from_extra({"ab": {"compared": True, "tolerance": "5%"}})
+
+
+def test_a_numeric_change_from_the_base_is_shown_and_judged_against_its_tolerance() -> None:
+    def drift(head: float, base: float) -> Record:
+        h = Record(nodeid=NODE, key="enc", metric="loss_drift", outcome="pass", value=head, n=1, device=DEV,
+                   kind="exact", reason="within budget")
+        b = Record(nodeid=NODE, key="enc", metric="loss_drift", outcome="pass", value=base, n=1, device=DEV,
+                   kind="exact")
+        return one([pair([h], [b])])
+
+    # A kernel-path change (+0.2 %) is shown, not a failure: the stated bound is 25 %.
+    small = drift(0.01002, 0.01)
+    assert small.outcome == "pass" and "base 0.01 -> head 0.01002 (+0.2 %) (tolerance 25%)" in small.reason
+    # Losing precision (x2) fails against the base even where the budget still holds.
+    lost = drift(0.02, 0.01)
+    assert lost.outcome == "fail" and "worse than the base beyond its tolerance" in lost.reason
+    info = ABInfo.from_extra(lost.extra)
+    assert info is not None and info.tolerance == 0.25

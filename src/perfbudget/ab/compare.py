@@ -347,7 +347,7 @@ def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_
 
 def _base_side(rv: RatioVerdict, value: float, samples: list[float], ratios: list[float]) -> BaseSide:
     return BaseSide(value=value, samples=tuple(samples), ratio=rv.ratio, ratio_ci=rv.ci, pairs=rv.pairs,
-                    pair_ratios=tuple(ratios))
+                    pair_ratios=tuple(ratios), detectable=rv.mde)
 
 
 def _why_not(ctx: _Context, problems: list[str], *, base_has_it: bool) -> str:
@@ -402,8 +402,23 @@ def _merge_exact(head0: Record, used: list[_Used], ctx: _Context, *, base_has_it
         change += f"; the base varies across pairs: {', '.join(f'{x:g}' for x in base_values)}"
     ratio = head0.value / base_value if base_value != 0 else None
     pairs_with_base = sum(1 for u in used if _usable(u.base))
-    ab = ABInfo(compared=True)
+    outcome = head0.outcome
+    info = _metric(head0)
+    tolerance = None
+    if info is not None and info.per_isa:
+        # A low-precision numeric result: its change from the base is judged against the same
+        # tolerance as against its budget (a stated bound, not the last digit), so a change of
+        # the numerics path is shown, and only a real loss of precision fails.
+        tolerance = head0.budget.tolerance if head0.budget is not None else info.default_tolerance
+        worse = head0.value > base_value * (1 + tolerance) if info.direction == "lower" \
+            else head0.value < base_value * (1 - tolerance)
+        change += f" (tolerance {tolerance:.0%})"
+        if worse and outcome in ("pass", "stale", "unbudgeted"):
+            outcome = "fail"
+            change += ": worse than the base beyond its tolerance"
+    ab = ABInfo(compared=True, tolerance=tolerance)
     return head0.with_(
+        outcome=outcome,
         reason=f"{reason}; vs base: {change}" if reason else f"vs base: {change}",
         base=BaseSide(value=base_value, ratio=ratio, pairs=pairs_with_base),
         extra={**head0.extra, **ab.to_extra()},

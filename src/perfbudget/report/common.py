@@ -25,6 +25,7 @@ __all__ = [
     "change_text",
     "ci_text",
     "cv_text",
+    "detectable_text",
     "device_label",
     "devices",
     "failing_tests",
@@ -155,15 +156,21 @@ def ratio_ci_text(b: BaseSide | None) -> str:
 
 
 #: Table columns of a record compared with the base commit; see :func:`base_cells`.
-BASE_COLUMNS = ("base", "head/base", "ratio CI", "pairs")
+BASE_COLUMNS = ("base", "head/base", "ratio CI", "pairs", "detectable")
 
 
 def base_cells(r: Record) -> list[str]:
-    """The :data:`BASE_COLUMNS` cells of a record: base value, head/base, its CI, process pairs (``-`` without base)."""
+    """The :data:`BASE_COLUMNS` cells of a record: base value, head/base, its CI, process pairs and the
+    smallest change the run could resolve (``-`` without base, or for exact checks)."""
     b = r.base
     if b is None:
         return ["-"] * len(BASE_COLUMNS)
-    return [fmt_value(b.value, r.unit), ratio_text(b), ratio_ci_text(b), str(b.pairs)]
+    return [fmt_value(b.value, r.unit), ratio_text(b), ratio_ci_text(b), str(b.pairs), detectable_text(b)]
+
+
+def detectable_text(b: BaseSide) -> str:
+    """``±3.1%``: the minimum detectable effect of an A/B check, ``-`` when not computed."""
+    return "-" if b.detectable is None or not math.isfinite(b.detectable) else f"±{b.detectable:.1%}"
 
 
 def base_text(r: Record) -> str:
@@ -175,6 +182,8 @@ def base_text(r: Record) -> str:
     if b.ratio_ci:
         parts.append(f"CI {ratio_ci_text(b)}")
     parts.append(f"{b.pairs} process pair{'s' if b.pairs != 1 else ''}")
+    if b.detectable is not None:
+        parts.append(f"could resolve changes beyond {detectable_text(b)}")
     return ", ".join(parts)
 
 

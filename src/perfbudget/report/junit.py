@@ -35,7 +35,7 @@ def junit_properties(records: Iterable[Record]) -> list[tuple[str, str]]:
 
     ``.measured``, ``.budget``, ``.tolerance``, ``.limit``, ``.ci``, ``.unit``, ``.source``
     follow when known; a record compared with the base commit adds ``.base``, ``.ratio``
-    (head/base), ``.ratio_ci`` and ``.pairs``; failing records add ``.moved`` (the operators
+    (head/base), ``.ratio_ci``, ``.pairs`` and ``.detectable`` (the smallest change the run could resolve); failing records add ``.moved`` (the operators
     that moved) or ``.attribution``.
     """
     recs = list(records)
@@ -67,6 +67,8 @@ def junit_properties(records: Iterable[Record]) -> list[tuple[str, str]]:
             if b.ratio_ci:
                 out.append((f"{name}.ratio_ci", f"{_prop(b.ratio_ci[0])},{_prop(b.ratio_ci[1])}"))
             out.append((f"{name}.pairs", str(b.pairs)))
+            if b.detectable is not None:
+                out.append((f"{name}.detectable", _prop(b.detectable)))
         if r.outcome in REGRESSION_OUTCOMES:
             if r.reason:
                 out.append((f"{name}.reason", r.reason))

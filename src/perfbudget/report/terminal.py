@@ -117,4 +117,9 @@ def terminal_report(results: Results | Iterable[Record]) -> str:
         out.append("regressions:")
         for t in failing:
             out.extend(detail_lines(t))
+    inconclusive = [r for r in records if r.outcome == "inconclusive"]
+    if inconclusive:
+        out.append("")
+        out.append("inconclusive (not a failure; --perf-strict makes it one):")
+        out.extend(f"  {r.key}.{r.metric}  {r.nodeid}: {r.reason}" for r in inconclusive)
     return "\n".join(out)
