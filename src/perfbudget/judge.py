@@ -198,7 +198,14 @@ class Judge:
         # One side of a lockstep A/B run: both sides share the machine's state, so its load
         # is no reason to set samples aside, and the ratio is judged raw (normalising by the
         # reference hid most of a planted slowdown in the experiment).
-        if self.config.preflight and statistical and not self.config.collect:
+        # Stored timing is a verdict only on a machine declared stable, against budgets keyed
+        # by its identity; elsewhere it is shown (advisory) and `perfbudget ab` judges timing.
+        # An unbudgeted timing metric on such a machine is advisory too: a budget written
+        # there would not gate either, so asking for one (a skip) would be noise.
+        advisory = statistical and not self.config.collect and (
+            not self.config.stable_identity if budget is None else not self.gates(budget))
+        # A busy machine sets aside only what could fail: an advisory check is shown anyway.
+        if self.config.preflight and statistical and not self.config.collect and not advisory:
             return _not_judged(decide(self.key, name, samples, None, policy=self.config.policy), budget,
                                "preflight: " + "; ".join(self.config.preflight))
         ref_ms: float | None = None
@@ -207,12 +214,6 @@ class Judge:
             if mismatch and not self.config.collect:
                 return _not_judged(decide(self.key, name, samples, None, policy=self.config.policy), budget, mismatch)
             samples, more, ref_ms = _normalised(name, samples, reference, more, budget)
-        # Stored timing is a verdict only on a machine declared stable, against budgets keyed
-        # by its identity; elsewhere it is shown (advisory) and `perfbudget ab` judges timing.
-        # An unbudgeted timing metric on such a machine is advisory too: a budget written
-        # there would not gate either, so asking for one (a skip) would be noise.
-        advisory = statistical and not self.config.collect and (
-            not self.config.stable_identity if budget is None else not self.gates(budget))
         if advisory:
             more = None  # an advisory verdict fails nothing: no extra rounds, no confirmation
         v = decide(self.key, name, samples, budget, more=more, policy=self.policy_for(name))
@@ -238,11 +239,12 @@ class Judge:
         return isinstance(want, str) and want.lower() == ident.lower()
 
     def _why_advisory(self, budget: Budget | None) -> str:
+        busy = f" (measured while {'; '.join(self.config.preflight)})" if self.config.preflight else ""
         if not self.config.stable_identity:
             return (f"stored timing budgets gate only on a machine declared stable ({STABLE_MACHINE_ENV}); "
-                    "judge timing here with `perfbudget ab --base <ref>`")
+                    f"judge timing here with `perfbudget ab --base <ref>`{busy}")
         return (f"its file ({budget.source if budget else '?'}) is not keyed by this machine's identity "
-                f"{self.config.stable_identity}; record one with --update-budgets, or use `perfbudget ab`")
+                f"{self.config.stable_identity}; record one with --update-budgets, or use `perfbudget ab`{busy}")
 
     def _reference_mismatch(self, reference: Sequence[float], budget: Budget | None) -> str:
         """Why this machine is not the one the budget describes, judged by the reference."""
