@@ -211,3 +211,16 @@ def test_the_repository_has_no_budget_file_keyed_by_a_model_name_alone() -> None
     for f in load_dir(ROOT / "budgets").files:
         sel = f.selector.as_dict() if f.selector else {}
         assert not ("model" in sel and not {"identity", "cpuid"} & set(sel)), f"{f.path.name}: {sel}"
+
+
+def test_one_reading_of_the_stable_declaration_for_the_plugin_and_show() -> None:
+    from perfbudget.judge import stable_identity
+
+    me = xeon("6/207/2", CAPS_AMX)
+    assert stable_identity("", me) is None and stable_identity("no", me) is None
+    assert stable_identity("yes", me) == me.identity == stable_identity(me.identity.upper(), me)  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="declares a stable machine, but this cpu device is cpu-intel"):
+        stable_identity("cpu-amd-epyc-25-1-1-avx2", me)
+    done = subprocess.run([sys.executable, "-m", "perfbudget.cli", "show"], capture_output=True, text=True, cwd=ROOT,
+                          env={**__import__("os").environ, "PERFBUDGET_STABLE_MACHINE": "cpu-not-this-one-1-1-1-avx2"})
+    assert done.returncode == 2 and "declares a stable machine" in done.stderr

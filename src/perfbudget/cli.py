@@ -20,7 +20,7 @@ from .budgets.loader import load_dir
 from .budgets.update import UpdateReport, apply_updates, git_commit
 from .device import DeviceInfo
 from .extras import ExtraError
-from .judge import STABLE_MACHINE_ENV
+from .judge import STABLE_MACHINE_ENV, stable_identity
 from .report import (
     device_label,
     diff_results,
@@ -180,10 +180,11 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
         for info in devices:
             out.write(f"{info.identity or 'unknown'}\n")
         return EXIT_OK
-    declared = os.environ.get(STABLE_MACHINE_ENV, "").strip().lower()
     for i, info in enumerate(devices):
-        stable = not args.from_results and bool(declared) and declared not in ("no", "false", "0") and (
-            declared in ("yes", "true", "1") or declared == (info.identity or "").lower())
+        try:
+            stable = not args.from_results and stable_identity(os.environ.get(STABLE_MACHINE_ENV, ""), info) is not None
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
         text, bad = explain_budgets(budgets, info, key=args.key, stable=stable)
         out.write(("\n" if i else "") + text + "\n")
         broken = broken or bad

@@ -18,11 +18,34 @@ from .device import DeviceInfo
 from .measure.stats import median
 from .metrics import MetricName
 
-__all__ = ["OP_FAMILIES", "REFERENCE_MISMATCH", "STABLE_MACHINE_ENV", "Decision", "Judge", "JudgeConfig"]
+__all__ = ["OP_FAMILIES", "REFERENCE_MISMATCH", "STABLE_MACHINE_ENV", "Decision", "Judge", "JudgeConfig",
+           "stable_identity"]
 
 #: Environment variable a self-hosted runner sets to declare itself stable: this machine's
 #: identity (``perfbudget show --identity``), or ``yes`` for whatever identity it has.
 STABLE_MACHINE_ENV = "PERFBUDGET_STABLE_MACHINE"
+
+
+def stable_identity(declared: str, device: DeviceInfo) -> str | None:
+    """``device``'s identity when ``declared`` (the env variable's or ini option's value) declares
+    this machine stable, else ``None`` (empty, ``no``, ``false``, ``0``).
+
+    Raises:
+        ValueError: the declaration names another identity (the runner's hardware changed, or a
+            setting was copied to another machine kind), or the device's identity is unknown.
+    """
+    declared = declared.strip()
+    if not declared or declared.lower() in ("no", "false", "0"):
+        return None
+    ident = device.identity
+    if ident is None:
+        raise ValueError(f"{STABLE_MACHINE_ENV}/perfbudget_stable_machine={declared!r}: this {device.type} device's "
+                         "identity is unknown, so no stored timing budget can be matched to it")
+    if declared.lower() in ("yes", "true", "1") or declared.lower() == ident.lower():
+        return ident
+    raise ValueError(f"{STABLE_MACHINE_ENV}/perfbudget_stable_machine={declared!r} declares a stable machine, "
+                     f"but this {device.type} device is {ident}: fix the declaration (or the runner) before "
+                     "stored timing budgets may gate")
 
 #: Families whose many per-operator checks share one false-alarm budget (Bonferroni).
 OP_FAMILIES = ("op_self_ms", "op_share")

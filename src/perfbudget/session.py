@@ -17,7 +17,7 @@ from .artifacts import ArtifactConfig, parse_kinds
 from .budgets.loader import BudgetSet, load_dir
 from .budgets.update import UpdateReport, apply_updates, git_commit
 from .device import DeviceInfo, DeviceType, describe
-from .judge import STABLE_MACHINE_ENV
+from .judge import STABLE_MACHINE_ENV, stable_identity
 from .metrics import lookup
 from .preflight import DEFAULT_MAX_LOAD_PER_CORE
 from .results import BudgetRef, Record, Results
@@ -151,18 +151,7 @@ class PerfSession:
             ValueError: the declaration names another identity (the runner's hardware
                 changed, or a setting was copied to another machine kind).
         """
-        declared = self.stable_machine
-        if not declared or declared.lower() in ("no", "false", "0"):
-            return None
-        ident = self.device(type).identity
-        if ident is None:
-            raise ValueError(f"{STABLE_MACHINE_ENV}/perfbudget_stable_machine={declared!r}: this {type} device's "
-                             "identity is unknown, so no stored timing budget can be matched to it")
-        if declared.lower() in ("yes", "true", "1") or declared.lower() == ident.lower():
-            return ident
-        raise ValueError(f"{STABLE_MACHINE_ENV}/perfbudget_stable_machine={declared!r} declares a stable machine, "
-                         f"but this {type} device is {ident}: fix the declaration (or the runner) before "
-                         "stored timing budgets may gate")
+        return stable_identity(self.stable_machine, self.device(type))
 
     def update_command(self, nodeid: str) -> str:
         cmd = ["pytest", nodeid, "--update-budgets"]
