@@ -8,15 +8,22 @@ Works in a scratch clone of this repository's HEAD (never in the checkout itself
   (``src/torchlevers/workloads/encoder.py``):
   - ``step:F``: every encoder training step spins F of its own duration longer;
   - ``op:F``: the encoder's FFN gets an extra matmul sized to add F to the step's
-    ``aten::mm`` FLOPs (a slowdown of one operator, ``aten::mm``, that takes >= 10 % of the
-    step); it also adds ``aten::mm`` calls, so the exact ``op_count`` check sees it too:
-    detection is counted by any check and by timing checks alone.
+    ``aten::mm`` FLOPs; it also adds ``aten::mm`` calls, so the exact ``op_count`` and
+    ``flops`` checks see it too: detection is counted by any check and by timing checks alone.
+  A plant is named in the table by what it did to the time, as measured here (the median
+  head/base of ``step_ms`` and of ``op_self_ms[aten::mm]`` over its runs), beside what was
+  planted;
+- ``--suite-aa N``: A/A runs of the whole suite (``perf_tests``), with their wall time.
+
+Verdicts: ``fail`` counts as a detection (a false alarm in an A/A); ``inconclusive`` (the
+interval still straddles the tolerance after the last pair) is counted apart: never a
+failure, never a pass.
 
 Usage (a quiet machine, nothing else running)::
 
     python benchmarks/ab_gate.py --aa 20 --plant step:0.10:10 --plant op:0.10:10 \\
         --plant step:0.05:3 --plant step:0.20:3 --plant op:0.05:3 --plant op:0.20:3 \\
-        --out benchmarks/ab-gate-cpu.md --minutes 80
+        --suite-aa 2 --out benchmarks/ab-gate-cpu.md --minutes 80
 
 Runs are interleaved across scenarios (so a time limit leaves every scenario with some
 runs); the table is rewritten after every run with the counts behind every rate.
@@ -40,7 +47,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 #: The suite's encoder checks: step latency/throughput and the per-operator checks.
 TESTS = ("perf_tests/test_encoder.py", "-k", "step_latency or operators")
-TIMING = ("step_ms", "throughput_samples_per_s", "op_self_ms", "op_share")
+SUITE = ("perf_tests",)
+TIMING = ("step_ms", "throughput_samples_per_s", "op_self_ms", "op_share", "ttft_ms", "token_ms", "e2e_ms_p50",
+          "e2e_ms_p90", "tokens_per_s", "speedup", "compile_s", "latency_ms")
+#: The whole suite's A/A should finish within this (the issue's target for a pull-request check).
+SUITE_TARGET_S = 600.0
 WORKLOAD = "src/torchlevers/workloads/encoder.py"
 
 STEP_PLANT = '''
@@ -83,10 +94,34 @@ print(min(cfg.d_model, max(1, round(frac * mm / per_column))))
 @dataclass
 class Scenario:
     name: str
-    kind: str  # "aa", "step", "op"
+    kind: str  # "aa", "suite-aa", "step", "op"
     frac: float
     runs: int
     done: list[dict] = field(default_factory=list)
+
+    @property
+    def tests(self) -> tuple[str, ...]:
+        return SUITE if self.kind == "suite-aa" else TESTS
+
+    def label(self) -> str:
+        """What was planted, and what it did to the time as measured in these runs."""
+        if self.kind == "aa":
+            return "A/A, encoder (false alarms)"
+        if self.kind == "suite-aa":
+            return "A/A, whole suite (false alarms)"
+        step = _median_ratio(self.done, "encoder-train.step_ms")
+        mm = _median_ratio(self.done, "encoder-train.op_self_ms[aten::mm]")
+        planted = (f"step spins +{self.frac:.0%} of its own time" if self.kind == "step"
+                   else f"extra matmul: +{self.frac:.0%} of aten::mm FLOPs")
+        measured = ", ".join(x for x in (f"step time {step - 1:+.1%}" if step else "",
+                                         f"aten::mm self time {mm - 1:+.1%}" if mm and self.kind == "op" else "") if x)
+        return f"{planted} (measured: {measured})" if measured else planted
+
+
+def _median_ratio(runs: list[dict], check: str) -> float | None:
+    xs = [r["checks"][check]["ratio"] for r in runs if check in r.get("checks", {})
+          and r["checks"][check]["ratio"] is not None]
+    return statistics.median(xs) if xs else None
 
 
 def sh(*args: str, cwd: Path, env: dict[str, str] | None = None, check: bool = True) -> str:
@@ -117,11 +152,11 @@ def plant(clone: Path, base: str, kind: str, frac: float) -> str:
     return sh("git", "rev-parse", "HEAD", cwd=clone).strip()
 
 
-def ab_run(clone: Path, base: str, out: Path, max_pairs: int) -> dict:
+def ab_run(clone: Path, base: str, out: Path, max_pairs: int, tests: tuple[str, ...] = TESTS) -> dict:
     start = time.perf_counter()
     got = subprocess.run(
         [sys.executable, "-m", "perfbudget.cli", "ab", "--base", base, "--max-pairs", str(max_pairs),
-         "--out", str(out), "--", *TESTS],
+         "--out", str(out), "--", *tests],
         cwd=clone, text=True, capture_output=True,
         env={**os.environ, "PYTHONPATH": str(clone / "src")},
     )
@@ -134,27 +169,34 @@ def ab_run(clone: Path, base: str, out: Path, max_pairs: int) -> dict:
         if r["outcome"] == "not_measured":
             continue
         base_side = r.get("base") or {}
+        info = (r.get("extra") or {}).get("ab") or {}
         checks[f"{r['key']}.{r['metric']}"] = {"outcome": r["outcome"], "ratio": base_side.get("ratio"),
-                                              "pairs": base_side.get("pairs")}
+                                              "pairs": base_side.get("pairs"), "sd": info.get("sd"),
+                                              "mde": info.get("mde"),
+                                              "pair_ratios": base_side.get("pair_ratios") or []}
     ab = data["meta"].get("ab", {})
-    return {"wall_s": wall, "rc": got.returncode, "pairs": ab.get("pairs"), "checks": checks}
+    runs = ab.get("runs") or []
+    return {"wall_s": wall, "rc": got.returncode, "pairs": ab.get("pairs"), "checks": checks,
+            "invalid": sum(1 for x in runs if x.get("invalid")),
+            "tests_per_pair": [len(x["tests"]) if isinstance(x.get("tests"), list) else None for x in runs]}
 
 
 def family(metric: str) -> str:
     return metric.split(".", 1)[1].split("[", 1)[0]
 
 
-def table(scenarios: list[Scenario], plain_s: float | None, command: str) -> str:
+def table(scenarios: list[Scenario], plain_s: dict[str, float], command: str) -> str:
     lines = ["# Lockstep A/B gate, measured", "",
              f"Machine: {platform_line()}; torch threads 1; both sides pinned to one CPU (`--cpus auto`).",
-             f"Checks: `{' '.join(TESTS)}` (encoder step latency/throughput, per-operator self time/share/count).",
+             f"Encoder checks: `{' '.join(TESTS)}` (step latency/throughput, per-operator self time/share/count); "
+             f"whole suite: `{' '.join(SUITE)}`.",
              f"Command: `{command}`", ""]
-    if plain_s:
-        lines.append(f"One plain run of the same tests (`pytest {' '.join(TESTS)}`): {plain_s:.0f} s.")
-        lines.append("")
-    lines += ["| scenario | runs | detected (any check) | detected (timing checks) | not judged | "
-              "failing checks / checks | median pairs | median wall (s) | cost vs plain run |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    for what, secs in plain_s.items():
+        lines.append(f"One plain run of `pytest {what}`: {secs:.0f} s.")
+    lines += ["", "| scenario | runs | detected (any check) | detected (timing checks) | inconclusive (runs) | "
+              "failing / inconclusive / timing checks | invalid pairs | median pairs | median wall (s) | "
+              "cost vs plain run |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for s in scenarios:
         runs = [r for r in s.done if "error" not in r]
         errors = len(s.done) - len(runs)
@@ -163,30 +205,55 @@ def table(scenarios: list[Scenario], plain_s: float | None, command: str) -> str
         any_fail = sum(1 for r in runs if any(c["outcome"] in ("fail", "error") for c in r["checks"].values()))
         timing_fail = sum(1 for r in runs if any(c["outcome"] == "fail" and family(k) in TIMING
                                                  for k, c in r["checks"].items()))
-        not_judged = sum(1 for r in runs if any(c["outcome"] in ("unmeasurable", "unbudgeted", "error")
-                                                and family(k) in TIMING for k, c in r["checks"].items()))
+        incon = sum(1 for r in runs if any(c["outcome"] == "inconclusive" for c in r["checks"].values()))
         n_checks = sum(1 for r in runs for k in r["checks"] if family(k) in TIMING)
         n_fail = sum(1 for r in runs for k, c in r["checks"].items() if family(k) in TIMING and c["outcome"] == "fail")
+        n_incon = sum(1 for r in runs for c in r["checks"].values() if c["outcome"] == "inconclusive")
+        invalid = sum(r.get("invalid", 0) for r in runs)
         pairs = statistics.median([r["pairs"] or 0 for r in runs]) if runs else 0
         wall = statistics.median([r["wall_s"] for r in runs]) if runs else 0
-        cost = f"{wall / plain_s:.1f}x" if plain_s else "-"
-        label = "A/A (false alarms)" if s.kind == "aa" else s.name
+        plain = plain_s.get(" ".join(s.tests))
+        cost = f"{wall / plain:.1f}x" if plain else "-"
         err = f" (+{errors} errored)" if errors else ""
-        lines.append(f"| {label} | {len(runs)}{err} | {any_fail}/{len(runs)} | {timing_fail}/{len(runs)} | "
-                     f"{not_judged}/{len(runs)} | {n_fail}/{n_checks} | {pairs:g} | {wall:.0f} | {cost} |")
+        lines.append(f"| {s.label()} | {len(runs)}{err} | {any_fail}/{len(runs)} | {timing_fail}/{len(runs)} | "
+                     f"{incon}/{len(runs)} | {n_fail} / {n_incon} / {n_checks} | {invalid} | {pairs:g} | {wall:.0f} | "
+                     f"{cost} |")
+    suite = next((s for s in scenarios if s.kind == "suite-aa" and s.done), None)
+    if suite is not None:
+        walls = [r["wall_s"] for r in suite.done]
+        lines += ["", f"Whole-suite A/A wall time: {', '.join(f'{w:.0f} s' for w in walls)} "
+                      f"(target {SUITE_TARGET_S:.0f} s); tests run per pair: "
+                      + "; ".join(str(r.get("tests_per_pair")) for r in suite.done) + " (None: every selected test)."]
+    lines += ["", "Per-check per-pair sd of ln(head/base) in the A/A runs (median over runs; pooled with the "
+                  "prior as the verdict uses it), and the smallest change each run could resolve (median MDE):", ""]
+    lines += ["| check | runs | per-pair sd | median MDE | median pairs |", "|---|---|---|---|---|"]
+    per_sd: dict[str, list[tuple[float, float | None, int]]] = defaultdict(list)
+    for s in scenarios:
+        if s.kind not in ("aa", "suite-aa"):
+            continue
+        for r in s.done:
+            for k, c in r.get("checks", {}).items():
+                if c.get("sd") is not None:
+                    per_sd[k].append((c["sd"], c.get("mde"), c.get("pairs") or 0))
+    for k, xs in sorted(per_sd.items()):
+        mdes = [m for _, m, _ in xs if m is not None]
+        lines.append(f"| `{k}` | {len(xs)} | {statistics.median(x for x, _, _ in xs):.1%} | "
+                     f"{'+' + format(statistics.median(mdes), '.1%') if mdes else '-'} | "
+                     f"{statistics.median(p for _, _, p in xs):g} |")
     lines += ["", "Per-check ratios (head/base, one value per run):", ""]
     for s in scenarios:
         per: dict[str, list[str]] = defaultdict(list)
         for r in s.done:
             for k, c in r.get("checks", {}).items():
                 if c["ratio"] is not None:
-                    mark = "!" if c["outcome"] == "fail" else ""
+                    mark = {"fail": "!", "inconclusive": "?"}.get(c["outcome"], "")
                     per[k].append(f"{c['ratio']:.3f}{mark}")
         if per:
-            lines.append(f"- {s.name}:")
+            lines.append(f"- {s.label()}:")
             lines += [f"  - `{k}`: {', '.join(v)}" for k, v in sorted(per.items())]
-    lines += ["", "`!` marks a failing verdict. Rates above are counts of runs (any check failing, or any "
-              "timing check failing); `failing checks / checks` counts every timing check of every run."]
+    lines += ["", "`!` marks a failing verdict, `?` an inconclusive one. Rates above are counts of runs (any check "
+              "failing, or any timing check failing); `failing / inconclusive / timing checks` counts every timing "
+              "check of every run."]
     return "\n".join(lines) + "\n"
 
 
@@ -207,12 +274,15 @@ def main() -> int:
     ap.add_argument("--aa", type=int, default=20, help="A/A runs")
     ap.add_argument("--plant", action="append", default=[], metavar="KIND:FRAC:RUNS",
                     help="a planted regression: step:0.10:10 or op:0.10:10")
+    ap.add_argument("--suite-aa", type=int, default=0, help="A/A runs of the whole suite")
     ap.add_argument("--max-pairs", type=int, default=6)
     ap.add_argument("--minutes", type=float, default=80.0, help="stop starting runs after this long")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "ab-gate-cpu.md")
     args = ap.parse_args()
     command = " ".join(["python benchmarks/ab_gate.py", *sys.argv[1:]])
     scenarios = [Scenario("A/A", "aa", 0.0, args.aa)]
+    if args.suite_aa:
+        scenarios.append(Scenario("A/A suite", "suite-aa", 0.0, args.suite_aa))
     for spec in args.plant:
         kind, frac, runs = spec.split(":")
         if kind not in ("step", "op"):
@@ -223,10 +293,12 @@ def main() -> int:
     sh("git", "clone", "-q", str(ROOT), str(clone), cwd=tmp)
     base = sh("git", "rev-parse", "HEAD", cwd=clone).strip()
     env = {**os.environ, "PYTHONPATH": str(clone / "src")}
-    t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "pytest", *TESTS, "-q", "-p", "no:cacheprovider"], cwd=clone, env=env,
-                   capture_output=True)
-    plain_s = time.perf_counter() - t0
+    plain_s: dict[str, float] = {}
+    for tests in {s.tests for s in scenarios}:
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "pytest", *tests, "-q", "-p", "no:cacheprovider"], cwd=clone, env=env,
+                       capture_output=True)
+        plain_s[" ".join(tests)] = time.perf_counter() - t0
     commits: dict[tuple[str, float], str] = {}
     deadline = time.monotonic() + args.minutes * 60
     i = 0
@@ -234,12 +306,12 @@ def main() -> int:
         # Interleaved: the scenario furthest from its target (by fraction done) goes next.
         s = min((s for s in scenarios if len(s.done) < s.runs), key=lambda s: len(s.done) / s.runs)
         head = base
-        if s.kind != "aa":
+        if s.kind not in ("aa", "suite-aa"):
             if (s.kind, s.frac) not in commits:
                 commits[(s.kind, s.frac)] = plant(clone, base, s.kind, s.frac)
             head = commits[(s.kind, s.frac)]
         sh("git", "checkout", "-q", "--detach", head, cwd=clone)
-        got = ab_run(clone, base, tmp / f"run-{i}.json", args.max_pairs)
+        got = ab_run(clone, base, tmp / f"run-{i}.json", args.max_pairs, s.tests)
         s.done.append(got)
         i += 1
         print(f"ab-gate: {s.name} run {len(s.done)}/{s.runs}: {got.get('pairs')} pairs, {got['wall_s']:.0f} s, "

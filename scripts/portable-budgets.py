@@ -185,7 +185,9 @@ def plan(budgets: BudgetSet, measured: list[BudgetSet], safety: float = SAFETY) 
     for f in _model_files(budgets):
         for metrics in f.entries.values():
             for b in metrics.values():
-                if not parse_name(b.metric).metric.statistical:
+                info = parse_name(b.metric).metric
+                # Numerics that follow the kernel path are filed per ISA class, never portable.
+                if not info.statistical and not info.per_isa:
                     candidates.append((b, f.path))
     if portable is not None:
         moving = {(b.key, b.metric): b for b, _ in candidates}

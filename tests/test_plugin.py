@@ -46,7 +46,8 @@ def results(p: pytest.Pytester) -> list[dict]:
     return json.loads((p.path / ".perfbudget" / "results.json").read_text())["records"]
 
 
-def test_unbudgeted_skips_with_the_command_that_creates_it(project: pytest.Pytester) -> None:
+def test_unbudgeted_skips_with_the_command_that_creates_it(project: pytest.Pytester,
+                                                          stable_machine: str) -> None:
     r = run(project, "-rs")
     r.assert_outcomes(passed=1, skipped=3)
     r.stdout.fnmatch_lines(["*unbudgeted: toy has no budget for step_ms, flops on cpu *"
@@ -54,7 +55,38 @@ def test_unbudgeted_skips_with_the_command_that_creates_it(project: pytest.Pytes
     assert {rec["outcome"] for rec in results(project)} == {"unbudgeted"}
 
 
-def test_update_then_pass_then_tightened_fails_then_loosen_restores(project: pytest.Pytester) -> None:
+def test_timing_is_advisory_on_a_machine_not_declared_stable(project: pytest.Pytester,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PERFBUDGET_STABLE_MACHINE", raising=False)
+    r = run(project, "-rs")
+    # No timing budget here is not a skip: one written here would not gate either.
+    r.stdout.fnmatch_lines(["*advisory: 1 timing check(s) against stored budgets, not gating*perfbudget ab*"])
+    r.stdout.fnmatch_lines(["*unbudgeted: toy has no budget for flops on cpu*"])
+    by_metric = {rec["metric"]: rec for rec in results(project)}
+    assert by_metric["step_ms"]["outcome"] == "advisory"
+    assert by_metric["step_ms"]["advice"] == ""
+    # Written here, the timing budget goes to this machine's identity file; it stays advisory.
+    run(project, "--update-budgets").assert_outcomes(passed=4)
+    identity_file = next((project.path / "budgets").glob("cpu-*.yaml"))
+    assert "identity: cpu-" in identity_file.read_text()
+    identity_file.write_text(identity_file.read_text().replace("value: 10.14", "value: 9.0"))
+    r = run(project)
+    r.assert_outcomes(passed=4)  # 13 % over the budget: shown, never a failure here
+    r.stdout.fnmatch_lines(["*toy*step_ms*9 ms*10.14 ms*ADVISORY (fail)*",
+                            "*advisory, beyond the budget here: toy.step_ms*"])
+    rec = next(x for x in results(project) if x["metric"] == "step_ms")
+    assert rec["advice"] == "fail" and "would fail" in rec["reason"] and "perfbudget ab" in rec["reason"]
+    # The explicit opt-in: strict fails an advisory check beyond its budget.
+    run(project, "--perf-strict", "test_perf.py::test_toy").assert_outcomes(failed=1)
+    # A declaration naming another machine is refused with both identities.
+    monkeypatch.setenv("PERFBUDGET_STABLE_MACHINE", "cpu-some-other-machine-6-1-1-avx2")
+    r = run(project, "test_perf.py::test_toy")
+    r.assert_outcomes(errors=1)
+    r.stdout.fnmatch_lines(["*declares a stable machine, but this cpu device is cpu-*"])
+
+
+def test_update_then_pass_then_tightened_fails_then_loosen_restores(project: pytest.Pytester,
+                                                                    stable_machine: str) -> None:
     r = run(project, "--update-budgets")
     r.assert_outcomes(passed=4)
     r.stdout.fnmatch_lines(["*budget update*", "--- /dev/null", "+++ b/cpu.yaml", "*added*toy.flops*"])
@@ -159,7 +191,7 @@ def test_g(perf):
     r.stdout.fnmatch_lines(["*needs a CUDA GPU: torch.cuda.is_available() is False*"])
 
 
-def test_xdist_matches_serial_and_controller_writes_once(project: pytest.Pytester) -> None:
+def test_xdist_matches_serial_and_controller_writes_once(project: pytest.Pytester, stable_machine: str) -> None:
     r = run(project, "-n", "2", "--update-budgets")
     r.assert_outcomes(passed=4)
     r.stdout.fnmatch_lines(["*added*toy.flops*"])
@@ -173,7 +205,7 @@ def test_xdist_matches_serial_and_controller_writes_once(project: pytest.Pyteste
     assert parallel == serial and set(serial.values()) == {"pass"}
 
 
-def test_perf_json_option_and_junit_properties(project: pytest.Pytester) -> None:
+def test_perf_json_option_and_junit_properties(project: pytest.Pytester, stable_machine: str) -> None:
     out = project.path / "out" / "r.json"
     junit = project.path / "junit.xml"
     run(project, f"--perf-json={out}", f"--junitxml={junit}")

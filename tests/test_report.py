@@ -198,11 +198,11 @@ def test_merged_shards_report_exactly_as_the_unsharded_run(regression: Results) 
 def test_terminal_and_markdown_show_base_ratio_ci_and_pairs(ab: Results, regression: Results) -> None:
     text = terminal_report(ab)
     header = text.splitlines()[1].split()
-    assert header[-6:] == ["base", "head/base", "ratio", "CI", "pairs", "verdict"]
+    assert header[-7:] == ["base", "head/base", "ratio", "CI", "pairs", "detectable", "verdict"]
     step = next(line for line in text.splitlines() if line.startswith("encoder-train") and " step_ms " in line)
-    assert re.search(r"38\.03 ms\s+1\.085 \(\+8\.5%\)\s+1\.08\d-1\.08\d\s+3\s+FAIL$", step)
+    assert re.search(r"38\.03 ms\s+1\.085 \(\+8\.5%\)\s+1\.08\d-1\.08\d\s+3\s+\S+\s+FAIL$", step)
     energy = next(line for line in text.splitlines() if "energy_j_per_token" in line)
-    assert energy.split()[-5:] == ["-", "-", "-", "-", "UNMEASURABLE"]  # no base side: dashes
+    assert energy.split()[-6:] == ["-", "-", "-", "-", "-", "UNMEASURABLE"]  # no base side: dashes
     tail = text.split("regressions:", 1)[1]
     assert "vs base: base 38.03 ms, head/base 1.085 (+8.5%), CI 1.08" in tail and "3 process pairs" in tail
     assert "aten::addmm op_self_ms: 11.68 ms vs base 7.989 ms (+45.6%, fail)" in tail
@@ -212,7 +212,7 @@ def test_terminal_and_markdown_show_base_ratio_ci_and_pairs(ab: Results, regress
     assert "Compared with the base commit (lockstep A/B): 12 of 13 checks, up to 3 process pairs." in md
     regress = md[md.index("### Regressions"):md.index("### Stale budgets")]
     head = next(line for line in regress.splitlines() if line.startswith("| metric"))
-    assert "| base | head/base | ratio CI | pairs |" in head
+    assert "| base | head/base | ratio CI | pairs | detectable |" in head
     row = next(line for line in regress.splitlines() if line.startswith("| `step_ms`"))
     assert "| 38.03 ms | 1.085 (+8.5%) | 1.08" in row and "| 3 |" in row
     assert "| `aten::addmm` | op_self_ms | 7.989 ms | 11.68 ms | +45.6% | fail |" in regress
@@ -236,7 +236,12 @@ def test_html_draws_base_vs_head_per_failing_check(ab: Results) -> None:
     regress = page[page.index("<h2>Regressions</h2>"):page.index("<h2>Tests</h2>")]
     for metric in ("step_ms", "op_self_ms[aten::addmm]", "op_share[aten::addmm]"):  # the three failing checks
         assert f">{metric}: head/base " in regress
-    assert regress.count("base median") == 3 and regress.count("head median") == 3
+    # The line drawn for each side is the value the tables show (one quantity, one definition).
+    assert regress.count("(as measured)") == 6
+    for r in ab.records:
+        if r.outcome == "fail" and r.base is not None and r.kind == "timing":
+            assert f"head {fmt_value(r.value, r.unit)} (as measured)" in regress
+            assert f"base {fmt_value(r.base.value, r.unit)} (as measured)" in regress
     assert ">head vs base commit (up to 3 process pairs)<" in page
     assert "<th>head/base</th>" in page and "<th>pairs</th>" in page
     assert "grey = base commit with its tolerance" in regress
@@ -324,10 +329,13 @@ budgets:
 """
 
 
-def test_planted_regression_shows_in_every_report_with_trace_and_flame_graph(pytester: pytest.Pytester) -> None:
+def test_planted_regression_shows_in_every_report_with_trace_and_flame_graph(pytester: pytest.Pytester,
+                                                                             stable_machine: str) -> None:
     pytester.makepyfile(test_planted=PLANTED)
     (pytester.path / "budgets").mkdir()
-    (pytester.path / "budgets" / "cpu.yaml").write_text(PLANTED_BUDGETS)
+    # Timing budgets gate only in a file keyed by the identity of a machine declared stable.
+    (pytester.path / "budgets" / "cpu.yaml").write_text(
+        PLANTED_BUDGETS.replace("device: {type: cpu}", f"device: {{type: cpu, identity: {stable_machine}}}", 1))
     r = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--junitxml=junit.xml", *QUIET_ENOUGH)
     r.assert_outcomes(passed=1, failed=1)
     r.stdout.fnmatch_lines([
@@ -383,7 +391,8 @@ def test_{key}(perf, n):
 """
 
 
-def test_perfbudget_merge_of_two_shards_gives_the_unsharded_report(pytester: pytest.Pytester) -> None:
+def test_perfbudget_merge_of_two_shards_gives_the_unsharded_report(pytester: pytest.Pytester,
+                                                                    stable_machine: str) -> None:
     from perfbudget.cli import main
 
     pytester.makepyfile(test_a=SHARDED.format(key="a", base=10.0), test_b=SHARDED.format(key="b", base=4.0))

@@ -127,7 +127,7 @@ def outcomes(p: pytest.Pytester) -> dict[str, str]:
     return {f"{r['key']}.{r['metric']}": r["outcome"] for r in records}
 
 
-def test_update_then_pass_then_wider_model_fails_the_right_checks(repo: pytest.Pytester) -> None:
+def test_update_then_pass_then_wider_model_fails_the_right_checks(repo: pytest.Pytester, stable_machine: str) -> None:
     run(repo, "--update-budgets").assert_outcomes(passed=5)
     written = outcomes(repo)
     for metric in ("step_ms", "throughput_samples_per_s", "flops", "op_count[aten::addmm]",
@@ -150,7 +150,10 @@ def test_update_then_pass_then_wider_model_fails_the_right_checks(repo: pytest.P
     assert r.ret == 0, r.stdout.str()[-3000:]
     got = outcomes(repo)
     exact = {k: v for k, v in got.items() if not re.search(r"(_ms|_per_s|op_share)", k)}
-    assert set(exact.values()) == {"pass"}, exact
+    # On a loaded machine another operator can cross the share threshold and be recorded
+    # (unbudgeted, with its count); every budgeted exact check passes.
+    new_ops = {k for k, v in exact.items() if v == "unbudgeted" and "op_count[" in k}
+    assert {v for k, v in exact.items() if k not in new_ops} == {"pass"}, exact
 
     # The planted change: the hidden layer twice as wide.
     (repo.path / "mymodel" / "__init__.py").write_text(MODEL.format(hidden=256))

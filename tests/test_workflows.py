@@ -56,18 +56,17 @@ def test_triggers_permissions_and_pinned_actions(wf: dict[str, Any]) -> None:
     assert uses and all(re.fullmatch(r"actions/[a-z-]+@v\d+", u) for u in uses), uses
 
 
-def test_cpu_job_runs_lint_types_workflows_unit_and_the_cpu_suite(wf: dict[str, Any]) -> None:
+def test_cpu_job_runs_lint_types_workflows_and_unit_tests_but_no_stored_timing(wf: dict[str, Any]) -> None:
     job = wf["jobs"]["cpu"]
     text = runs(job)
     for needed in (".venv/bin/ruff check src tests", ".venv/bin/mypy", "check-jsonschema --builtin-schema "
-                   "vendor.github-workflows", "scripts/test.sh", "scripts/perf.sh", "scripts/setup.sh"):
+                   "vendor.github-workflows", "scripts/test.sh", "scripts/setup.sh"):
         assert needed in text, needed
+    # A hosted runner is another machine every time: stored timing never gates there.
+    assert "scripts/perf.sh" not in text
     # Every check after set-up runs even when an earlier one failed.
     after = steps(job)[[s.get("id") for s in steps(job)].index("setup") + 1:]
     assert all("!cancelled()" in str(s.get("if", "")) for s in after)
-    assert '>> "$GITHUB_STEP_SUMMARY"' in text
-    upload = next(s for s in steps(job) if str(s.get("uses", "")).startswith("actions/upload-artifact"))
-    assert ".perfbudget/artifacts/" in upload["with"]["path"] and upload["with"]["name"] == "perf-shard-cpu"
 
 
 def test_gpu_job_is_a_matrix_of_self_hosted_gpu_runners_one_worker_per_gpu(wf: dict[str, Any]) -> None:
@@ -119,20 +118,42 @@ def test_every_perfbudget_command_in_the_workflow_parses(wf: dict[str, Any]) -> 
             assert args.base and args.merge_base and "perf_tests" in args.pytest_args
 
 
-def test_pull_requests_run_the_lockstep_ab_and_pushes_keep_the_stored_budgets(wf: dict[str, Any]) -> None:
+def test_pull_requests_and_pushes_judge_timing_by_lockstep_ab(wf: dict[str, Any]) -> None:
     job = wf["jobs"]["ab"]
-    assert job["if"] == "${{ github.event_name == 'pull_request' }}"
+    assert "if" not in job  # pull requests and pushes to main alike
     checkout = next(s for s in steps(job) if str(s.get("uses", "")).startswith("actions/checkout"))
     assert checkout["with"]["fetch-depth"] == 0  # the base commit must be in the clone
     text = runs(job)
     assert text.index("scripts/setup.sh") < text.index("perfbudget ab")
+    pr = next(s for s in steps(job) if "perfbudget ab" in str(s.get("run", "")))
+    assert pr["if"] == "${{ github.event_name == 'pull_request' }}"
     assert re.search(r"\.venv/bin/perfbudget ab --base \$\{\{ github\.event\.pull_request\.base\.sha \}\} "
                      r"--merge-base\s.*-- perf_tests", text)
+    push = next(s for s in steps(job) if "scripts/perf-ab.sh" in str(s.get("run", "")))
+    assert push["if"] == "${{ github.event_name != 'pull_request' }}"
     upload = next(s for s in steps(job) if str(s.get("uses", "")).startswith("actions/upload-artifact"))
     assert upload["with"]["name"] == "perf-shard-ab" and "!cancelled()" in upload["if"]
     assert ".perfbudget/results-ab.json" in upload["with"]["path"]  # merged by the report job
-    suite = next(s for s in steps(wf["jobs"]["cpu"]) if "scripts/perf.sh" in str(s.get("run", "")))
-    assert "github.event_name != 'pull_request'" in suite["if"]
+    assert wf["jobs"]["gpu"]["env"]["PERFBUDGET_STABLE_MACHINE"]  # a GPU runner of one model is stable
+
+
+def test_perf_ab_script_refuses_a_missing_parent(tmp_path: Path) -> None:
+    """The parent A/B of CI: a first commit or a shallow clone is a clear error, never a silent pass."""
+    script = (ROOT / "scripts" / "perf-ab.sh").read_text()
+    assert "HEAD~1" in script and "fetch-depth: 0" in script and "first commit" in script
+    repo = tmp_path / "r"
+    (repo / "scripts").mkdir(parents=True)
+    (repo / "scripts" / "perf-ab.sh").write_text(script)
+    (repo / "scripts" / "setup.sh").write_text("#!/bin/sh\n")
+    for f in ("perf-ab.sh", "setup.sh"):
+        (repo / "scripts" / f).chmod(0o755)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "first"], check=True)
+    done = subprocess.run(["bash", str(repo / "scripts" / "perf-ab.sh")], capture_output=True, text=True,
+                          cwd=repo, timeout=60)
+    assert done.returncode == 2 and "first commit" in done.stderr, done.stderr
 
 
 def test_tox_environments_match_the_readme_and_ci() -> None:

@@ -7,6 +7,7 @@ ratchet (``update``); 2 usage or input error (unreadable results, broken budget 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -19,6 +20,7 @@ from .budgets.loader import load_dir
 from .budgets.update import UpdateReport, apply_updates, git_commit
 from .device import DeviceInfo
 from .extras import ExtraError
+from .judge import STABLE_MACHINE_ENV, stable_identity
 from .report import (
     device_label,
     diff_results,
@@ -173,8 +175,17 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
     if not Path(args.budgets_dir).is_dir():
         out.write(f"note: {args.budgets_dir} does not exist: no budgets yet\n")
     broken = False
-    for i, info in enumerate(_devices_for_show(args)):
-        text, bad = explain_budgets(budgets, info, key=args.key)
+    devices = _devices_for_show(args)
+    if args.identity:
+        for info in devices:
+            out.write(f"{info.identity or 'unknown'}\n")
+        return EXIT_OK
+    for i, info in enumerate(devices):
+        try:
+            stable = not args.from_results and stable_identity(os.environ.get(STABLE_MACHINE_ENV, ""), info) is not None
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+        text, bad = explain_budgets(budgets, info, key=args.key, stable=stable)
         out.write(("\n" if i else "") + text + "\n")
         broken = broken or bad
     return EXIT_INPUT if broken else EXIT_OK
@@ -255,6 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--from-results", metavar="RESULTS",
                    help="use the device(s) recorded in a results file instead of this machine")
     s.add_argument("--key", help="only this workload key")
+    s.add_argument("--identity", action="store_true",
+                   help="print only the machine identity (what PERFBUDGET_STABLE_MACHINE and budget files name)")
     s.set_defaults(func=cmd_show)
 
     u = sub.add_parser("update", help="write a results file's measured values into the budgets (ratchet)",

@@ -9,18 +9,32 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
 __all__ = [
+    "ISA_FEATURES",
+    "SELECTOR_EXACT_FIELDS",
     "SELECTOR_FIELDS",
     "SELECTOR_INT_FIELDS",
     "SELECTOR_VERSION_FIELDS",
+    "CpuId",
     "DeviceInfo",
     "DeviceType",
     "Selector",
+    "cpu_id",
+    "cpu_isa",
     "cpu_model_name",
     "describe",
     "device_file_stem",
+    "isa_class",
 ]
 
 DeviceType = Literal["cpu", "cuda"]
+
+#: The CPU features torch's kernels dispatch on (``torch.cpu.get_capabilities()`` names), in the
+#: order they are listed: the vector width first, then the bf16/fp16 and matrix-engine paths
+#: that change both speed and the rounding of low-precision arithmetic.
+ISA_FEATURES: tuple[str, ...] = (
+    "avx2", "avx512_f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni",
+    "amx_tile", "amx_int8", "amx_bf16", "amx_fp16",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,6 +52,16 @@ class DeviceInfo:
         triton: triton version, when installed.
         cpu_model: host CPU model (also recorded for GPU runs).
         threads: torch intra-op threads used for timing.
+        vendor: CPU vendor (``GenuineIntel``, ``AuthenticAMD``) or GPU vendor (``NVIDIA``).
+        cpuid: CPU ``family/model/stepping`` (``6/207/2``): one model-name string covers
+            several generations, this does not.
+        isa: the ISA features torch's CPU kernels dispatch on (:data:`ISA_FEATURES` present
+            here, comma-separated), with torch's capability first (``AVX512,avx512_bf16,amx_bf16``).
+        isa_class: the kernel path class low-precision numerics follow (:func:`isa_class`):
+            ``amx``, ``avx512_bf16``, ``avx512``, ``avx2`` or ``default``; on GPUs the SM
+            architecture (``sm90``).
+        memory_gib: GPU memory (whole GiB), ``None`` on CPU.
+        sm_clock_mhz: GPU maximum SM clock, when NVML answers.
     """
 
     type: DeviceType
@@ -50,6 +74,12 @@ class DeviceInfo:
     triton: str | None = None
     cpu_model: str = ""
     threads: int | None = None
+    vendor: str | None = None
+    cpuid: str | None = None
+    isa: str | None = None
+    isa_class: str | None = None
+    memory_gib: int | None = None
+    sm_clock_mhz: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -62,14 +92,63 @@ class DeviceInfo:
             return f"cpu {self.model}{t}"
         return f"cuda {self.model}"
 
+    @property
+    def identity(self) -> str | None:
+        """What makes two machines the same kind for timing, as one slug; ``None`` when unknown.
 
+        CPU: model name, ``family/model/stepping`` and ISA class
+        (``cpu-intel-xeon-processor-6-207-2-amx``); GPU: name, SM architecture, memory and
+        maximum SM clock (``nvidia-h200-sm90-141gib-1980mhz``). Records made before the
+        identity was measured have none: no identity-keyed budget applies to them.
+        """
+        if self.type == "cpu":
+            if not self.cpuid or not self.isa_class:
+                return None
+            parts = [self.model, self.cpuid.replace("/", "-"), self.isa_class]
+        else:
+            if not self.isa_class:
+                return None
+            parts = [self.model, self.isa_class]
+            if self.memory_gib:
+                parts.append(f"{self.memory_gib}gib")
+            if self.sm_clock_mhz:
+                parts.append(f"{self.sm_clock_mhz}mhz")
+        stem = _slug(" ".join(parts))
+        return stem if self.type == "cuda" else f"cpu-{stem}"
+
+    def describe_identity(self) -> list[str]:
+        """Readable lines of the identity, for ``perfbudget show``."""
+        lines = [f"identity: {self.identity or 'unknown (recorded before machine identity)'}",
+                 f"model: {self.model}"]
+        if self.type == "cpu":
+            lines += [f"vendor: {self.vendor or '?'}", f"family/model/stepping: {self.cpuid or '?'}",
+                      f"ISA (torch): {self.isa or '?'}", f"ISA class: {self.isa_class or '?'}",
+                      f"threads: {self.threads}"]
+        else:
+            lines += [f"compute capability: {self.compute_capability}", f"memory: {self.memory_gib} GiB",
+                      f"max SM clock: {self.sm_clock_mhz} MHz", f"driver: {self.driver}", f"CUDA: {self.cuda}",
+                      f"host CPU: {self.cpu_model}"]
+        lines.append(f"torch: {self.torch}, triton: {self.triton}")
+        return lines
+
+
+def _slug(text: str) -> str:
+    slug = re.sub(r"\(r\)|\(tm\)", "", text.lower())
+    return re.sub(r"[^a-z0-9]+", "-", slug).strip("-") or "unknown"
+
+
+#: Selector fields that are not :class:`DeviceInfo` fields but derived from them.
+_DERIVED_FIELDS: tuple[str, ...] = ("identity",)
 #: Fields a budget file's ``device:`` block may name.
-SELECTOR_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(DeviceInfo))
+SELECTOR_FIELDS: tuple[str, ...] = (*(f.name for f in fields(DeviceInfo)), *_DERIVED_FIELDS)
 #: Selector fields compared as integers, exactly; every other field is a string.
-SELECTOR_INT_FIELDS: tuple[str, ...] = ("count", "threads")
+SELECTOR_INT_FIELDS: tuple[str, ...] = ("count", "threads", "memory_gib", "sm_clock_mhz")
 #: String fields compared as version prefixes (``torch: "2.13"`` selects 2.13.0+cpu); the
 #: remaining string fields match case-insensitively as substrings.
 SELECTOR_VERSION_FIELDS: tuple[str, ...] = ("torch", "triton", "cuda", "driver", "compute_capability")
+#: String fields compared whole (case-insensitively): a substring of an identity or a cpuid
+#: would select other machine kinds (``6/20`` is in ``6/207``).
+SELECTOR_EXACT_FIELDS: tuple[str, ...] = ("identity", "cpuid", "isa_class")
 
 
 def cpu_model_name() -> str:
@@ -84,11 +163,96 @@ def cpu_model_name() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
+@dataclass(frozen=True, kw_only=True)
+class CpuId:
+    """What /proc/cpuinfo says of the CPU beyond its marketing name."""
+
+    vendor: str | None
+    family: int | None
+    model: int | None
+    stepping: int | None
+
+    @property
+    def text(self) -> str | None:
+        if self.family is None or self.model is None:
+            return None
+        return f"{self.family}/{self.model}/{self.stepping if self.stepping is not None else '?'}"
+
+
+def cpu_id(cpuinfo: str | None = None) -> CpuId:
+    """Vendor and family/model/stepping of the first CPU in ``/proc/cpuinfo`` (or the text given)."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8") as fh:
+                cpuinfo = fh.read()
+        except OSError:
+            cpuinfo = ""
+    got: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip():
+            if got:
+                break  # the first processor's block is enough
+            continue
+        name, _, value = line.partition(":")
+        got.setdefault(name.strip(), value.strip())
+
+    def number(key: str) -> int | None:
+        raw = got.get(key, "")
+        return int(raw) if raw.isdigit() else None
+
+    vendor = got.get("vendor_id") or got.get("CPU implementer") or None
+    return CpuId(vendor=vendor, family=number("cpu family"), model=number("model"), stepping=number("stepping"))
+
+
+def cpu_isa(capabilities: dict[str, Any], capability: str) -> str:
+    """``AVX512,avx512_bf16,amx_bf16``: torch's capability, then the :data:`ISA_FEATURES` present."""
+    present = [f for f in ISA_FEATURES if capabilities.get(f) is True and f != capability.lower()]
+    return ",".join([capability, *present])
+
+
+def isa_class(isa: str) -> str:
+    """The kernel-path class of an ISA string from :func:`cpu_isa`.
+
+    bf16 autocast runs on AMX tiles, on AVX-512 bf16 instructions, or converted through fp32
+    on wider or narrower vectors; each rounds differently, so low-precision numerics are
+    budgeted per class.
+    """
+    feats = {f.lower() for f in isa.split(",")}
+    if "amx_bf16" in feats or "amx_tile" in feats:
+        return "amx"
+    if "avx512_bf16" in feats:
+        return "avx512_bf16"
+    if "avx512" in feats or "avx512_f" in feats:
+        return "avx512"
+    if "avx2" in feats:
+        return "avx2"
+    return "default"
+
+
+def _torch_isa() -> str | None:
+    import torch
+
+    try:
+        caps = dict(torch.cpu.get_capabilities())
+        capability = str(torch.backends.cpu.get_cpu_capability())
+    except Exception:  # an older torch, or a platform without cpuinfo: the ISA stays unknown
+        return None
+    return cpu_isa(caps, capability)
+
+
 def _nvml_driver() -> str | None:
     from .measure import nvml
 
     got = nvml.driver_version()
     return got if isinstance(got, str) else None  # NVML absent or broken: the field stays unknown
+
+
+def _nvml_max_sm_clock() -> int | None:
+    from .measure import nvml
+
+    getter = getattr(nvml, "max_sm_clock_mhz", None)
+    got = getter() if getter is not None else None
+    return got if isinstance(got, int) else None
 
 
 def describe(type: DeviceType = "cpu", *, threads: int | None = 1) -> DeviceInfo:
@@ -110,6 +274,8 @@ def describe(type: DeviceType = "cpu", *, threads: int | None = 1) -> DeviceInfo
     except Exception:
         triton_version = None
     cpu = cpu_model_name()
+    ident = cpu_id()
+    isa = _torch_isa()
     if type == "cpu":
         return DeviceInfo(
             type="cpu",
@@ -119,6 +285,10 @@ def describe(type: DeviceType = "cpu", *, threads: int | None = 1) -> DeviceInfo
             triton=triton_version,
             cpu_model=cpu,
             threads=threads,
+            vendor=ident.vendor,
+            cpuid=ident.text,
+            isa=isa,
+            isa_class=isa_class(isa) if isa else None,
         )
     if not torch.cuda.is_available():
         raise RuntimeError("CUDA is not available on this machine")
@@ -126,6 +296,7 @@ def describe(type: DeviceType = "cpu", *, threads: int | None = 1) -> DeviceInfo
     # pinned with CUDA_VISIBLE_DEVICES), named by CUDA itself, so no NVML index is involved.
     index = torch.cuda.current_device()
     major, minor = torch.cuda.get_device_capability(index)
+    props = torch.cuda.get_device_properties(index)
     return DeviceInfo(
         type="cuda",
         model=torch.cuda.get_device_name(index),
@@ -137,13 +308,21 @@ def describe(type: DeviceType = "cpu", *, threads: int | None = 1) -> DeviceInfo
         triton=triton_version,
         cpu_model=cpu,
         threads=None,
+        vendor="NVIDIA",
+        cpuid=ident.text,
+        isa=isa,
+        isa_class=f"sm{major}{minor}",
+        memory_gib=round(props.total_memory / 2**30),
+        sm_clock_mhz=_nvml_max_sm_clock(),
     )
 
 
 def device_file_stem(info: DeviceInfo) -> str:
-    """File name (without .yaml) for a device's own budget file: ``nvidia-h200``, ``cpu-intel-xeon-processor``."""
-    slug = re.sub(r"\(r\)|\(tm\)", "", info.model.lower())
-    slug = re.sub(r"[^a-z0-9]+", "-", slug).strip("-") or "unknown"
+    """File name (without .yaml) for a device's own budget file: its identity
+    (``cpu-amd-epyc-25-1-1-avx2``), or the model name where the identity is unknown."""
+    if info.identity:
+        return info.identity
+    slug = _slug(info.model)
     return slug if info.type == "cuda" else f"cpu-{slug}"
 
 
@@ -152,8 +331,8 @@ class Selector:
     """The ``device:`` block of a budget file: which devices its budgets apply to.
 
     String fields match case-insensitively as substrings (``model: H200`` matches
-    ``NVIDIA H200``); version fields match as prefixes (``torch: "2.13"``);
-    numbers match exactly. Specificity is the number of fields named.
+    ``NVIDIA H200``); ``identity``, ``cpuid`` and ``isa_class`` whole; version fields as
+    prefixes (``torch: "2.13"``); numbers exactly. Specificity is the number of fields named.
     """
 
     criteria: tuple[tuple[str, Any], ...]
@@ -167,7 +346,10 @@ class Selector:
             have = getattr(info, name)
             if have is None:
                 return False
-            if name in SELECTOR_VERSION_FIELDS:
+            if name in SELECTOR_EXACT_FIELDS:
+                if str(want).lower() != str(have).lower():
+                    return False
+            elif name in SELECTOR_VERSION_FIELDS:
                 if not str(have).startswith(str(want)):
                     return False
             elif isinstance(want, str):

@@ -18,7 +18,34 @@ from .device import DeviceInfo
 from .measure.stats import median
 from .metrics import MetricName
 
-__all__ = ["OP_FAMILIES", "REFERENCE_MISMATCH", "Decision", "Judge", "JudgeConfig"]
+__all__ = ["OP_FAMILIES", "REFERENCE_MISMATCH", "STABLE_MACHINE_ENV", "Decision", "Judge", "JudgeConfig",
+           "stable_identity"]
+
+#: Environment variable a self-hosted runner sets to declare itself stable: this machine's
+#: identity (``perfbudget show --identity``), or ``yes`` for whatever identity it has.
+STABLE_MACHINE_ENV = "PERFBUDGET_STABLE_MACHINE"
+
+
+def stable_identity(declared: str, device: DeviceInfo) -> str | None:
+    """``device``'s identity when ``declared`` (the env variable's or ini option's value) declares
+    this machine stable, else ``None`` (empty, ``no``, ``false``, ``0``).
+
+    Raises:
+        ValueError: the declaration names another identity (the runner's hardware changed, or a
+            setting was copied to another machine kind), or the device's identity is unknown.
+    """
+    declared = declared.strip()
+    if not declared or declared.lower() in ("no", "false", "0"):
+        return None
+    ident = device.identity
+    if ident is None:
+        raise ValueError(f"{STABLE_MACHINE_ENV}/perfbudget_stable_machine={declared!r}: this {device.type} device's "
+                         "identity is unknown, so no stored timing budget can be matched to it")
+    if declared.lower() in ("yes", "true", "1") or declared.lower() == ident.lower():
+        return ident
+    raise ValueError(f"{STABLE_MACHINE_ENV}/perfbudget_stable_machine={declared!r} declares a stable machine, "
+                     f"but this {device.type} device is {ident}: fix the declaration (or the runner) before "
+                     "stored timing budgets may gate")
 
 #: Families whose many per-operator checks share one false-alarm budget (Bonferroni).
 OP_FAMILIES = ("op_self_ms", "op_share")
@@ -44,6 +71,11 @@ class JudgeConfig:
             throttled GPU): statistical checks are then not judged.
         family_alpha: false-alarm budget shared by one test's per-operator checks.
         reference_mismatch: see :data:`REFERENCE_MISMATCH`.
+        stable_identity: this machine's identity when it is declared stable (ini
+            ``perfbudget_stable_machine`` or :data:`STABLE_MACHINE_ENV`). Stored timing, rate
+            and energy budgets gate only then, and only those in a file keyed by that identity;
+            elsewhere they are ``advisory``: the same judgement, shown, never a failure (under
+            ``strict`` an advisory fail fails).
     """
 
     strict: bool = False
@@ -53,6 +85,7 @@ class JudgeConfig:
     preflight: tuple[str, ...] = ()
     family_alpha: float = 0.05
     reference_mismatch: float = REFERENCE_MISMATCH
+    stable_identity: str | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.family_alpha < 1:
@@ -72,6 +105,8 @@ class Decision:
         outcome: ``pass``, ``skip`` (nothing failed, but something was not judged) or ``fail``.
         failing: verdicts that fail the test.
         judged: verdicts decided against a budget (pass, stale or fail).
+        advisory: statistical checks judged against stored budgets on a machine they do not
+            describe as stable: shown with the would-be outcome, not part of the decision.
         not_judged: statistical checks skipped by the preflight or the reference guard.
         unbudgeted: measured with no budget on this device.
         unmeasurable: metrics that cannot be measured here (with the reason in each verdict).
@@ -83,6 +118,7 @@ class Decision:
     outcome: Outcome
     failing: tuple[Verdict, ...] = ()
     judged: tuple[Verdict, ...] = ()
+    advisory: tuple[Verdict, ...] = ()
     not_judged: tuple[Verdict, ...] = ()
     unbudgeted: tuple[Verdict, ...] = ()
     unmeasurable: tuple[Verdict, ...] = ()
@@ -185,7 +221,14 @@ class Judge:
         # One side of a lockstep A/B run: both sides share the machine's state, so its load
         # is no reason to set samples aside, and the ratio is judged raw (normalising by the
         # reference hid most of a planted slowdown in the experiment).
-        if self.config.preflight and statistical and not self.config.collect:
+        # Stored timing is a verdict only on a machine declared stable, against budgets keyed
+        # by its identity; elsewhere it is shown (advisory) and `perfbudget ab` judges timing.
+        # An unbudgeted timing metric on such a machine is advisory too: a budget written
+        # there would not gate either, so asking for one (a skip) would be noise.
+        advisory = statistical and not self.config.collect and (
+            not self.config.stable_identity if budget is None else not self.gates(budget))
+        # A busy machine sets aside only what could fail: an advisory check is shown anyway.
+        if self.config.preflight and statistical and not self.config.collect and not advisory:
             return _not_judged(decide(self.key, name, samples, None, policy=self.config.policy), budget,
                                "preflight: " + "; ".join(self.config.preflight))
         ref_ms: float | None = None
@@ -194,10 +237,37 @@ class Judge:
             if mismatch and not self.config.collect:
                 return _not_judged(decide(self.key, name, samples, None, policy=self.config.policy), budget, mismatch)
             samples, more, ref_ms = _normalised(name, samples, reference, more, budget)
+        if advisory:
+            more = None  # an advisory verdict fails nothing: no extra rounds, no confirmation
         v = decide(self.key, name, samples, budget, more=more, policy=self.policy_for(name))
         if ref_ms is not None:
             v = v.with_(ref_ms=ref_ms)
+        if advisory and v.outcome in ("pass", "stale", "fail"):
+            v = v.with_(outcome="advisory", advice=v.outcome,
+                        reason=f"advisory (would {'be ' if v.outcome != 'fail' else ''}{v.outcome}): {v.reason}; "
+                               f"{self._why_advisory(budget)}")
+        elif advisory and v.outcome == "unbudgeted":
+            v = v.with_(outcome="advisory", advice="",
+                        reason=f"advisory: no stored budget for it on this machine; {self._why_advisory(None)}")
         return v
+
+    def gates(self, budget: Budget) -> bool:
+        """Whether a stored timing budget may fail a test here: the machine is declared stable
+        and the budget's file is keyed by this machine's identity."""
+        ident = self.config.stable_identity
+        if not ident:
+            return False
+        selector = self.budgets.selector_of(budget)
+        want = selector.as_dict().get("identity") if selector is not None else None
+        return isinstance(want, str) and want.lower() == ident.lower()
+
+    def _why_advisory(self, budget: Budget | None) -> str:
+        busy = f" (measured while {'; '.join(self.config.preflight)})" if self.config.preflight else ""
+        if not self.config.stable_identity:
+            return (f"stored timing budgets gate only on a machine declared stable ({STABLE_MACHINE_ENV}); "
+                    f"judge timing here with `perfbudget ab --base <ref>`{busy}")
+        return (f"its file ({budget.source if budget else '?'}) is not keyed by this machine's identity "
+                f"{self.config.stable_identity}; record one with --update-budgets, or use `perfbudget ab`{busy}")
 
     def _reference_mismatch(self, reference: Sequence[float], budget: Budget | None) -> str:
         """Why this machine is not the one the budget describes, judged by the reference."""
@@ -221,7 +291,7 @@ class Judge:
         if not verdicts:
             return Decision(outcome="fail", empty=True)
         by = {o: tuple(v for v in verdicts if v.outcome == o)
-              for o in ("pass", "stale", "fail", "unbudgeted", "unmeasurable", "error")}
+              for o in ("pass", "stale", "fail", "advisory", "inconclusive", "unbudgeted", "unmeasurable", "error")}
         not_judged = tuple(v for v in by["unmeasurable"] if v.reason.startswith("preflight:"))
         unmeasurable = tuple(v for v in by["unmeasurable"] if v not in not_judged)
         recorded = {v.metric for v in verdicts}
@@ -233,17 +303,19 @@ class Judge:
         if not cfg.update and not cfg.collect:
             failing += by["fail"]
             if cfg.strict:
-                failing += [*by["stale"], *by["unbudgeted"], *not_judged]
-        judged = (*by["pass"], *by["stale"], *by["fail"])
+                failing += [*by["stale"], *by["unbudgeted"], *not_judged, *by["inconclusive"],
+                            *(v for v in by["advisory"] if v.advice == "fail")]
+        judged = (*by["pass"], *by["stale"], *by["fail"], *by["inconclusive"])
         kw: dict[str, Any] = dict(
-            judged=judged, not_judged=not_judged, unbudgeted=by["unbudgeted"], unmeasurable=unmeasurable,
+            judged=judged, advisory=by["advisory"], not_judged=not_judged, unbudgeted=by["unbudgeted"], unmeasurable=unmeasurable,
             not_measured=not_measured,
         )
         if failing or (cfg.strict and not cfg.update and not_measured):
             return Decision(outcome="fail", failing=tuple(failing), **kw)
         if cfg.update or cfg.collect:
             return Decision(outcome="pass", **kw)
-        something_missing = not_judged or by["unbudgeted"] or (unmeasurable and len(unmeasurable) == len(verdicts))
+        something_missing = (not_judged or by["unbudgeted"] or by["inconclusive"]
+                             or (unmeasurable and len(unmeasurable) == len(verdicts)))
         return Decision(outcome="skip" if something_missing else "pass", **kw)
 
     @staticmethod

@@ -23,6 +23,12 @@ Kind = Literal["exact", "bytes", "timing", "rate", "energy"]
 Direction = Literal["lower", "higher"]
 KINDS: tuple[Kind, ...] = ("exact", "bytes", "timing", "rate", "energy")
 
+#: Relative worsening of a low-precision numeric result (``loss_drift``, ``max_abs_error``)
+#: that fails its budget: a quarter. Smaller moves follow from changing the kernel path
+#: without losing precision; losing precision (bf16 statistics, a block leaving fp32) moves
+#: these by multiples.
+NUMERIC_TOLERANCE = 0.25
+
 #: Default relative tolerance per kind, used when a budget gives none.
 DEFAULT_TOLERANCE: dict[Kind, float] = {
     "exact": 0.0,
@@ -65,6 +71,10 @@ class Metric:
     kernels a model's libraries pick)."""
     quantile: float = 0.5
     tolerance: float | None = None
+    per_isa: bool = False
+    """A numeric result whose value depends on the kernel path (bf16/fp16 rounding on AMX,
+    AVX-512 bf16 or fp32-converting vectors; a GPU's SM architecture): filed per ISA class
+    (``cpu-isa-avx2.yaml``), never in the portable file."""
     doc: str = ""
 
     @property
@@ -95,9 +105,14 @@ _REGISTRY: tuple[Metric, ...] = (
     _m("padding_rate", "1", "lower", "exact", "padded tokens / all tokens", portable=True),
     _m("nonfinite_grads", "1", "lower", "exact", "parameters with NaN/inf gradients", portable=True),
     _m("scaler_skipped_steps", "1", "lower", "exact", "GradScaler steps skipped for inf/NaN", portable=True),
-    _m("loss_drift", "1", "lower", "exact", "max relative loss difference to an fp32 reference", portable=True),
+    # Numerics of low precision: deterministic on one kernel path, moved a little by any change
+    # of the path (an attention implementation, a fused op) and a lot by a real loss of
+    # precision (a block leaving fp32, statistics computed in bf16). The tolerance is a stated
+    # bound on the relative worsening worth a failure, not a tripwire on the last digit.
+    _m("loss_drift", "1", "lower", "exact", "max relative loss difference to an fp32 reference",
+       per_isa=True, tolerance=NUMERIC_TOLERANCE),
     _m("max_abs_error", "1", "lower", "exact", "max absolute error against a reference", arg="case",
-       portable=True),
+       per_isa=True, tolerance=NUMERIC_TOLERANCE),
     _m("kernel_count", "1", "lower", "exact", "GPU kernels launched per step"),
     _m("theoretical_occupancy", "1", "higher", "exact", "theoretical SM occupancy of a kernel", arg="kernel"),
     _m("ratio", "1", "lower", "exact", "a deterministic ratio where lower is better", arg="what", portable=True),

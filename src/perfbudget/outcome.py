@@ -16,6 +16,10 @@ def judged_summary(decision: Decision, *, skip: frozenset[str] = frozenset()) ->
     lines = []
     if decision.judged:
         lines.append("judged: " + ", ".join(f"{v.metric} {v.outcome}" for v in decision.judged))
+    if decision.advisory:
+        lines.append("advisory (stored timing, not gating here): "
+                     + ", ".join(f"{v.metric} would {v.advice}" if v.advice else f"{v.metric} (no budget here)"
+                                 for v in decision.advisory))
     if decision.not_judged and "not_judged" not in skip:
         lines.append("not judged: " + ", ".join(v.metric for v in decision.not_judged)
                      + f" ({decision.not_judged[0].reason})")
@@ -64,6 +68,9 @@ def decision_text(
         if decision.not_judged:
             names = ", ".join(v.metric for v in decision.not_judged)
             head.append(f"timing checks of {key} not judged ({names}): {decision.not_judged[0].reason}")
+        inconclusive = [v for v in decision.judged if v.outcome == "inconclusive"]
+        if inconclusive:
+            head.append("inconclusive: " + "; ".join(f"{v.metric}: {v.reason}" for v in inconclusive))
         if decision.unbudgeted:
             head.append(
                 f"unbudgeted: {key} has no budget for {', '.join(v.metric for v in decision.unbudgeted)} on "

@@ -13,7 +13,7 @@ from . import xdist
 from .artifacts import artifact_dir, describe_artifacts, write_failure_artifacts
 from .budgets.verdict import VerdictPolicy
 from .device import DeviceType
-from .judge import Judge, JudgeConfig
+from .judge import STABLE_MACHINE_ENV, Judge, JudgeConfig
 from .outcome import decision_text
 from .preflight import check as preflight_check
 from .recorder import PerfRecorder
@@ -144,9 +144,14 @@ def perf(request: pytest.FixtureRequest) -> PerfRecorder:
     ps = request.config.stash[_SESSION]
     item = request.node
     spec = item.stash.get(_SPEC, None) or BudgetSpec.of(item)
+    try:
+        stable = ps.stable_identity(spec.device)
+    except ValueError as exc:
+        pytest.fail(str(exc), pytrace=False)
     config = JudgeConfig(
         strict=ps.strict, update=ps.update, collect=ps.collect, policy=VerdictPolicy(),
         preflight=preflight_check(spec.device, max_load_per_core=ps.max_load).problems,
+        stable_identity=stable,
     )
     rec = PerfRecorder(Judge(spec.key, ps.device(spec.device), ps.budgets, config), nodeid=item.nodeid,
                        update_command=ps.update_command(item.nodeid), threads=ps.threads)
@@ -263,6 +268,14 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     tr.write_line(", ".join(f"{n} {o}" for o, n in sorted(counts.items())))
     if counts.get("stale"):
         tr.write_line("stale budgets: the code got faster or leaner; ratchet them with --update-budgets")
+    advisory = [r for r in ps.records if r.outcome == "advisory"]
+    if advisory:
+        would_fail = [f"{r.key}.{r.metric}" for r in advisory if r.advice == "fail"]
+        tr.write_line(f"advisory: {len(advisory)} timing check(s) against stored budgets, not gating "
+                      f"(gating needs a machine declared stable with {STABLE_MACHINE_ENV} and budgets keyed by its "
+                      "identity); judge timing with `perfbudget ab --base <ref>`")
+        if would_fail:
+            tr.write_line(f"advisory, beyond the budget here: {', '.join(would_fail)}")
     tr.write_line(f"results: {ps.json_path}")
     if ps.update_report is not None:
         tr.write_sep("-", "budget update")

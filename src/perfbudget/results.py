@@ -87,6 +87,9 @@ class BaseSide:
     """Process pairs behind the ratio."""
     pair_ratios: tuple[float, ...] = ()
     """head / base of each process pair."""
+    detectable: float | None = None
+    """The smallest change (a fraction, in the bad direction) this run could have resolved as a
+    failure at the pairs it got: a statistical check's minimum detectable effect."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,6 +121,8 @@ class Record:
     direction: str = ""
     base: BaseSide | None = None
     """Lockstep A/B: the base commit's side of the comparison."""
+    advice: str = ""
+    """For an ``advisory`` record: the outcome it would have had where timing gates."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -133,7 +138,7 @@ class Record:
             limit=v.limit, rounds=v.rounds, confirmed=v.confirmed, reason=v.reason,
             samples=tuple(v.samples), attribution=tuple(v.attribution), device=device,
             unit=unit, kind=kind, direction=direction, extra=dict(extra or {}),
-            ref_ms=v.ref_ms,
+            ref_ms=v.ref_ms, advice=v.advice,
         )
 
     def with_(self, **changes: Any) -> Record:
@@ -158,7 +163,9 @@ class Record:
                 "value": _to_json(s.value), "samples": [_to_json(x) for x in s.samples], "ratio": _to_json(s.ratio),
                 "ratio_ci": None if s.ratio_ci is None else [_to_json(s.ratio_ci[0]), _to_json(s.ratio_ci[1])],
                 "pairs": s.pairs, "pair_ratios": [_to_json(x) for x in s.pair_ratios],
+                "detectable": _to_json(s.detectable),
             },
+            "advice": self.advice,
             "extra": self.extra,
         }
 
@@ -197,7 +204,9 @@ class Record:
             base=None if not s else BaseSide(
                 value=_from_json(s.get("value")), samples=floats(s.get("samples")), ratio=_from_json(s.get("ratio")),
                 ratio_ci=pair(s.get("ratio_ci")), pairs=int(s.get("pairs", 0)), pair_ratios=floats(s.get("pair_ratios")),
+                detectable=_from_json(s.get("detectable")),
             ),
+            advice=str(d.get("advice", "")),
             extra=dict(d.get("extra") or {}),
         )
 

@@ -17,6 +17,7 @@ from .artifacts import ArtifactConfig, parse_kinds
 from .budgets.loader import BudgetSet, load_dir
 from .budgets.update import UpdateReport, apply_updates, git_commit
 from .device import DeviceInfo, DeviceType, describe
+from .judge import STABLE_MACHINE_ENV, stable_identity
 from .metrics import lookup
 from .preflight import DEFAULT_MAX_LOAD_PER_CORE
 from .results import BudgetRef, Record, Results
@@ -42,6 +43,9 @@ def add_options(parser: pytest.Parser) -> None:
                          "sets, timing never fails a test; the A/B driver judges.")
     parser.addini("perfbudget_budgets_dir", "budget folder, relative to the rootdir", default="budgets")
     parser.addini("perfbudget_threads", "torch threads for CPU timing", default="1")
+    parser.addini("perfbudget_stable_machine", "declare this machine stable, so stored timing budgets keyed by "
+                  f"its identity gate: its identity (`perfbudget show --identity`) or 'yes'; env {STABLE_MACHINE_ENV} "
+                  "wins; unset: stored timing is advisory", default="")
     parser.addini("perfbudget_max_load", "1-minute load average per core above which CPU timing checks "
                   "are not judged (skip; a failure under --perf-strict)", default=str(DEFAULT_MAX_LOAD_PER_CORE))
     parser.addini("perfbudget_artifacts", "failure artifacts: all, none, or some of trace, flamegraph, memory",
@@ -74,6 +78,8 @@ class PerfSession:
     html: bool = True
     pin_gpus: bool = True
     inductor_dir: str = ".perfbudget"
+    stable_machine: str = ""
+    """The declaration of a stable machine (an identity or ``yes``), empty when not declared."""
     pinned_gpu: str | None = None
     records: list[Record] = field(default_factory=list)
     errors: list[dict[str, str]] = field(default_factory=list)
@@ -123,6 +129,8 @@ class PerfSession:
             html=bool(config.getini("perfbudget_html")),
             pin_gpus=bool(config.getini("perfbudget_pin_gpus")),
             inductor_dir=str(config.getini("perfbudget_inductor_dir")),
+            stable_machine=os.environ.get(STABLE_MACHINE_ENV, "").strip()
+            or str(config.getini("perfbudget_stable_machine")).strip(),
         )
 
     @property
@@ -135,6 +143,15 @@ class PerfSession:
         if type not in self._devices:
             self._devices[type] = describe(type, threads=self.threads if type == "cpu" else None)
         return self._devices[type]
+
+    def stable_identity(self, type: DeviceType) -> str | None:
+        """This device's identity when the machine is declared stable, else ``None``.
+
+        Raises:
+            ValueError: the declaration names another identity (the runner's hardware
+                changed, or a setting was copied to another machine kind).
+        """
+        return stable_identity(self.stable_machine, self.device(type))
 
     def update_command(self, nodeid: str) -> str:
         cmd = ["pytest", nodeid, "--update-budgets"]

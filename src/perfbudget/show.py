@@ -23,14 +23,25 @@ def _why_not(selector: Selector, info: DeviceInfo) -> list[str]:
     return out
 
 
-def explain_budgets(budgets: BudgetSet, info: DeviceInfo, *, key: str | None = None) -> tuple[str, bool]:
+def explain_budgets(budgets: BudgetSet, info: DeviceInfo, *, key: str | None = None,
+                    stable: bool = False) -> tuple[str, bool]:
     """Which budget files apply to ``info`` and why, and which file wins per entry.
+
+    Args:
+        stable: the machine is declared stable (stored timing budgets keyed by its identity gate).
 
     Returns:
         The text and whether any budget file has errors.
     """
     lines = [f"device: {info.label}"]
+    lines.extend(f"  {line}" for line in info.describe_identity())
     lines.append("  " + ", ".join(f"{k}={v}" for k, v in info.as_dict().items() if v not in (None, "")))
+    if stable:
+        lines.append(f"  declared stable: stored timing budgets in files keyed by identity={info.identity} gate here")
+    else:
+        lines.append("  not declared stable: stored timing budgets are advisory here (judge timing with "
+                     "`perfbudget ab`); a runner that is always this machine sets "
+                     f"PERFBUDGET_STABLE_MACHINE={info.identity or '<identity>'}")
     lines.append("")
     lines.append(f"budget files in {budgets.root} ({len(budgets.files)}):")
     broken = bool(budgets.errors)

@@ -95,15 +95,81 @@ def test_the_stored_mode_tolerance_is_not_the_ab_tolerance() -> None:
     assert r.outcome == "fail"
 
 
-def test_undecided_checks_are_listed_until_the_last_pair_decides_them() -> None:
+def test_undecided_checks_are_listed_and_inconclusive_after_the_last_pair() -> None:
     pairs = [pair([rec("step_ms", steps(10.8), key="x")], [rec("step_ms", steps(10.0), key="x")]),
              pair([rec("step_ms", steps(10.2), key="x")], [rec("step_ms", steps(10.0), key="x")])]
     provisional = compare_pairs(pairs, budgets=budgets())
-    assert provisional.undecided == ((NODE, "x", "step_ms"),)
+    assert provisional.undecided == ((NODE, "x", "step_ms"),) and provisional.inconclusive == ()
     final = compare_pairs(pairs, budgets=budgets(), final=True)
-    assert final.undecided == () and final.records[0].outcome == "pass"
-    info = ABInfo.from_extra(final.records[0].extra)
-    assert info is not None and info.by_estimate
+    (r,) = final.records
+    assert final.undecided == () and final.inconclusive == ((NODE, "x", "step_ms"),)
+    assert r.outcome == "inconclusive" and "this run could resolve changes beyond +" in r.reason
+    info = ABInfo.from_extra(r.extra)
+    assert info is not None and info.compared and info.mde is not None and 0.05 < info.mde < 0.5
+    assert f"beyond +{info.mde * 100:.3g} %" in r.reason and info.confidence == 0.95
+
+
+def test_every_compared_check_stores_its_detectable_effect() -> None:
+    pairs = [pair([rec("step_ms", steps(10.0), key="x")], [rec("step_ms", steps(10.0), key="x")]) for _ in range(2)]
+    (r,) = compare_pairs(pairs, budgets=budgets(), final=True).records
+    info = ABInfo.from_extra(r.extra)
+    assert r.outcome == "pass" and info is not None and info.mde == pytest.approx(0.09559, abs=1e-5)
+    assert "could resolve changes beyond +9.56 %" in r.reason
+
+
+def test_min_pairs_keeps_a_check_undecided_until_it_has_them() -> None:
+    first = [pair([rec("step_ms", steps(13.0), key="x")], [rec("step_ms", steps(10.0), key="x")])]
+    assert compare_pairs(first, budgets=budgets()).undecided == ()  # its CI is decided already
+    held = compare_pairs(first, budgets=budgets(), min_pairs=2)
+    assert held.undecided == ((NODE, "x", "step_ms"),) and held.records[0].outcome == "fail"  # provisional
+    final = compare_pairs(first, budgets=budgets(), min_pairs=2, final=True)
+    assert final.undecided == () and final.records[0].outcome == "fail"
+
+
+def test_checks_of_tests_not_rerun_keep_their_earlier_pairs() -> None:
+    # Pair 1 ran both tests; pair 2 re-ran only the undecided one: the other keeps pair 1.
+    quiet, noisy = "t.py::test_quiet", "t.py::test_noisy[a b-1]"
+    both = [rec("step_ms", steps(10.0), key="q", nodeid=quiet), rec("flops", value=1000.0, nodeid=quiet),
+            rec("step_ms", steps(10.0), key="n", nodeid=noisy)]
+    pairs = [pair(both, both),
+             pair([rec("step_ms", steps(11.0), key="n", nodeid=noisy)], [rec("step_ms", steps(10.0), key="n", nodeid=noisy)])]
+    cmp = compare_pairs(pairs, budgets=budgets(), final=True)
+    by = {(r.nodeid, r.metric): r for r in cmp.records}
+    assert [r.nodeid for r in cmp.records] == [quiet, quiet, noisy]
+    q, n = by[(quiet, "step_ms")], by[(noisy, "step_ms")]
+    assert q.base is not None and q.base.pairs == 1 and "not compared in" not in q.reason
+    assert n.base is not None and n.base.pairs == 2 and n.base.pair_ratios == pytest.approx((1.0, 1.1))
+    assert by[(quiet, "flops")].reason == "vs base: same as the base (1000)"
+
+
+def test_a_check_one_side_lists_in_some_pairs_only_is_not_compared_there() -> None:
+    # An operator at the top-N cut: the base listed it in pair 1 and 3, not in pair 2.
+    op = "op_self_ms[aten::add]"
+    pairs = [pair([rec(op, steps(1.0))], [rec(op, steps(1.0))]),
+             pair([rec(op, steps(1.0)), rec("step_ms", steps(10.0))], [rec("step_ms", steps(10.0))]),
+             pair([rec(op, steps(1.01))], [rec(op, steps(1.0))])]
+    cmp = compare_pairs(pairs, budgets=budgets(), final=True)
+    r = next(r for r in cmp.records if r.metric == op)
+    assert r.outcome == "pass" and r.base is not None and r.base.pairs == 2
+    assert "not compared in pair 2 (the base did not record it there)" in r.reason
+    assert cmp.not_compared == () and cmp.base_only == ()
+    # Never in the same pair: not compared, and not "the base lacks it".
+    apart = [pair([rec(op, steps(1.0))], [rec("step_ms", steps(10.0))]),
+             pair([rec("step_ms", steps(10.0))], [rec(op, steps(1.0))])]
+    r = next(r for r in compare_pairs(apart, budgets=budgets()).records if r.metric == op)
+    info = ABInfo.from_extra(r.extra)
+    assert info is not None and not info.compared
+    assert info.note == "the head and the base never recorded it in the same pair"
+
+
+def test_a_tests_per_operator_checks_share_one_false_alarm_budget() -> None:
+    ops = [f"op_self_ms[aten::op{i}]" for i in range(4)]
+    head = [rec(m, steps(1.0)) for m in ops] + [rec("step_ms", steps(10.0)), rec("op_self_ms[aten::x]", steps(1.0),
+                                                                              nodeid="other.py::test")]
+    cmp = compare_pairs([pair(head, head), pair(head, head)], budgets=budgets())
+    conf = {(r.nodeid, r.metric): ABInfo.from_extra(r.extra).confidence for r in cmp.records}  # type: ignore[union-attr]
+    assert all(conf[(NODE, m)] == pytest.approx(1 - 0.05 / 4) for m in ops)
+    assert conf[(NODE, "step_ms")] == 0.95 and conf[("other.py::test", "op_self_ms[aten::x]")] == 0.95
 
 
 def test_rates_fail_when_the_head_is_slower() -> None:
@@ -133,6 +199,15 @@ def test_a_base_that_could_not_run_is_named_with_its_problem() -> None:
     assert unbudgeted.outcome == "unbudgeted"
 
 
+def test_a_required_base_that_could_not_run_makes_timing_checks_errors() -> None:
+    pairs = [pair([rec("step_ms", steps(10.5)), rec("flops", value=1000.0, reason="within budget")], None,
+                  "pytest exited 1; no records")]
+    step, flops = compare_pairs(pairs, budgets=budgets(), require_base=True, final=True).records
+    assert step.outcome == "error" and "--allow-missing-base" in step.reason
+    assert "the base could not run under this instrument (pytest exited 1; no records)" in step.reason
+    assert flops.outcome == "pass" and "not compared with the base" in flops.reason
+
+
 def test_a_base_error_is_not_compared_and_says_why() -> None:
     r = one([pair([rec("step_ms", steps(10.5))], [rec("step_ms", outcome="error", reason="ImportError: x")])])
     assert "not compared with the base: base error: ImportError: x" in r.reason
@@ -144,7 +219,9 @@ def test_pairs_without_a_base_value_are_skipped_and_counted() -> None:
              pair([rec("step_ms", steps(10.0))], [rec("step_ms", steps(10.0))])]
     r = one(pairs)
     assert r.outcome == "pass" and r.base is not None and r.base.pairs == 2
-    assert "1 pair(s) not used (base error: boom)" in r.reason
+    assert "not compared in pair 2 (base error: boom)" in r.reason
+    numbered = [PairRecords(head=p.head, base=p.base, index=k) for p, k in zip(pairs, (1, 3, 4), strict=True)]
+    assert "not compared in pair 3 (base error: boom)" in one(numbered).reason
 
 
 def test_exact_checks_keep_the_heads_verdict_and_show_the_change() -> None:
@@ -200,9 +277,28 @@ def test_samples_a_sides_preflight_did_not_judge_are_still_compared() -> None:
 
 
 def test_ab_info_round_trips_through_extra_and_refuses_a_bad_shape() -> None:
-    info = ABInfo(compared=True, tolerance=0.05, tolerance_from="default for timing", sd=0.02)
+    info = ABInfo(compared=True, tolerance=0.05, tolerance_from="default for timing", sd=0.02, mde=0.08,
+                  confidence=0.975)
     assert ABInfo.from_extra(info.to_extra()) == info and ABInfo.from_extra({}) is None
     with pytest.raises(ExtraError, match=r"extra\['ab'\]: expected"):
         ABInfo.from_extra({"ab": {"compared": "yes"}})
     with pytest.raises(ExtraError, match="expected numbers or null"):
         ABInfo.from_extra({"ab": {"compared": True, "tolerance": "5%"}})
+
+
+def test_a_numeric_change_from_the_base_is_shown_and_judged_against_its_tolerance() -> None:
+    def drift(head: float, base: float) -> Record:
+        h = Record(nodeid=NODE, key="enc", metric="loss_drift", outcome="pass", value=head, n=1, device=DEV,
+                   kind="exact", reason="within budget")
+        b = Record(nodeid=NODE, key="enc", metric="loss_drift", outcome="pass", value=base, n=1, device=DEV,
+                   kind="exact")
+        return one([pair([h], [b])])
+
+    # A kernel-path change (+0.2 %) is shown, not a failure: the stated bound is 25 %.
+    small = drift(0.01002, 0.01)
+    assert small.outcome == "pass" and "base 0.01 -> head 0.01002 (+0.2 %) (tolerance 25%)" in small.reason
+    # Losing precision (x2) fails against the base even where the budget still holds.
+    lost = drift(0.02, 0.01)
+    assert lost.outcome == "fail" and "worse than the base beyond its tolerance" in lost.reason
+    info = ABInfo.from_extra(lost.extra)
+    assert info is not None and info.tolerance == 0.25

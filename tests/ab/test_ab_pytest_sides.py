@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from perfbudget.ab.compare import ABInfo
 from perfbudget.ab.run import ABConfig, run_ab
+from perfbudget.results import load_results
 
 LIB = """\
 FACTOR = {factor}
@@ -58,3 +60,120 @@ def test_a_planted_slowdown_in_the_library_fails_through_real_pytest_sides(make_
     for pair in result.pairs:
         assert pair.turns.grants("base") >= 3 and pair.turns.grants("head") >= 3, pair.turns.as_dict()
         assert pair.sides["base"].returncode == 0 and pair.sides["head"].returncode == 0
+
+
+# A planted per-process offset far above the tolerance: the head runs 50 % slower in odd pairs
+# and the base in even ones, so the pairs' ratios disagree by far more than the noise of a
+# loaded machine and their CI cannot close at --max-pairs 3.
+STEPS_LIB = """\
+import os
+import re
+import sys
+
+
+def _pair():
+    args = sys.argv
+    path = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--perf-json"), "")
+    found = re.search(r"pair-([0-9]+)", path)
+    return int(found.group(1)) if found else 0
+
+
+SLOW = 1.5 if (os.environ.get("PERFBUDGET_TURNS_SIDE") == "head") == (_pair() % 2 == 1) else 1.0
+
+
+def spin(n):
+    x = 0
+    for i in range(n):
+        x += i
+    return x
+
+
+def noisy():
+    return spin(int(3000 * SLOW))
+
+
+def quiet():
+    return spin(3000)
+"""
+
+# Written in this order: the head's order is the file's, not the alphabet's.
+STEPS_TEST = """\
+import pytest
+
+import mylib
+
+
+@pytest.mark.budget("noisy-step")
+@pytest.mark.parametrize("batch", ["big batch"])
+def test_noisy(perf, batch):
+    perf.time("step_ms", mylib.noisy, warmup_ms=10, min_samples=20, max_ms=150)
+
+
+@pytest.mark.budget("counts")
+def test_exact_only(perf):
+    perf.record("flops", 1000.0)
+
+
+@pytest.mark.budget("quiet-step")
+def test_quiet(perf):
+    perf.time("step_ms", mylib.quiet, warmup_ms=10, min_samples=20, max_ms=150)
+
+
+@pytest.mark.budget("noisy-step")
+def test_also_noisy(perf):
+    perf.time("step_ms", mylib.noisy, warmup_ms=10, min_samples=20, max_ms=150)
+"""
+
+STEPS_BUDGETS = """\
+schema: 1
+device:
+  type: cpu
+budgets:
+  noisy-step:
+    step_ms:
+      value: 1.0
+      tolerance: 0.3
+      ab_tolerance: 0.05
+  quiet-step:
+    step_ms:
+      value: 1.0
+      tolerance: 0.3
+      ab_tolerance: 0.5
+  counts:
+    flops:
+      value: 1000
+      tolerance: 0.0
+"""
+
+
+def test_later_pairs_rerun_only_undecided_tests_and_an_unresolvable_check_is_inconclusive(
+        make_repo: Callable[..., Path]) -> None:
+    files = {"src/mylib/__init__.py": STEPS_LIB, "perf/test_steps.py": STEPS_TEST, "budgets/cpu.yaml": STEPS_BUDGETS}
+    repo = make_repo(files, {"src/mylib/__init__.py": STEPS_LIB + "\n# the head's change\n"})
+    result = run_ab(ABConfig(root=repo, base="HEAD", min_pairs=2, max_pairs=3, burst_ms=30,
+                             pytest_args=("perf", "-q", "-p", "no:randomly")), say=lambda line: None)
+    logs = "\n".join(result.problems)
+    node = "perf/test_steps.py::"
+    noisy_id, exact_id, quiet_id, also_id = (node + t for t in ("test_noisy[big batch]", "test_exact_only",
+                                                                "test_quiet", "test_also_noisy"))
+    by_node = {r.nodeid: r for r in result.results.records}
+    for nodeid in (noisy_id, also_id):
+        noisy = by_node[nodeid]
+        assert noisy.outcome == "inconclusive" and noisy.base is not None and noisy.base.pairs == 3, (noisy.reason, logs)
+        info = ABInfo.from_extra(noisy.extra)
+        assert info is not None and info.mde is not None and info.mde > 0
+        assert f"this run could resolve changes beyond +{info.mde * 100:.3g} %" in noisy.reason
+    quiet, exact = by_node[quiet_id], by_node[exact_id]
+    assert quiet.outcome == "pass" and quiet.base is not None and quiet.base.pairs == 2, (quiet.reason, logs)
+    assert exact.outcome == "pass" and "vs base: same as the base (1000)" in exact.reason
+    assert result.exit_code == 0 and result.stopped == "max pairs" and result.comparison.inconclusive
+    # Pair 1 ran the user's selection; pair 2 every test with a statistical check (none has
+    # min_pairs yet); pair 3 only the tests still undecided. The same nodeids on both sides,
+    # in the head's order, brackets and spaces included.
+    runs = result.results.meta["ab"]["runs"]
+    assert [r["tests"] for r in runs] == [None, [noisy_id, quiet_id, also_id], [noisy_id, also_id]], logs
+    assert [r["ran"] for r in runs] == [[noisy_id, exact_id, quiet_id, also_id], [noisy_id, quiet_id, also_id],
+                                        [noisy_id, also_id]]
+    base_ran = [list(dict.fromkeys(r.nodeid for r in load_results(p.sides["base"].results).records))
+                for p in result.pairs]
+    assert base_ran == [r["ran"] for r in runs]

@@ -12,10 +12,13 @@ from pathlib import Path
 import pytest
 from ab_support import HERE
 
-from perfbudget.ab.cli import build_parser, main, register
+from perfbudget.ab import pairs as pairs_module
+from perfbudget.ab.cli import build_parser, main, register, summary
 from perfbudget.ab.compare import ABInfo
-from perfbudget.ab.pairs import SideSetup, parse_cpus
+from perfbudget.ab.coordinator import Coordinator
+from perfbudget.ab.pairs import PairRun, SideSetup, parse_cpus
 from perfbudget.ab.run import ABConfig, ABRun, UsageError, run_ab
+from perfbudget.ab.verdict import pair_ratio
 from perfbudget.cli import main as report_main
 from perfbudget.results import load_results
 
@@ -65,7 +68,7 @@ def run(repo: Path, **kw: object) -> ABRun:
     return run_ab(config, command=fake_command, say=lambda line: None)
 
 
-def side_log(path: Path) -> dict[str, list]:  # type: ignore[type-arg]
+def side_log(path: Path) -> dict[str, list]:
     return json.loads(Path(str(path) + ".bursts.json").read_text())
 
 
@@ -124,12 +127,27 @@ def test_a_planted_slowdown_fails_and_exact_changes_are_shown(make_repo: Callabl
         assert "head/base" in out.read_text() or ".ratio" in out.read_text(), fmt
 
 
-def test_a_base_that_cannot_run_is_reported_and_judged_on_budgets(make_repo: Callable[..., Path]) -> None:
-    no_step_budget = BUDGETS.replace("    step_ms:\n      value: 1.0\n      tolerance: 0.3\n      ab_tolerance: 0.2\n", "")
-    repo = make_repo({"src/fakelib/__init__.py": "raise ImportError('the base predates fakelib')\n",
-                      "budgets/cpu.yaml": no_step_budget},
+NO_STEP_BUDGET = BUDGETS.replace("    step_ms:\n      value: 1.0\n      tolerance: 0.3\n      ab_tolerance: 0.2\n", "")
+BASE_CANNOT_RUN = "raise ImportError('the base predates fakelib')\n"
+
+
+def test_a_base_that_cannot_run_is_an_error_naming_why_and_the_flag(make_repo: Callable[..., Path]) -> None:
+    repo = make_repo({"src/fakelib/__init__.py": BASE_CANNOT_RUN, "budgets/cpu.yaml": NO_STEP_BUDGET},
                      {"src/fakelib/__init__.py": lib()})
     result = run(repo)
+    assert result.exit_code == 1 and result.stopped == "base unavailable" and len(result.pairs) == 1
+    (message,) = [p for p in result.problems if p.startswith("the base ")]
+    assert "could not run under this instrument (pytest exited 1;" in message and "--allow-missing-base" in message
+    step, flops = result.results.records
+    assert step.outcome == "error" and step.base is None and "--allow-missing-base" in step.reason
+    assert flops.outcome == "pass" and "not compared with the base" in flops.reason  # exact: the head's budgets
+    assert result.results.meta["ab"]["allow_missing_base"] is False
+
+
+def test_a_base_that_cannot_run_is_judged_on_budgets_with_allow_missing_base(make_repo: Callable[..., Path]) -> None:
+    repo = make_repo({"src/fakelib/__init__.py": BASE_CANNOT_RUN, "budgets/cpu.yaml": NO_STEP_BUDGET},
+                     {"src/fakelib/__init__.py": lib()})
+    result = run(repo, allow_missing_base=True)
     assert result.stopped == "base unavailable" and len(result.pairs) == 1
     step, flops = result.results.records
     assert step.outcome == "unbudgeted" and step.base is None
@@ -179,9 +197,106 @@ def test_the_command_line_takes_pytest_args_after_a_double_dash() -> None:
     args = build_parser().parse_args(["--base", "origin/main", "--merge-base", "--max-pairs", "8", "--",
                                       "perf_tests", "-k", "encoder", "--perf-strict"])
     assert args.base == "origin/main" and args.merge_base and args.max_pairs == 8 and args.min_pairs == 2
+    assert not args.perf_strict and not args.allow_missing_base
+    flags = build_parser().parse_args(["--base", "main", "--perf-strict", "--allow-missing-base"])
+    assert flags.perf_strict and flags.allow_missing_base
     assert [a for a in args.pytest_args if a != "--"] == ["perf_tests", "-k", "encoder", "--perf-strict"]
     # The same options as a subcommand of the `perfbudget` command.
     top = argparse.ArgumentParser(prog="perfbudget")
     register(top.add_subparsers(dest="command", required=True))
     sub = top.parse_args(["ab", "--base", "abc123", "--", "perf_tests"])
     assert sub.command == "ab" and sub.base == "abc123" and callable(sub.func)
+
+
+def dying_coordinator(monkeypatch: pytest.MonkeyPatch, *, pairs: int) -> None:
+    """The first ``pairs`` pairs' coordinators drop every connection after three grants, as one that died."""
+    died: list[int] = []
+
+    class Dying(Coordinator):
+        dead = False
+
+        def _schedule(self) -> None:
+            super()._schedule()
+            if not self.dead and len(self._turns) >= 3 and len(died) < pairs:
+                self.dead = True
+                died.append(1)
+                for conn in list(self._conns.values()):
+                    self._unregister(conn)  # both clients now find the coordinator gone
+
+    monkeypatch.setattr(pairs_module, "Coordinator", Dying)
+
+
+def test_a_pair_that_lost_turn_taking_is_invalid_and_re_run_once(
+        make_repo: Callable[..., Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = make_repo({"src/fakelib/__init__.py": lib(), "budgets/cpu.yaml": BUDGETS})
+    dying_coordinator(monkeypatch, pairs=1)
+    lines: list[str] = []
+    result = run_ab(ABConfig(root=repo, base="HEAD", min_pairs=2, max_pairs=4, burst_ms=15),
+                    command=fake_command, say=lines.append)
+    first, again, third = result.pairs[:3]
+    assert "turn-taking was lost" in first.invalid and "coordinator" in first.invalid, first.invalid
+    assert result.invalid == (1,) and not again.invalid and not third.invalid
+    assert again.replaces == 1 and again.first == first.first == "base" and third.first == "head"
+    assert any(p.startswith("pair 1: invalid, its records are not used: turn-taking was lost") for p in result.problems)
+    assert any("pair 1 is invalid" in line and "re-running it once" in line for line in lines)
+    assert any("re-running invalid pair 1" in line for line in lines)
+    step = next(r for r in result.results.records if r.metric == "step_ms")
+    assert step.base is not None and step.base.pairs == len(result.pairs) - 1 >= 2
+    # The verdict holds exactly the valid pairs' samples and ratios; the invalid pair's are not in it.
+    def samples(p: PairRun, side: str) -> tuple[float, ...]:
+        return load_results(p.sides[side].results).records[0].samples
+
+    valid = result.pairs[1:]
+    assert step.samples == tuple(x for p in valid for x in samples(p, "head"))
+    assert step.base.samples == tuple(x for p in valid for x in samples(p, "base"))
+    assert step.base.pair_ratios == pytest.approx([pair_ratio(samples(p, "head"), samples(p, "base")) for p in valid])
+    meta = result.results.meta["ab"]
+    assert meta["invalid_pairs"] == [1] and meta["runs"][0]["invalid"] == first.invalid
+    assert meta["runs"][1]["replaces"] == 1 and meta["valid_pairs"] == len(result.pairs) - 1
+    assert result.exit_code == 0
+
+
+def test_an_invalid_re_run_is_dropped_and_no_valid_pair_fails(
+        make_repo: Callable[..., Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = make_repo({"src/fakelib/__init__.py": lib(), "budgets/cpu.yaml": BUDGETS})
+    dying_coordinator(monkeypatch, pairs=2)
+    result = run(repo, max_pairs=2)
+    assert result.invalid == (1, 2) and result.pairs[1].replaces == 1
+    assert "pair 1: dropped: its re-run (pair 2) was invalid too" in result.problems
+    assert any(p.startswith("no valid pair") for p in result.problems)
+    assert result.results.records == [] and result.exit_code == 1
+
+
+# The head is 50 % slower in pair 2 only: two pairs that disagree, against a tolerance of 0.
+UNRESOLVABLE_LIB = """\
+import os
+import re
+import sys
+
+_pair = re.search(r"pair-([0-9]+)", sys.argv[1] if len(sys.argv) > 1 else "")
+FACTOR = 1.5 if os.environ.get("PERFBUDGET_TURNS_SIDE") == "head" and _pair and _pair.group(1) == "2" else 1.0
+FLOPS = 1000
+EXTRA = False
+
+
+def step():
+    x = 0
+    for i in range(int(6000 * FACTOR)):
+        x += i
+    return x
+"""
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_an_unresolvable_check_is_inconclusive_and_fails_only_under_strict(
+        make_repo: Callable[..., Path], strict: bool) -> None:
+    repo = make_repo({"src/fakelib/__init__.py": UNRESOLVABLE_LIB,
+                      "budgets/cpu.yaml": BUDGETS.replace("ab_tolerance: 0.2", "ab_tolerance: 0.0")})
+    result = run(repo, min_pairs=1, max_pairs=2, strict=strict)
+    step = next(r for r in result.results.records if r.metric == "step_ms")
+    assert step.outcome == "inconclusive" and step.base is not None and step.base.pairs == 2, step.reason
+    assert "inconclusive, not decided on the estimate" in step.reason and "could resolve changes beyond +" in step.reason
+    assert result.comparison.inconclusive == ((step.nodeid, step.key, step.metric),)
+    assert result.results.meta["ab"]["inconclusive"] == [[step.nodeid, step.key, step.metric]]
+    assert result.exit_code == (1 if strict else 0)
+    assert "INCONCLUSIVE tests/test_fake.py::test_step fake-step.step_ms" in summary(result)

@@ -66,13 +66,15 @@ def test_the_coordinator_alternates_and_the_sides_never_run_at_once(sock: Path, 
 def test_a_side_that_dies_holding_the_machine_leaves_and_the_other_runs_alone(sock: Path, tmp_path: Path) -> None:
     with Coordinator(sock, first="base") as coordinator:
         dying = _start(sock, "base", "die-holding", tmp_path / "base.json")
-        other = _start(sock, "head", "bursts", tmp_path / "head.json", 5, **{turns.ENV_BURST_MS: "5"})
+        other = _start(sock, "head", "bursts", tmp_path / "head.json", 5,
+                       **{turns.ENV_BURST_MS: "5", turns.ENV_REPORT: str(tmp_path / "head.turns")})
         dying.wait(timeout=60)
         assert dying.returncode == 3
         _finish(other)
         log = coordinator.log()
     head = json.loads((tmp_path / "head.json").read_text())
     assert len(head["intervals"]) == 5 and head["warnings"] == []  # SOLO is the normal end, no warning
+    assert not (tmp_path / "head.turns").exists() and log.problems == ()  # and nothing reported
     assert log.left[0] == "base" and log.solo_s.get("head", 0) > 0
 
 
@@ -95,12 +97,17 @@ def test_coordinator_gone_means_a_warning_and_no_hang(sock: Path, tmp_path: Path
     assert len(got["intervals"]) == 2 and "cannot reach the coordinator" in got["warnings"][0]
     # The coordinator closes while the client waits for a side that never comes.
     coordinator = Coordinator(sock, first="base").start()
-    waiting = _start(sock, "base", "wait", tmp_path / "gone.json")
+    report = tmp_path / "base.turns"
+    waiting = _start(sock, "base", "wait", tmp_path / "gone.json", 0, **{turns.ENV_REPORT: str(report)})
     _until_joined(coordinator, "base")
     assert waiting.poll() is None
     coordinator.close()
     _finish(waiting)
     assert "closed the connection" in json.loads((tmp_path / "gone.json").read_text())["warnings"][0]
+    # ... and says so to the A/B driver: one line per loss, "<pid> <problem>".
+    (line,) = report.read_text().splitlines()
+    pid, _, problem = line.partition(" ")
+    assert pid == str(waiting.pid) and problem == "the coordinator closed the connection"
 
 
 def test_a_second_process_for_one_side_is_refused(sock: Path, tmp_path: Path) -> None:
@@ -111,7 +118,12 @@ def test_a_second_process_for_one_side_is_refused(sock: Path, tmp_path: Path) ->
         _finish(second)
         coordinator.side_exited("head")
         _finish(first)
+        log = coordinator.log()
     assert "has joined already" in json.loads((tmp_path / "b.json").read_text())["warnings"][0]
+    # The coordinator keeps the refusal too: the pair lost turn-taking for that process.
+    (problem,) = log.problems
+    assert problem.startswith("refused a process: side 'base' has joined already")
+    assert log.as_dict()["problems"] == [problem]
 
 
 def test_outside_an_ab_run_everything_is_a_no_op(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,6 +12,7 @@ from perfbudget.ab.verdict import (
     ABPolicy,
     RatioVerdict,
     describe_change,
+    detectable_effect,
     judge_ratios,
     pair_ratio,
     t_quantile,
@@ -48,7 +49,7 @@ def judge(rs: list[float], *, tol: float = 0.05, direction: Direction = "lower",
 def test_lockstep_aa_of_the_encoder_passes() -> None:
     # The five lockstep A/A pairs measured for the encoder step (gate-measurements §3).
     v = judge([0.994, 0.998, 1.003, 1.031, 0.987])
-    assert v.state == "pass" and not v.by_estimate and not v.improved
+    assert v.state == "pass" and not v.improved
     assert v.ratio == pytest.approx(1.00249, abs=1e-5) and v.df == 7.0
     assert v.ci == pytest.approx((0.98079, 1.02466), abs=1e-5) and v.sd == pytest.approx(0.02069, abs=1e-5)
     assert "within the tolerance +5 %" in v.reason and "5 pairs" in v.reason
@@ -72,13 +73,48 @@ def test_two_clean_pairs_suffice_for_an_aa_but_one_does_not() -> None:
         judge_ratios([1.02], tolerance=0.05, direction="lower", prior_sd=0.025, prior_df=0)
 
 
-def test_straddling_at_the_last_pair_is_decided_on_the_estimate() -> None:
+def test_straddling_at_the_last_pair_is_inconclusive_whatever_the_estimate() -> None:
     # The +5 % plant as measured (1.015, 1.037, 1.061): mean +3.7 % against a 5 % tolerance.
     assert judge([1.015, 1.037, 1.061]).state == "undecided"
-    last = judge([1.015, 1.037, 1.061], final=True)
-    assert last.state == "pass" and last.by_estimate and "the estimate is within it" in last.reason
-    beyond = judge([1.03, 1.09, 1.05], final=True)
-    assert beyond.state == "fail" and beyond.by_estimate and "the estimate is beyond it" in beyond.reason
+    within = judge([1.015, 1.037, 1.061], final=True)
+    beyond = judge([1.03, 1.09, 1.05], final=True)  # the estimate is beyond the tolerance: still no guess
+    for last in (within, beyond):
+        assert last.state == "inconclusive" and "inconclusive, not decided on the estimate" in last.reason
+        assert f"this run could resolve changes beyond +{last.mde * 100:.3g} %" in last.reason
+    # s_p = 0.023907 on 5 df: h = 2.5706 * 0.023907 / sqrt(3) = 0.035482.
+    assert within.sd == pytest.approx(0.023907, abs=1e-6)
+    assert within.mde == pytest.approx(1.05 * math.exp(0.035482) - 1, abs=1e-5)
+    assert within.mde == pytest.approx(0.08792, abs=1e-5)
+
+
+def test_every_verdict_carries_its_minimum_detectable_effect() -> None:
+    # Two clean pairs: s_p^2 = 3 * 0.025^2 / 4, t(0.975, 4) = 2.7764: h = 2.7764 * 0.021651 / sqrt(2).
+    v = judge([1.0, 1.0])
+    h = 2.7764451 * math.sqrt(3 * 0.025**2 / 4) / math.sqrt(2)
+    assert v.state == "pass" and v.mde == pytest.approx(1.05 * math.exp(h) - 1, rel=1e-6)
+    assert v.mde == pytest.approx(0.09559, abs=1e-5) and "could resolve changes beyond +9.56 %" in v.reason
+    # The mde is the boundary: a ratio just past it fails, just under it does not.
+    assert judge([1.0 + v.mde + 1e-6] * 2).state == "fail"
+    assert judge([1.0 + v.mde - 1e-4] * 2).state == "undecided"
+    # Rates: the smallest drop that fails; mirrored.
+    r = judge([1.0, 1.0], direction="higher")
+    assert r.mde == pytest.approx(1 - 0.95 * math.exp(-h), rel=1e-6) and "beyond -" in r.reason
+    assert judge([1.0 - r.mde - 1e-6] * 2, direction="higher").state == "fail"
+    assert judge([1.0 - r.mde + 1e-4] * 2, direction="higher").state == "undecided"
+    assert detectable_effect(0.0, tolerance=0.05, direction="lower") == pytest.approx(0.05)
+
+
+def test_a_per_operator_family_widens_the_confidence() -> None:
+    policy = ABPolicy()
+    assert policy.confidence_for(0) == policy.confidence_for(1) == 0.95
+    assert policy.confidence_for(2) == 0.975 and policy.confidence_for(10) == pytest.approx(0.995)
+    assert ABPolicy(confidence=0.999).confidence_for(10) == 0.999
+    wide = judge_ratios([1.02, 1.03], tolerance=0.05, direction="lower", prior_sd=0.025, confidence=0.995)
+    narrow = judge_ratios([1.02, 1.03], tolerance=0.05, direction="lower", prior_sd=0.025)
+    assert wide.ci[1] > narrow.ci[1] and wide.mde > narrow.mde and wide.confidence == 0.995
+    assert "99.5 % CI" in wide.reason and "95 % CI" in narrow.reason
+    with pytest.raises(ValueError, match="family_alpha must be in"):
+        ABPolicy(family_alpha=0.0)
 
 
 def test_observed_spread_widens_the_interval_of_a_noisy_check() -> None:

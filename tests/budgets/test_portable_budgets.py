@@ -52,13 +52,13 @@ def folders(tmp_path: Path) -> tuple[Path, Path]:
     (budgets / "cpu.yaml").write_text(_file("{type: cpu}", XEON, {
         "enc": {"flops": "value: 100", "ratio[shrink]": "value: 0.5"}}))
     (budgets / "cpu-xeon.yaml").write_text(_file("{type: cpu, model: Xeon, threads: 1}", XEON, {
-        "enc": {"step_ms": "value: 30.0, tolerance: 0.1", "loss_drift": "value: 0.0157392",
+        "enc": {"step_ms": "value: 30.0, tolerance: 0.1", '"ratio[drift]"': "value: 0.0157392",
                 '"peak_allocated_mib[forward]"': "value: 8.543, tolerance: 0.02",
-                '"max_abs_error[fp32]"': "value: 1.43e-06"},
-        "only-here": {"loss_drift": "value: 0.5"}}))
+                '"ratio[error]"': "value: 1.43e-06", "loss_drift": "value: 0.0157392"},
+        "only-here": {'"ratio[drift]"': "value: 0.5"}}))
     (amd / "cpu-amd-epyc.yaml").write_text(_file("{type: cpu, model: AMD EPYC, threads: 1}", EPYC, {
-        "enc": {"step_ms": "value: 20.0", "loss_drift": "value: 0.0166723",
-                '"peak_allocated_mib[forward]"': "value: 8.543", '"max_abs_error[fp32]"': "value: 1.43e-06"}}))
+        "enc": {"step_ms": "value: 20.0", '"ratio[drift]"': "value: 0.0166723", "loss_drift": "value: 0.0166723",
+                '"peak_allocated_mib[forward]"': "value: 8.543", '"ratio[error]"': "value: 1.43e-06"}}))
     (amd / "cpu.yaml").write_text(_file("{type: cpu}", EPYC, {"enc": {"ratio[shrink]": "value: 0.5075"}}))
     return budgets, amd
 
@@ -66,13 +66,14 @@ def folders(tmp_path: Path) -> tuple[Path, Path]:
 @pytest.mark.parametrize(
     ("metric", "values", "tolerance"),
     [
-        ("loss_drift", [0.0157392, 0.0166723], 0.12),  # spread 5.93 %, x2 = 11.9 % -> 12 %
-        ("loss_drift", [1.0, 1.015], 0.03),  # exactly 3 %: not rounded up to 4 %
+        ("ratio[x]", [0.0157392, 0.0166723], 0.12),  # spread 5.93 %, x2 = 11.9 % -> 12 %
+        ("ratio[x]", [1.0, 1.015], 0.03),  # exactly 3 %: not rounded up to 4 %
         ("peak_allocated_mib[forward]", [8.543, 8.543], 0.02),  # identical: the bytes default
-        ("max_abs_error[fp32]", [1.43e-06, 1.43e-06], 0.0),  # identical: the exact default
+        ("ratio[y]", [1.43e-06, 1.43e-06], 0.0),  # identical: the exact default
         ("ratio[x]", [0.0, 0.0], 0.0),
         ("ratio[x]", [0.0, 0.1], 1.0),  # unbounded spread: the widest tolerance
-        ("loss_drift", [0.0094, 0.0157], 1.0),  # 67 % x 2, capped at 1
+        ("ratio[x]", [0.0094, 0.0157], 1.0),  # 67 % x 2, capped at 1
+        ("loss_drift", [0.0157392, 0.0166723], 0.25),  # numerics: never below the stated bound
     ],
 )
 def test_tolerance_is_the_kind_default_or_twice_the_spread(metric: str, values: list[float], tolerance: float) -> None:
@@ -88,26 +89,28 @@ def test_moves_non_timing_entries_and_derives_tolerances(folders: tuple[Path, Pa
     budgets, amd = folders
     assert pb.main(["--budgets", str(budgets), "--measured", str(amd)]) == 0
     out = capsys.readouterr().out
-    assert "only-here.loss_drift: measured only on" in out
+    assert "only-here.ratio[drift]: measured only on" in out
     bs = load_dir(budgets)
     assert not bs.file_errors and not bs.entry_errors
     model = next(f for f in bs.files if f.path.name == "cpu-xeon.yaml")
     portable = next(f for f in bs.files if f.path.name == "cpu.yaml")
-    assert set(model.entries["enc"]) == {"step_ms"}  # timing stays with its model
-    assert set(model.entries["only-here"]) == {"loss_drift"}  # one machine kind: not moved
-    drift = portable.entries["enc"]["loss_drift"]
+    # Timing stays with its model; so do numerics that follow the kernel path (per ISA class).
+    assert set(model.entries["enc"]) == {"step_ms", "loss_drift"}
+    assert set(model.entries["only-here"]) == {"ratio[drift]"}  # one machine kind: not moved
+    assert "loss_drift" not in portable.entries["enc"]
+    drift = portable.entries["enc"]["ratio[drift]"]
     assert drift.value == 0.0157392 and drift.tolerance == 0.12  # value and provenance kept
     assert drift.provenance is not None and drift.provenance.device == XEON
     assert drift.note is not None and XEON in drift.note and EPYC in drift.note and "= 12%" in drift.note
     assert portable.entries["enc"]["peak_allocated_mib[forward]"].tolerance == 0.02
-    assert portable.entries["enc"]["max_abs_error[fp32]"].tolerance == 0.0
+    assert portable.entries["enc"]["ratio[error]"].tolerance == 0.0
     shrink = portable.entries["enc"]["ratio[shrink]"]  # already portable: tolerance from both machines
     assert shrink.tolerance == 0.03 and shrink.note is not None and "spread 1.5%" in shrink.note
     assert portable.entries["enc"]["flops"].note is None  # measured on one machine kind only: untouched
     # Both machines now judge the moved entries, and both of their values pass.
     for dev, value in (("Intel(R) Xeon(R) Processor", 0.0157392), ("AMD EPYC", 0.0166723)):
-        b = bs.resolve("enc", "loss_drift", DeviceInfo(type="cpu", model=dev, count=1, threads=1))
-        assert b is not None and decide("enc", "loss_drift", value, b).outcome == "pass"
+        b = bs.resolve("enc", "ratio[drift]", DeviceInfo(type="cpu", model=dev, count=1, threads=1))
+        assert b is not None and decide("enc", "ratio[drift]", value, b).outcome == "pass"
     # A second run finds nothing to do.
     before = {p.name: p.read_text() for p in budgets.iterdir()}
     assert pb.main(["--budgets", str(budgets), "--measured", str(amd)]) == 0
@@ -146,13 +149,14 @@ def test_an_interrupted_move_is_finished_by_a_rerun(folders: tuple[Path, Path]) 
     assert pb.main(["--budgets", str(budgets), "--measured", str(amd)]) == 0
     bs = load_dir(budgets)
     model = next(f for f in bs.files if f.path.name == "cpu-xeon.yaml")
-    assert set(model.entries["enc"]) == {"step_ms"}
+    assert set(model.entries["enc"]) == {"step_ms", "loss_drift"}
 
 
 # The repository's own budget files.
 
 REPO = load_dir(ROOT / "budgets")
-NEW_CPU = DeviceInfo(type="cpu", model="A CPU model with no file of its own", count=4, threads=1, torch="2.13.0+cpu")
+NEW_CPU = DeviceInfo(type="cpu", model="A CPU model with no file of its own", count=4, threads=1, torch="2.13.0+cpu",
+                     isa_class="avx2")
 
 
 def test_repository_budget_files_load_cleanly() -> None:
@@ -173,6 +177,16 @@ def test_a_cpu_without_a_file_of_its_own_judges_memory_numerics_and_counts() -> 
         ("encoder-train", "loss_drift"), ("encoder-train", "flops"),
     ]:
         assert REPO.resolve(key, metric, NEW_CPU) is not None, f"{key}.{metric}"
+
+
+def test_numerics_that_follow_the_kernel_path_apply_only_to_their_isa_class() -> None:
+    amx = DeviceInfo(type="cpu", model="Intel(R) Xeon(R) Processor", count=2, threads=1, isa_class="amx")
+    assert REPO.resolve("encoder-train", "loss_drift", amx) is None  # unbudgeted there, never wrong
+    assert REPO.resolve("encoder-train", "flops", amx) is not None  # counts hold on every path
+    for f in REPO.files:
+        if f.selector is not None and f.selector.as_dict() == {"type": "cpu"}:
+            per_isa = [f"{k}.{m}" for k, ms in f.entries.items() for m in ms if parse_name(m).metric.per_isa]
+            assert per_isa == [], f"{f.path.name}: kernel-path numerics cannot be portable: {per_isa}"
 
 
 def test_portable_floats_name_where_their_tolerance_comes_from() -> None:

@@ -3,17 +3,27 @@
 ``perfbudget ab --base REF [-- pytest args]`` (``ab.cli``) checks the base out as a git
 worktree (``ab.trees``), runs the base and the head as two pytest processes that take
 turns through a coordinator (``ab.coordinator``, ``ab.pairs``; the client is
-``perfbudget.measure.turns``), in process pairs until every timing check is decided
-(``ab.run``), and merges the pairs into one record per check (``ab.compare``) with the
-verdict on head/base (``ab.verdict``). Never imports pytest: the sides are subprocesses.
+``perfbudget.measure.turns``), in process pairs until every timing check is decided or
+inconclusive, later pairs re-running only the undecided tests and pairs that lost
+turn-taking not used (``ab.run``), and merges the pairs into one record per check
+(``ab.compare``) with the verdict on head/base (``ab.verdict``). Never imports pytest:
+the sides are subprocesses.
 """
 
 from .compare import AB_INFO, ABInfo, Comparison, PairRecords, compare_pairs
 from .coordinator import Coordinator, Turn, TurnLog
-from .pairs import PairRun, SideCommand, SideRun, SideSetup, pytest_command, run_pair
+from .pairs import PairRun, SideCommand, SideRun, SideSetup, pytest_command, run_pair, select_tests
 from .run import ABConfig, ABRun, UsageError, run_ab
 from .trees import BaseTree, GitError, build_shim, instrument_dir, prepare_base, side_env
-from .verdict import ABPolicy, RatioVerdict, describe_change, judge_ratios, pair_ratio, t_quantile
+from .verdict import (
+    ABPolicy,
+    RatioVerdict,
+    describe_change,
+    detectable_effect,
+    judge_ratios,
+    pair_ratio,
+    t_quantile,
+)
 
 __all__ = [
     "AB_INFO",
@@ -37,6 +47,7 @@ __all__ = [
     "build_shim",
     "compare_pairs",
     "describe_change",
+    "detectable_effect",
     "instrument_dir",
     "judge_ratios",
     "pair_ratio",
@@ -44,6 +55,7 @@ __all__ = [
     "pytest_command",
     "run_ab",
     "run_pair",
+    "select_tests",
     "side_env",
     "t_quantile",
 ]

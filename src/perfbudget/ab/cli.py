@@ -1,8 +1,10 @@
 """``perfbudget ab --base REF [-- pytest args]``: the lockstep A/B run from the command line.
 
-Exit codes: 0 every check passed; 1 a check failed or errored, or the head's pytest
-failed (as pytest itself would exit); 2 usage error (bad arguments, a base that is not a
-commit here, not inside a git checkout).
+Exit codes: 0 no check failed (inconclusive checks included); 1 a check failed or
+errored, an inconclusive check under ``--perf-strict``, the head's pytest failed (as
+pytest itself would exit), the base could not run (without ``--allow-missing-base``), or
+no pair kept turn-taking; 2 usage error (bad arguments, a base that is not a commit here,
+not inside a git checkout).
 """
 
 from __future__ import annotations
@@ -24,17 +26,21 @@ __all__ = ["add_arguments", "build_parser", "cmd_ab", "main", "register", "summa
 _DESCRIPTION = """\
 Measure the base commit and this working tree in one job, on one machine: two pytest
 processes run the same tests and take turns (short bursts, exactly one running at a
-time), in process pairs until every timing check is decided. Timing and rate checks are
-judged on head/base with a CI from the pairs; exact and bytes checks keep their budget
-verdict and show any change from the base.
+time), in process pairs until every timing check is decided; pairs after the first re-run
+only the tests still undecided. Timing and rate checks are judged on head/base with a CI
+from the pairs; one still straddling its tolerance after the last pair is inconclusive
+(with the smallest change the run could resolve), never decided on a guess. Exact and
+bytes checks keep their budget verdict and show any change from the base. A pair that
+lost turn-taking is not used (and re-run once).
 
   perfbudget ab --base origin/main -- perf_tests
   perfbudget ab --base "$BASE_SHA" --merge-base -- perf_tests -k encoder
 """
 
 _EPILOG = """exit codes:
-  0  every check passed
-  1  a check failed or errored, or the head's pytest failed
+  0  no check failed (inconclusive checks are shown, not failures)
+  1  a check failed or errored; an inconclusive check under --perf-strict; the head's
+     pytest failed; the base could not run (without --allow-missing-base); no valid pair
   2  usage error: bad arguments, a base that is not a commit here, not a git checkout
 """
 
@@ -46,12 +52,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="measure `git merge-base HEAD REF` instead of REF (what a pull request changes)")
     p.add_argument("--min-pairs", type=int, default=2, metavar="N", help="process pairs run in any case (default 2)")
     p.add_argument("--max-pairs", type=int, default=6, metavar="N",
-                   help="most process pairs; checks still undecided are then decided on the estimate (default 6)")
+                   help="most process pairs; checks still straddling then are inconclusive (default 6)")
     p.add_argument("--max-minutes", type=float, default=40.0, metavar="MIN",
                    help="wall-clock bound: no pair starts that would likely end later (default 40)")
     p.add_argument("--cpus", default="auto", metavar="SPEC",
                    help="CPUs both sides are pinned to: auto (one CPU, the default), all (no pinning), or a "
                         "list such as 3 or 0,2-3")
+    p.add_argument("--perf-strict", action="store_true",
+                   help="an inconclusive check (its CI still straddles the tolerance after the last pair) fails "
+                        "the run (also when --perf-strict is among the pytest args)")
+    p.add_argument("--allow-missing-base", action="store_true",
+                   help="a base that cannot run is not an error: judge the head against the stored budgets")
     p.add_argument("--out", metavar="PATH", help="merged results JSON (default .perfbudget/ab/results.json)")
     p.add_argument("pytest_args", nargs="*", metavar="-- PYTEST_ARGS",
                    help="what both sides pass to pytest, after `--` (e.g. -- perf_tests -k encoder)")
@@ -90,7 +101,9 @@ def cmd_ab(args: argparse.Namespace, out: TextIO) -> int:
         root = repo_root(Path.cwd())
         config = ABConfig(root=root, base=args.base, merge_base=args.merge_base, min_pairs=args.min_pairs,
                           max_pairs=args.max_pairs, max_minutes=args.max_minutes, cpus=cpus,
-                          out=Path(args.out).resolve() if args.out else None, pytest_args=tuple(pytest_args))
+                          out=Path(args.out).resolve() if args.out else None, pytest_args=tuple(pytest_args),
+                          strict=args.perf_strict or "--perf-strict" in pytest_args,
+                          allow_missing_base=args.allow_missing_base)
     except (UsageError, GitError, ValueError) as exc:  # ValueError: a bad --cpus
         print(f"perfbudget ab: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -119,15 +132,18 @@ def summary(run: ABRun) -> str:
     ]
     timed = [r for r in recs if r.base is not None and r.base.ratio_ci is not None]
     if timed:
-        lines.append(f"  {'outcome':<8} {'head/base':>9} {'CI':>15} {'pairs':>5}  check")
+        lines.append(f"  {'outcome':<12} {'head/base':>9} {'CI':>15} {'pairs':>5}  check")
         for r in timed:
             b = r.base
             assert b is not None and b.ratio is not None and b.ratio_ci is not None
             ci = f"{b.ratio_ci[0]:.3f}-{b.ratio_ci[1]:.3f}"
-            lines.append(f"  {r.outcome:<8} {b.ratio:>9.3f} {ci:>15} {b.pairs:>5}  {_name(r)}")
+            lines.append(f"  {r.outcome:<12} {b.ratio:>9.3f} {ci:>15} {b.pairs:>5}  {_name(r)}")
     for r in recs:
-        if r.outcome in ("fail", "error"):
+        if r.outcome in ("fail", "error", "inconclusive"):
             lines.append(f"{r.outcome.upper()} {_name(r)}: {r.reason}")
+    if run.invalid:
+        lines.append(f"{len(run.invalid)} pair(s) not used: turn-taking was lost (pair "
+                     f"{', '.join(map(str, run.invalid))}; see the problems above)")
     not_compared = [(r, info) for r in recs if (info := ABInfo.from_extra(r.extra)) is not None and not info.compared]
     if not_compared:
         shown = "; ".join(f"{_name(r)} ({info.note})" for r, info in not_compared[:5])

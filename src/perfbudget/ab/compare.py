@@ -1,22 +1,28 @@
 """Merge the records of process pairs into one A/B record per check; decides, never measures.
 
-Statistical checks (timing, rate, energy) are judged on head/base (``ab.verdict``); exact
-and bytes checks keep the head's own verdict against the budgets and show any change
-from the base. A check the base cannot give (it failed to run, lacks the test, errored)
-is "not compared" and judged against the stored budgets alone.
+Statistical checks (timing, rate, energy) are judged on head/base (``ab.verdict``) over
+the pairs in which both sides recorded them; a pair where one side did not (a later pair
+that did not re-run the test, an operator that made one process's top-N list and not the
+other's) is "not compared in pair k", never a regression. One test's per-operator checks
+share one false-alarm budget (Bonferroni, as in stored mode). Exact and bytes checks keep
+the head's own verdict against the budgets (from the first pair that has them) and show
+any change from the base. A check the base cannot give in any pair (it failed to run,
+lacks the test, errored) is "not compared" and judged against the stored budgets alone;
+with ``require_base`` a statistical check of a base that could not run is an error.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..budgets.loader import BudgetSet
 from ..budgets.schema import Budget, BudgetError
 from ..budgets.verdict import Verdict, decide
 from ..extras import ExtraError
+from ..judge import OP_FAMILIES
 from ..measure import stats
 from ..metrics import Metric, UnknownMetricError, parse_name
 from ..results import BaseSide, BudgetRef, Record, Results
@@ -53,6 +59,8 @@ class PairRecords:
     """``None``: the base side wrote no usable results this pair."""
     base_problem: str = ""
     """Why ``base`` is missing (exit status and the end of its output)."""
+    index: int = 0
+    """The pair's number in the run, for messages (0: its position in the list, from 1)."""
 
 
 #: Key of :class:`ABInfo` in a record's ``extra``.
@@ -69,18 +77,22 @@ class ABInfo:
     """The relative tolerance applied to head/base (statistical checks)."""
     tolerance_from: str = ""
     """``budgets/cpu.yaml:12``, or ``default for timing`` when the check has no budget."""
-    by_estimate: bool = False
-    """Decided on the point estimate after the last pair (its CI straddled the tolerance)."""
     sd: float | None = None
     """Pooled per-pair sd of ln(head/base) behind the CI."""
+    mde: float | None = None
+    """Minimum detectable effect at the pairs it got: the smallest regression (a fraction,
+    0.08: 8 %) that this run would have decided ``fail`` (statistical checks)."""
+    confidence: float | None = None
+    """Two-sided coverage of the ratio's CI (above the policy's for a test's per-operator
+    checks, which share one false-alarm budget)."""
     note: str = ""
     """Why it was not compared (``the base lacks it``)."""
 
     def to_extra(self) -> dict[str, Any]:
-        """``{"ab": {"compared", "tolerance", "tolerance_from", "by_estimate", "sd", "note"}}``."""
+        """``{"ab": {"compared", "tolerance", "tolerance_from", "sd", "mde", "confidence", "note"}}``."""
         return {AB_INFO: {"compared": self.compared, "tolerance": self.tolerance,
-                          "tolerance_from": self.tolerance_from, "by_estimate": self.by_estimate,
-                          "sd": self.sd, "note": self.note}}
+                          "tolerance_from": self.tolerance_from, "sd": self.sd, "mde": self.mde,
+                          "confidence": self.confidence, "note": self.note}}
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any]) -> ABInfo | None:
@@ -94,13 +106,13 @@ class ABInfo:
             return None
         if not isinstance(value, Mapping) or not isinstance(value.get("compared"), bool):
             raise ExtraError(f"extra[{AB_INFO!r}]: expected {{'compared': bool, ...}}, got {value!r}")
-        numbers = {k: value.get(k) for k in ("tolerance", "sd")}
+        numbers = {k: value.get(k) for k in ("tolerance", "sd", "mde", "confidence")}
         bad = {k: v for k, v in numbers.items() if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)))}
         if bad:
             raise ExtraError(f"extra[{AB_INFO!r}]: expected numbers or null, got {bad!r}")
         return cls(compared=value["compared"], tolerance=numbers["tolerance"],
-                   tolerance_from=str(value.get("tolerance_from", "")), by_estimate=bool(value.get("by_estimate")),
-                   sd=numbers["sd"], note=str(value.get("note", "")))
+                   tolerance_from=str(value.get("tolerance_from", "")), sd=numbers["sd"], mde=numbers["mde"],
+                   confidence=numbers["confidence"], note=str(value.get("note", "")))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,7 +122,10 @@ class Comparison:
     records: list[Record]
     """One record per head check, in the head's order (provisional while ``undecided``)."""
     undecided: tuple[CheckId, ...] = ()
-    """Statistical checks whose CI still straddles the tolerance (only when not final)."""
+    """Statistical checks that want another pair: fewer than ``min_pairs`` pairs, or a CI that
+    still straddles the tolerance (only when not final)."""
+    inconclusive: tuple[CheckId, ...] = ()
+    """Statistical checks whose CI still straddles the tolerance after the last pair."""
     not_compared: tuple[CheckId, ...] = ()
     """Checks judged against the stored budgets alone."""
     base_only: tuple[CheckId, ...] = field(default=())
@@ -145,107 +160,180 @@ def compare_pairs(
     budgets: BudgetSet,
     policy: ABPolicy | None = None,
     final: bool = False,
+    min_pairs: int = 1,
+    require_base: bool = False,
 ) -> Comparison:
     """Merge the pairs' records into one record per head check.
 
     Args:
-        pairs: every pair run so far, in order.
+        pairs: every valid pair run so far, in order (a pair may hold only some tests).
         budgets: the head's budgets (tolerances; the verdicts of checks not compared).
         policy: A/B decision settings.
-        final: no more pairs will run: decide straddling checks on the point estimate.
+        final: no more pairs will run: a check whose CI still straddles is inconclusive.
+        min_pairs: a statistical check stays undecided until it has this many pairs
+            compared (while not final), whatever its CI.
+        require_base: when no pair has the base's results, a statistical check is an
+            error instead of being judged against the stored budgets.
     """
     policy = policy or ABPolicy()
-    heads = [_index(p.head) for p in pairs]
-    bases = [_index(p.base) for p in pairs]
+    numbered = [p if p.index else replace(p, index=i) for i, p in enumerate(pairs, 1)]
+    heads = [_index(p.head) for p in numbered]
+    bases = [_index(p.base) for p in numbered]
     order: dict[CheckId, None] = {}
     for h in heads:
         order.update(dict.fromkeys(h))
+    in_base = {c for b in bases for c in b}
+    family = _op_family_sizes(order)
+    context = _Context(budgets=budgets, policy=policy, final=final, min_pairs=min_pairs,
+                       base_ran=any(p.base is not None for p in numbered), require_base=require_base,
+                       base_problem=next((p.base_problem for p in numbered if p.base_problem), ""))
     records: list[Record] = []
     undecided: list[CheckId] = []
+    inconclusive: list[CheckId] = []
     not_compared: list[CheckId] = []
     for cid in order:
-        used = [(h[cid], b.get(cid)) for h, b in zip(heads, bases, strict=True) if cid in h]
-        rec, state = _merge_one(used, pairs, budgets=budgets, policy=policy, final=final)
+        used = [_Used(pair=p, head=h[cid], base=b.get(cid)) for p, h, b in zip(numbered, heads, bases, strict=True)
+                if cid in h]
+        confidence = policy.confidence_for(family.get(cid[0], 0)) if _family(cid[2]) in OP_FAMILIES \
+            else policy.confidence
+        rec, state = _merge_one(used, context, confidence=confidence, base_has_it=cid in in_base)
         records.append(rec)
         if state == "undecided":
             undecided.append(cid)
+        elif state == "inconclusive":
+            inconclusive.append(cid)
         elif state == "not compared":
             not_compared.append(cid)
     base_only = tuple(dict.fromkeys(c for b in bases for c in b if c not in order))
-    return Comparison(records=records, undecided=tuple(undecided), not_compared=tuple(not_compared),
-                      base_only=base_only)
+    return Comparison(records=records, undecided=tuple(undecided), inconclusive=tuple(inconclusive),
+                      not_compared=tuple(not_compared), base_only=base_only)
 
 
-def _merge_one(
-    used: list[tuple[Record, Record | None]],
-    pairs: Sequence[PairRecords],
-    *,
-    budgets: BudgetSet,
-    policy: ABPolicy,
-    final: bool,
-) -> tuple[Record, str]:
-    """One check's merged record and its state: pass/fail/undecided/not compared/kept."""
-    head0 = used[0][0]
+@dataclass(frozen=True, kw_only=True)
+class _Context:
+    """What every check's merge needs to know about the run."""
+
+    budgets: BudgetSet
+    policy: ABPolicy
+    final: bool
+    min_pairs: int
+    base_ran: bool
+    """Some pair has the base's results."""
+    require_base: bool
+    base_problem: str
+    """Why the base wrote no results (the first pair that says)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Used:
+    """One pair in which the head recorded the check."""
+
+    pair: PairRecords
+    head: Record
+    base: Record | None
+
+
+def _family(metric: str) -> str:
+    return metric.split("[", 1)[0]
+
+
+def _op_family_sizes(checks: Iterable[CheckId]) -> dict[str, int]:
+    """Per nodeid, how many statistical per-operator checks it recorded (in any pair)."""
+    sizes: dict[str, int] = {}
+    for nodeid, _, metric in checks:
+        if _family(metric) not in OP_FAMILIES:
+            continue
+        try:
+            statistical = parse_name(metric).metric.statistical
+        except UnknownMetricError:
+            continue
+        if statistical:
+            sizes[nodeid] = sizes.get(nodeid, 0) + 1
+    return sizes
+
+
+def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_it: bool) -> tuple[Record, str]:
+    """One check's merged record and its state: pass/fail/undecided/inconclusive/not compared/kept."""
+    head0 = used[0].head
     info = _metric(head0)
     if not _usable(head0) or info is None:
         return head0, "kept"
     budget: Budget | None = None
     if head0.device is not None:
-        errors = budgets.errors_for(head0.key, head0.device)
+        errors = ctx.budgets.errors_for(head0.key, head0.device)
         try:
-            budget = budgets.resolve(head0.key, head0.metric, head0.device)
+            budget = ctx.budgets.resolve(head0.key, head0.metric, head0.device)
         except BudgetError as exc:
             errors = [exc, *errors]
         if errors:
             return head0.with_(outcome="error", reason=f"budgets: {errors[0]}"), "kept"
     if not info.statistical:
-        return _merge_exact(head0, used, pairs), "kept"
+        return _merge_exact(head0, used, ctx, base_has_it=base_has_it), "kept"
     ratios: list[float] = []
     head_stats: list[float] = []
     base_stats: list[float] = []
     head_xs: list[float] = []
     base_xs: list[float] = []
-    problems: list[str] = []
-    for head, base in used:
+    problems: list[str] = []  # what was wrong with a side's record (the base's error, ...)
+    skipped: list[str] = []  # "pair 2 (the base did not record it there)"
+    for u in used:
+        head, base, k = u.head, u.base, u.pair.index
         if not _usable(head):
             problems.append(f"head {head.outcome}: {head.reason}" if head.reason else f"head {head.outcome}")
+            skipped.append(f"pair {k} ({problems[-1]})")
             continue
         hx = _samples(head)
-        if base is None or not _usable(base):
-            if base is not None:
-                problems.append(f"base {base.outcome}: {base.reason}" if base.reason else f"base {base.outcome}")
+        if base is None:
+            # The base ran and did not list it this pair: no evidence either way, not a regression.
+            skipped.append(f"pair {k} (the base did not record it there)" if u.pair.base is not None
+                           else f"pair {k} (the base wrote no results)")
+            continue
+        if not _usable(base):
+            problems.append(f"base {base.outcome}: {base.reason}" if base.reason else f"base {base.outcome}")
+            skipped.append(f"pair {k} ({problems[-1]})")
             continue
         bx = _samples(base)
         try:
             ratios.append(pair_ratio(hx, bx, quantile=info.quantile))
         except ValueError as exc:
             problems.append(str(exc))
+            skipped.append(f"pair {k} ({exc})")
             continue
         head_stats.append(stats.quantile(hx, info.quantile))
         base_stats.append(stats.quantile(bx, info.quantile))
         head_xs.extend(hx)
         base_xs.extend(bx)
     if not ratios:
-        why = _why_not(used, pairs, problems)
+        why = _why_not(ctx, problems, base_has_it=base_has_it)
+        if ctx.require_base and not ctx.base_ran:
+            ab = ABInfo(compared=False, note=why)
+            return head0.with_(
+                outcome="error",
+                reason=f"not compared with the base: {why}; a timing check is judged on head/base and the "
+                       "base gave none (pass --allow-missing-base to judge it against the stored budgets instead)",
+                extra={**head0.extra, **ab.to_extra()}), "not compared"
         if head0.outcome == "unmeasurable":  # not judged by the head's preflight: nothing to judge alone
             ab = ABInfo(compared=False, note=why)
             return head0.with_(reason=f"not compared with the base: {why}; {head0.reason}",
                                extra={**head0.extra, **ab.to_extra()}), "not compared"
         return _not_compared(head0, used, budget, why), "not compared"
-    if budget is not None and policy.tolerance_from_budgets and budget.ab_tolerance is not None:
+    if budget is not None and ctx.policy.tolerance_from_budgets and budget.ab_tolerance is not None:
         tolerance, source = budget.ab_tolerance, BudgetRef.of(budget).where
     else:
         tolerance, source = info.default_tolerance, f"default for {info.kind}"
-    rv = judge_ratios(ratios, tolerance=tolerance, direction=info.direction, prior_sd=policy.sd_for(info.kind),
-                      prior_df=policy.prior_df, confidence=policy.confidence, final=final)
+    rv = judge_ratios(ratios, tolerance=tolerance, direction=info.direction, prior_sd=ctx.policy.sd_for(info.kind),
+                      prior_df=ctx.policy.prior_df, confidence=confidence, final=ctx.final)
+    state: str = rv.state
+    if not ctx.final and rv.pairs < ctx.min_pairs:
+        state = "undecided"  # min_pairs holds per check: a first-pair verdict may still be a side's start-up luck
     base_value = stats.median(base_stats)
-    skipped = len(used) - len(ratios)
     reason = f"{rv.reason} [tolerance from {source}]"
     if skipped:
-        reason += f"; {skipped} pair(s) not used ({problems[0] if problems else 'the base lacks it'})"
-    ab = ABInfo(compared=True, tolerance=tolerance, tolerance_from=source, by_estimate=rv.by_estimate, sd=rv.sd)
+        reason += f"; not compared in {', '.join(skipped)}"
+    ab = ABInfo(compared=True, tolerance=tolerance, tolerance_from=source, sd=rv.sd, mde=rv.mde,
+                confidence=rv.confidence)
     rec = head0.with_(
-        outcome="fail" if rv.state == "fail" else "pass",
+        outcome={"fail": "fail", "inconclusive": "inconclusive"}.get(rv.state, "pass"),
         value=stats.median(head_stats), ci=None, ci_confidence=None,
         n=len(head_xs), cv=stats.cv(head_xs) if len(head_xs) > 1 else None,
         budget=None if budget is None else BudgetRef.of(budget),
@@ -254,27 +342,29 @@ def _merge_one(
         base=_base_side(rv, base_value, base_xs, ratios),
         extra={**head0.extra, **ab.to_extra()},
     )
-    return rec, rv.state
+    return rec, state
 
 
 def _base_side(rv: RatioVerdict, value: float, samples: list[float], ratios: list[float]) -> BaseSide:
     return BaseSide(value=value, samples=tuple(samples), ratio=rv.ratio, ratio_ci=rv.ci, pairs=rv.pairs,
-                    pair_ratios=tuple(ratios))
+                    pair_ratios=tuple(ratios), detectable=rv.mde)
 
 
-def _why_not(used: list[tuple[Record, Record | None]], pairs: Sequence[PairRecords], problems: list[str]) -> str:
+def _why_not(ctx: _Context, problems: list[str], *, base_has_it: bool) -> str:
     if problems:
         return problems[0]
-    if all(p.base is None for p in pairs):
-        first = next((p.base_problem for p in pairs if p.base_problem), "")
-        return f"the base could not run under this instrument ({first})" if first else \
+    if not ctx.base_ran:
+        return f"the base could not run under this instrument ({ctx.base_problem})" if ctx.base_problem else \
             "the base could not run under this instrument"
+    if base_has_it:
+        # e.g. an operator near the top-N cut, listed by one process and not by the other.
+        return "the head and the base never recorded it in the same pair"
     return "the base lacks it"
 
 
-def _not_compared(head0: Record, used: list[tuple[Record, Record | None]], budget: Budget | None, why: str) -> Record:
+def _not_compared(head0: Record, used: list[_Used], budget: Budget | None, why: str) -> Record:
     """Judge the head's samples (all pairs) against the stored budget alone."""
-    samples = [x for head, _ in used if _usable(head) for x in _samples(head)]
+    samples = [x for u in used if _usable(u.head) for x in _samples(u.head)]
     v = decide(head0.key, head0.metric, samples, budget)
     ab = ABInfo(compared=False, note=why)
     return _with_verdict(head0, v).with_(
@@ -291,16 +381,16 @@ def _with_verdict(rec: Record, v: Verdict) -> Record:
     )
 
 
-def _merge_exact(head0: Record, used: list[tuple[Record, Record | None]], pairs: Sequence[PairRecords]) -> Record:
-    """Keep the head's verdict against the budgets; say how the value differs from the base's."""
-    head_values = _distinct(h.value for h, _ in used)
-    base_values = _distinct(b.value for _, b in used if b is not None and _usable(b))
+def _merge_exact(head0: Record, used: list[_Used], ctx: _Context, *, base_has_it: bool) -> Record:
+    """Keep the head's verdict (its first pair's) against the budgets; say how the value differs from the base's."""
+    head_values = _distinct(u.head.value for u in used)
+    base_values = _distinct(u.base.value for u in used if u.base is not None and _usable(u.base))
     reason = head0.reason
     if head0.value is None:
         return head0
     if not base_values:
-        why = _why_not(used, pairs, [f"base {b.outcome}: {b.reason}" for _, b in used
-                                     if b is not None and not _usable(b)])
+        why = _why_not(ctx, [f"base {u.base.outcome}: {u.base.reason}" for u in used
+                             if u.base is not None and not _usable(u.base)], base_has_it=base_has_it)
         ab = ABInfo(compared=False, note=why)
         return head0.with_(reason=f"{reason}; not compared with the base: {why}",
                            extra={**head0.extra, **ab.to_extra()})
@@ -311,9 +401,24 @@ def _merge_exact(head0: Record, used: list[tuple[Record, Record | None]], pairs:
     if len(base_values) > 1:
         change += f"; the base varies across pairs: {', '.join(f'{x:g}' for x in base_values)}"
     ratio = head0.value / base_value if base_value != 0 else None
-    pairs_with_base = sum(1 for _, b in used if _usable(b))
-    ab = ABInfo(compared=True)
+    pairs_with_base = sum(1 for u in used if _usable(u.base))
+    outcome = head0.outcome
+    info = _metric(head0)
+    tolerance = None
+    if info is not None and info.per_isa:
+        # A low-precision numeric result: its change from the base is judged against the same
+        # tolerance as against its budget (a stated bound, not the last digit), so a change of
+        # the numerics path is shown, and only a real loss of precision fails.
+        tolerance = head0.budget.tolerance if head0.budget is not None else info.default_tolerance
+        worse = head0.value > base_value * (1 + tolerance) if info.direction == "lower" \
+            else head0.value < base_value * (1 - tolerance)
+        change += f" (tolerance {tolerance:.0%})"
+        if worse and outcome in ("pass", "stale", "unbudgeted"):
+            outcome = "fail"
+            change += ": worse than the base beyond its tolerance"
+    ab = ABInfo(compared=True, tolerance=tolerance)
     return head0.with_(
+        outcome=outcome,
         reason=f"{reason}; vs base: {change}" if reason else f"vs base: {change}",
         base=BaseSide(value=base_value, ratio=ratio, pairs=pairs_with_base),
         extra={**head0.extra, **ab.to_extra()},

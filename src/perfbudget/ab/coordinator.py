@@ -48,6 +48,8 @@ class TurnLog:
     """Sides that left (or died), in order."""
     solo_s: dict[str, float] = field(default_factory=dict)
     """Per side, how long it ran alone after the other side left."""
+    problems: tuple[str, ...] = ()
+    """Turn-taking lost on the coordinator's side (a process refused); the pair is then invalid."""
 
     def grants(self, side: str) -> int:
         return sum(1 for t in self.turns if t.side == side)
@@ -64,6 +66,7 @@ class TurnLog:
             "long_holds": [{"side": t.side, "held_s": round(t.held_s, 3)} for t in self.long_holds],
             "joined": list(self.joined), "left": list(self.left),
             "solo_s": {s: round(v, 3) for s, v in self.solo_s.items()},
+            "problems": list(self.problems),
         }
 
 
@@ -112,6 +115,7 @@ class Coordinator:
         self._turns: list[Turn] = []
         self._solo_start: dict[str, float] = {}
         self._solo_end: dict[str, float] = {}
+        self._problems: list[str] = []
 
     # ------------------------------------------------------------------ control
 
@@ -158,7 +162,8 @@ class Coordinator:
         if self._holder is not None:
             turns.append(Turn(side=self._holder, start_s=self._since, end_s=now))
         solo = {s: self._solo_end.get(s, now) - t for s, t in self._solo_start.items()}
-        return TurnLog(turns=tuple(turns), joined=tuple(self._joined), left=tuple(self._left), solo_s=solo)
+        return TurnLog(turns=tuple(turns), joined=tuple(self._joined), left=tuple(self._left), solo_s=solo,
+                       problems=tuple(self._problems))
 
     def __enter__(self) -> Coordinator:
         return self.start()
@@ -235,6 +240,9 @@ class Coordinator:
             self._refuse(conn, f"unexpected message {' '.join(words)!r} from side {conn.side!r}")
 
     def _refuse(self, conn: _Conn, reason: str) -> None:
+        # The refused process measures on alone (or, for a side that had joined, its other
+        # side does): either way, part of the pair ran out of lockstep.
+        self._problems.append(f"refused {'side ' + repr(conn.side) if conn.side else 'a process'}: {reason}")
         self._send(conn, f"NO {reason}")
         if conn.side is not None:
             self._leave(conn.side)

@@ -1,4 +1,9 @@
-"""Run one process pair: the base and the head side at once, taking turns through a coordinator."""
+"""Run one process pair: the base and the head side at once, taking turns through a coordinator.
+
+A pair in which turn-taking was lost for any part (a side's client reported it through
+``PERFBUDGET_TURNS_REPORT``, or the coordinator refused a process) comes back
+``invalid``: the A/B driver does not use its records.
+"""
 
 from __future__ import annotations
 
@@ -14,11 +19,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..measure.turns import ENV_BURST_MS, ENV_SIDE, ENV_SOCKET, SIDES
+from ..measure.turns import ENV_BURST_MS, ENV_REPORT, ENV_SIDE, ENV_SOCKET, SIDES
 from .coordinator import Coordinator, TurnLog
 from .trees import side_env
 
-__all__ = ["PairRun", "SideCommand", "SideRun", "SideSetup", "one_cpu", "parse_cpus", "pytest_command", "run_pair"]
+__all__ = [
+    "PairRun",
+    "SideCommand",
+    "SideRun",
+    "SideSetup",
+    "one_cpu",
+    "parse_cpus",
+    "pytest_command",
+    "run_pair",
+    "select_tests",
+]
 
 # Seconds between SIGTERM and SIGKILL for a side that outlived the time limit.
 _KILL_GRACE_S = 10.0
@@ -71,6 +86,9 @@ class SideSetup:
     """The side's checkout (its working directory)."""
     results: Path
     """Where the side writes its results JSON."""
+    tests: tuple[str, ...] | None = None
+    """The nodeids to run, in this order, instead of the user's own test selection
+    (``None``: the user's selection, as given)."""
 
 
 SideCommand = Callable[[SideSetup], Sequence[str]]
@@ -82,16 +100,67 @@ def pytest_command(pytest_args: Sequence[str] = (), *, python: str = sys.executa
 
     The base side also gets ``--continue-on-collection-errors``: a base test module that
     needs what only the head's instrument has is reported as missing from the base, and
-    the rest of the base still runs.
+    the rest of the base still runs. A side given ``tests`` runs those nodeids in place of
+    the user's test selection (:func:`select_tests`).
     """
     args = tuple(pytest_args)
 
     def command(setup: SideSetup) -> list[str]:
         extra = ["--continue-on-collection-errors"] if setup.side == "base" else []
+        chosen = args if setup.tests is None else select_tests(args, setup.tests, tree=setup.tree)
         return [python, "-m", "pytest", "--perf-collect", "--perf-json", str(setup.results),
-                "-p", "no:cacheprovider", *extra, *args]
+                "-p", "no:cacheprovider", *extra, *chosen]
 
     return command
+
+
+#: Options of pytest, pytest-xdist and this plugin whose value may come as the next argument
+#: (``-k EXPR``): that argument is the option's, never a test selection.
+_VALUE_OPTIONS = frozenset({
+    "-k", "-m", "-p", "-c", "-o", "-W", "-r", "-n",
+    "--maxfail", "--durations", "--durations-min", "--verbosity", "--report-chars", "--tb", "--show-capture",
+    "--color", "--code-highlight", "--pastebin", "--junit-xml", "--junitxml", "--junit-prefix", "--junitprefix",
+    "--pythonwarnings", "--max-warnings", "--ignore", "--ignore-glob", "--deselect", "--confcutdir",
+    "--import-mode", "--doctest-report", "--doctest-glob", "--config-file", "--rootdir", "--basetemp",
+    "--override-ini", "--assert", "--capture", "--pdbcls", "--log-level", "--log-format", "--log-date-format",
+    "--log-cli-level", "--log-cli-format", "--log-cli-date-format", "--log-file", "--log-file-mode",
+    "--log-file-level", "--log-file-format", "--log-file-date-format", "--log-auto-indent", "--log-disable",
+    "--lfnf", "--last-failed-no-failures", "--numprocesses", "--maxprocesses", "--max-worker-restart", "--dist",
+    "--tx", "--px", "--rsyncdir", "--budgets-dir", "--perf-json",
+})
+
+
+def select_tests(pytest_args: Sequence[str], tests: Sequence[str], *, tree: Path) -> list[str]:
+    """``pytest_args`` with the user's test selection replaced by ``tests`` (nodeids, in order).
+
+    Every option is kept (``-k``, ``-m`` and the like still apply); a positional argument
+    is the user's selection, and dropped, when it names a path in ``tree`` (``perf_tests``,
+    ``perf_tests/test_a.py``), a ``.py`` file, or a nodeid (``...::test_x[a b]``). Anything
+    else (the value of a plugin's option this does not know) is kept where it was. The
+    nodeids go last, each one argument: brackets and spaces need no quoting.
+    """
+    kept: list[str] = []
+    value_next = False
+    for arg in pytest_args:
+        if value_next:
+            kept.append(arg)
+            value_next = False
+        elif arg.startswith("-"):
+            kept.append(arg)
+            value_next = arg in _VALUE_OPTIONS
+        elif not _is_selection(arg, tree):
+            kept.append(arg)
+    return [*kept, *tests]
+
+
+def _is_selection(arg: str, tree: Path) -> bool:
+    path = arg.split("::", 1)[0]
+    if "::" in arg or path.endswith(".py"):
+        return True
+    try:
+        return (tree / path).exists()
+    except OSError:  # a name too long for a path: an option's value
+        return False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,11 +203,20 @@ class PairRun:
     timed_out: bool
     cpus: tuple[int, ...] = ()
     """CPUs both sides were pinned to (empty: not pinned)."""
+    tests: tuple[str, ...] | None = None
+    """The nodeids both sides were asked to run, in order (``None``: the user's selection)."""
+    ran: tuple[str, ...] = ()
+    """The nodeids the head recorded checks for, in its order (set by the driver)."""
+    invalid: str = ""
+    """Why the pair is not used: turn-taking was lost for part of it (empty: valid)."""
+    replaces: int | None = None
+    """The number of the invalid pair this one re-runs."""
 
     def as_dict(self) -> dict[str, Any]:
         return {"pair": self.index, "first": self.first, "wall_s": round(self.wall_s, 3), "cpus": list(self.cpus),
-                "timed_out": self.timed_out, "sides": [self.sides[s].as_dict() for s in SIDES if s in self.sides],
-                "turns": self.turns.as_dict()}
+                "timed_out": self.timed_out, "tests": None if self.tests is None else list(self.tests),
+                "ran": list(self.ran), "invalid": self.invalid, "replaces": self.replaces,
+                "sides": [self.sides[s].as_dict() for s in SIDES if s in self.sides], "turns": self.turns.as_dict()}
 
 
 def run_pair(
@@ -153,6 +231,8 @@ def run_pair(
     burst_ms: float | None = None,
     cpus: Sequence[int] = (),
     env: Mapping[str, str] | None = None,
+    tests: Sequence[str] | None = None,
+    replaces: int | None = None,
 ) -> PairRun:
     """Run both sides of pair ``index`` to the end, taking turns, and return how it went.
 
@@ -167,6 +247,11 @@ def run_pair(
         burst_ms: burst length passed to the sides (``None``: the instrument's default).
         cpus: CPUs both sides are pinned to (``()``: not pinned); see :func:`one_cpu`.
         env: base environment of the sides (default: this process's).
+        tests: the nodeids both sides run, in order (``None``: the user's selection).
+        replaces: the invalid pair this one re-runs (recorded only).
+
+    The pair comes back ``invalid`` when a side's turn-taking client reported a loss in
+    ``<side>.turns`` (``PERFBUDGET_TURNS_REPORT``) or the coordinator refused a process.
     """
     folder = workdir / f"pair-{index}"
     if folder.exists():
@@ -181,15 +266,17 @@ def run_pair(
     ended: dict[str, float] = {}
     logs = {s: folder / f"{s}.log" for s in SIDES}
     results = {s: folder / f"{s}.json" for s in SIDES}
+    reports = {s: folder / f"{s}.turns" for s in SIDES}
+    chosen = None if tests is None else tuple(tests)
     t0 = time.monotonic()
     timed_out = False
     killed: set[str] = set()
     try:
         for side in (first, *(s for s in SIDES if s != first)):
-            extra = {ENV_SOCKET: str(sockpath), ENV_SIDE: side}
+            extra = {ENV_SOCKET: str(sockpath), ENV_SIDE: side, ENV_REPORT: str(reports[side])}
             if burst_ms is not None:
                 extra[ENV_BURST_MS] = f"{burst_ms:g}"
-            argv = list(command(SideSetup(side=side, tree=trees[side], results=results[side])))
+            argv = list(command(SideSetup(side=side, tree=trees[side], results=results[side], tests=chosen)))
             with open(logs[side], "wb") as out:
                 out.write(f"$ (cd {trees[side]} && {' '.join(argv)})\n".encode())
                 out.flush()
@@ -226,8 +313,25 @@ def run_pair(
                    wall_s=ended.get(s, time.monotonic()) - started.get(s, t0))
         for s in procs
     }
+    lost = [f"{s} {line}" for s in SIDES for line in _lines(reports[s])]
+    lost += [f"coordinator: {problem}" for problem in turn_log.problems]
     return PairRun(index=index, first=first, sides=sides, turns=turn_log, wall_s=time.monotonic() - t0,
-                   timed_out=timed_out, cpus=tuple(cpus))
+                   timed_out=timed_out, cpus=tuple(cpus), tests=chosen, replaces=replaces,
+                   invalid=f"turn-taking was lost: {'; '.join(lost)}" if lost else "")
+
+
+def _lines(path: Path) -> list[str]:
+    """A side's turn-taking report: one ``<pid> <problem>`` line per loss (none: no file)."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in text.splitlines():
+        pid, _, problem = line.strip().partition(" ")
+        if problem:
+            out.append(f"(pid {pid}): {problem}" if pid.isdigit() else f": {line.strip()}")
+    return out
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:

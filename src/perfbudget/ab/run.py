@@ -1,4 +1,15 @@
-"""The lockstep A/B run: base worktree, shims, process pairs until every check is decided, merged results."""
+"""The lockstep A/B run: base worktree, shims, process pairs until every check is decided, merged results.
+
+Pair 1 runs the user's whole selection on both sides. Every later pair runs only the
+tests that still hold an undecided statistical check (fewer than ``min_pairs`` pairs, or
+a CI straddling the tolerance), as one explicit nodeid list in the head's order on both
+sides; exact-only tests run once. A check still straddling after the last pair is
+``inconclusive``, with the smallest change the run could resolve: not a failure unless
+``strict``. A pair that lost turn-taking for any part is invalid: its records are not
+used, it is said in the problems, and it is re-run once (same first side) while the pair
+budget and the time allow. A base that cannot run at all is an error unless
+``allow_missing_base``, which judges the head against the stored budgets instead.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +18,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..budgets.loader import BudgetSet, load_dir
@@ -36,10 +47,10 @@ class ABConfig:
         root: the repository root: the head side is this checkout's working tree.
         base: the base commit-ish.
         merge_base: measure ``git merge-base HEAD base`` instead of ``base``.
-        min_pairs: process pairs run whatever the verdicts (>= 1; 2 cancels a side's
-            advantage of starting first).
-        max_pairs: most process pairs; checks still undecided then are decided on the
-            point estimate.
+        min_pairs: pairs a statistical check is compared in before it may be decided,
+            whatever its CI (>= 1; 2 cancels a side's advantage of starting first).
+        max_pairs: most process pairs started, invalid ones and their replacements
+            included; checks still straddling then are inconclusive.
         max_minutes: wall-clock bound: no pair is started that would likely end past it,
             and a pair running past it is stopped.
         out: the merged results file (default ``<root>/.perfbudget/ab/results.json``).
@@ -48,6 +59,9 @@ class ABConfig:
         cpus: CPUs both sides are pinned to: ``None`` one CPU (``pairs.one_cpu``), ``()``
             not pinned (e.g. when the measured code needs several host threads).
         policy: the A/B decision settings.
+        strict: an inconclusive check fails the run (``perfbudget ab --perf-strict``).
+        allow_missing_base: a base that cannot run is judged as "not compared" against the
+            stored budgets (``--allow-missing-base``); otherwise it is an error.
     """
 
     root: Path
@@ -61,6 +75,8 @@ class ABConfig:
     burst_ms: float | None = None
     cpus: tuple[int, ...] | None = None
     policy: ABPolicy = field(default_factory=ABPolicy)
+    strict: bool = False
+    allow_missing_base: bool = False
 
     def __post_init__(self) -> None:
         if self.min_pairs < 1:
@@ -98,13 +114,18 @@ class ABRun:
     path: Path
     """Where ``results`` was written."""
     exit_code: int
-    """0 every check passed, 1 any failed or errored (or a head side failed), 2 usage error."""
+    """0: no check failed or errored (inconclusive ones included, unless ``strict``); 1: a
+    check failed or errored, a check was inconclusive under ``strict``, the head's pytest
+    failed, the base could not run (without ``allow_missing_base``), or no pair was valid;
+    2: usage error."""
     comparison: Comparison
     pairs: tuple[PairRun, ...]
     problems: tuple[str, ...] = ()
     """What went wrong with the sides, one readable paragraph each."""
     stopped: str = ""
     """Why no further pair ran: ``decided``, ``max pairs``, ``time``, ``base unavailable``, ``head failed``."""
+    invalid: tuple[int, ...] = ()
+    """Numbers of the pairs not used because they lost turn-taking."""
 
 
 def _say(line: str) -> None:
@@ -152,25 +173,34 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
     cpus = one_cpu() if config.cpus is None else config.cpus
 
     runs: list[PairRun] = []
-    records: list[PairRecords] = []
+    records: list[PairRecords] = []  # the valid pairs only
     problems: list[str] = []
     comparison = Comparison(records=[])
     budgets: BudgetSet | None = None
     stopped = "max pairs"
     head_failed = False
-    for index in range(1, config.max_pairs + 1):
+    slot = 1  # the valid pair being run: odd slots start with the base, even ones with the head
+    to_replace: PairRun | None = None  # an invalid pair awaiting its one re-run
+    tests: tuple[str, ...] | None = None  # None: the user's selection (pair 1)
+    while len(runs) < config.max_pairs:
         now = time.monotonic()
         if runs:
-            expected_s = max(r.wall_s for r in runs)
+            expected_s = runs[-1].wall_s  # the next pair runs the same tests or fewer
             if now + expected_s > deadline:
                 stopped = "time"
                 say(f"perfbudget ab: stopping after {len(runs)} pair(s): another (~{expected_s:.0f} s) would end "
                     f"past --max-minutes {config.max_minutes:g}")
                 break
-        first = "base" if index % 2 == 1 else "head"
-        say(f"perfbudget ab: pair {index} ({first} first) ...")
+        index = len(runs) + 1
+        first = to_replace.first if to_replace is not None else ("base" if slot % 2 == 1 else "head")
+        what = f"re-running invalid pair {to_replace.index}" if to_replace is not None else \
+            ("every selected test" if tests is None else f"{len(tests)} test(s) with undecided checks")
+        say(f"perfbudget ab: pair {index} ({first} first; {what}) ...")
         run = run_pair(index, trees=trees, shims=shims, workdir=workdir, command=command, first=first,
-                       timeout_s=max(deadline - now, 1.0), burst_ms=config.burst_ms, cpus=cpus)
+                       timeout_s=max(deadline - now, 1.0), burst_ms=config.burst_ms, cpus=cpus, tests=tests,
+                       replaces=None if to_replace is None else to_replace.index)
+        pair, side_problems = _pair_records(run)
+        run = replace(run, ran=_nodeids(pair.head))
         runs.append(run)
         say(f"perfbudget ab: pair {index} took {run.wall_s:.0f} s "
             f"(turns: base {run.turns.grants('base')}, head {run.turns.grants('head')})")
@@ -179,31 +209,60 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
             stopped = "time"
             problems.append(f"pair {index}: stopped at --max-minutes {config.max_minutes:g}; not used")
             break
-        pair, side_problems = _pair_records(run)
-        records.append(pair)
         problems.extend(side_problems)
         if run.sides["head"].returncode not in (0, None):
             head_failed = True
         if pair.head is None:
             stopped = "head failed"
             break
+        if run.invalid and not run.timed_out:
+            # Part of the pair ran out of lockstep: its ratios would carry the machine's drift.
+            problems.append(f"pair {index}: invalid, its records are not used: {run.invalid}")
+            if to_replace is None:
+                to_replace = run
+                say(f"perfbudget ab: pair {index} is invalid ({run.invalid}); re-running it once")
+            else:
+                say(f"perfbudget ab: pair {index} (re-running pair {to_replace.index}) is invalid too; "
+                    "dropped")
+                problems.append(f"pair {to_replace.index}: dropped: its re-run (pair {index}) was invalid too")
+                to_replace = None
+                slot += 1
+            continue
+        to_replace = None
+        records.append(replace(pair, index=index))
         if budgets is None:
             budgets = _budgets(root, pair.head)
         if run.timed_out:
             stopped = "time"
             break
-        if index == 1 and pair.base is None:
+        if len(records) == 1 and pair.base is None:
             stopped = "base unavailable"
             break
-        comparison = compare_pairs(records, budgets=budgets, policy=config.policy, final=False)
-        if index >= config.min_pairs and not comparison.undecided:
+        comparison = compare_pairs(records, budgets=budgets, policy=config.policy, final=False,
+                                   min_pairs=config.min_pairs)
+        if not comparison.undecided:
             stopped = "decided"
             break
-        if comparison.undecided and index >= config.min_pairs:
-            say(f"perfbudget ab: {len(comparison.undecided)} check(s) undecided")
+        tests = _tests_of(comparison)
+        slot += 1
+        say(f"perfbudget ab: {len(comparison.undecided)} check(s) undecided in {len(tests)} test(s)")
+    if to_replace is not None:
+        problems.append(f"pair {to_replace.index}: dropped: no pair budget (--max-pairs {config.max_pairs}) "
+                        "or time left to re-run it")
+        say(f"perfbudget ab: pair {to_replace.index} dropped: no pair or time left to re-run it")
+    missing_base = stopped == "base unavailable" and not config.allow_missing_base
+    if missing_base:
+        why = records[0].base_problem if records else ""
+        problems.append(f"the base {base.commit[:12]} ({config.base}) could not run under this instrument"
+                        f"{f' ({why})' if why else ''}: there is nothing to compare the head with. Fix the base "
+                        "side (its log is named above), or pass --allow-missing-base to judge the head against "
+                        "the stored budgets instead")
     comparison = compare_pairs(records, budgets=budgets or BudgetSet(root=root / "budgets"), policy=config.policy,
-                               final=True)
-    if not comparison.records and not problems:
+                               final=True, min_pairs=config.min_pairs, require_base=not config.allow_missing_base)
+    invalid = tuple(r.index for r in runs if r.invalid)
+    if not records and invalid and stopped != "head failed":
+        problems.append(f"no valid pair: every pair lost turn-taking ({', '.join(map(str, invalid))})")
+    elif not comparison.records and not problems:
         problems.append("the head side recorded no checks (did the pytest args select any perf test?)")
     head_meta = next((p.head.meta for p in records if p.head is not None), {})
     wall_s = time.monotonic() - t0
@@ -212,12 +271,15 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
         "mode": "ab",
         "ab": {
             "base_ref": config.base, "base_commit": base.commit, "merge_base": base.merge_base,
-            "head_commit": head, "pairs": len(runs), "min_pairs": config.min_pairs,
-            "max_pairs": config.max_pairs, "stopped": stopped, "wall_s": round(wall_s, 3), "cpus": list(cpus),
+            "head_commit": head, "pairs": len(runs), "valid_pairs": len(records), "invalid_pairs": list(invalid),
+            "min_pairs": config.min_pairs, "max_pairs": config.max_pairs, "stopped": stopped,
+            "strict": config.strict, "allow_missing_base": config.allow_missing_base,
+            "wall_s": round(wall_s, 3), "cpus": list(cpus),
             "compared": sum(1 for r in comparison.records if r.base is not None),
             "not_compared": len(comparison.not_compared), "base_only": [list(c) for c in comparison.base_only],
+            "inconclusive": [list(c) for c in comparison.inconclusive],
             "policy": {"confidence": config.policy.confidence, "prior_sd": dict(config.policy.prior_sd),
-                       "prior_df": config.policy.prior_df},
+                       "prior_df": config.policy.prior_df, "family_alpha": config.policy.family_alpha},
             "runs": [r.as_dict() for r in runs],
             "problems": problems,
         },
@@ -227,12 +289,23 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
     first_head = runs[0].sides["head"].returncode if runs else None
     if first_head == 4 and not comparison.records:
         code = EXIT_USAGE  # pytest's own usage error: the pytest args are wrong
-    elif bad or head_failed or not comparison.records:
+    elif bad or head_failed or missing_base or not comparison.records or (config.strict and comparison.inconclusive):
         code = EXIT_FAIL
     else:
         code = EXIT_OK
     return ABRun(results=results, path=path, exit_code=code, comparison=comparison, pairs=tuple(runs),
-                 problems=tuple(problems), stopped=stopped)
+                 problems=tuple(problems), stopped=stopped, invalid=invalid)
+
+
+def _nodeids(results: Results | None) -> tuple[str, ...]:
+    """The tests ``results`` holds checks for, in its order."""
+    return () if results is None else tuple(dict.fromkeys(r.nodeid for r in results.records if r.nodeid))
+
+
+def _tests_of(comparison: Comparison) -> tuple[str, ...]:
+    """The tests holding undecided checks, in the head's order (``comparison.records`` keeps it)."""
+    undecided = set(comparison.undecided)
+    return tuple(dict.fromkeys(r.nodeid for r in comparison.records if (r.nodeid, r.key, r.metric) in undecided))
 
 
 def _pair_records(run: PairRun) -> tuple[PairRecords, list[str]]:

@@ -5,20 +5,30 @@ sides' medians (or the metric's quantile). On ``y_i = ln r_i``:
 
     ybar   = mean(y_i)                                       over n pairs
     s_p^2  = (nu0 * sigma0^2 + (n - 1) * s^2) / (nu0 + n - 1)   s: observed sd of y_i
-    CI     = exp(ybar -+ t(conf, nu0 + n - 1) * s_p / sqrt(n))
+    h      = t(conf, nu0 + n - 1) * s_p / sqrt(n)             the CI's half-width
+    CI     = exp(ybar -+ h)
 
 ``sigma0`` is a prior per-pair sd for the metric's kind, worth ``nu0`` degrees of freedom:
 with 2 pairs a plain t(1) interval is ~9x the standard error and decides nothing; the
 prior keeps it usable, and the observed spread takes over as pairs accumulate (this is
 the posterior of the mean under a normal model with a scaled-inverse-chi^2 prior on the
-variance). Measured per-pair sds on a 2-vCPU VM (reference/gate-measurements-2026-12.md
-section 3): encoder step 1.7 %, decoder 2.0 %, segmentation 4.4 %. The timing prior of
-2.5 % lets two well-behaved pairs (spread <= 2 %) pass a 5 % tolerance, while a noisier
-check's own spread widens its interval and asks for more pairs.
+variance). The prior sits just above the per-pair sd measured for well-behaved checks,
+so two quiet pairs can pass, while a noisier check's own spread widens its interval and
+asks for more pairs.
 
 Three-way against the tolerance ``t`` (lower is better; mirrored for rates): the CI
 entirely above ``1 + t`` fails, entirely at or below passes, straddling asks for another
-pair; at the last pair the point estimate decides.
+pair. A CI that still straddles at the last pair is *inconclusive*: the point estimate
+inside a straddling interval is no evidence either way, and deciding on it would fail
+pull requests or wave regressions through by chance.
+
+Every verdict carries its *minimum detectable effect* at the pairs it got, the smallest
+regression these pairs would have decided ``fail``:
+
+    mde = (1 + t) * exp(h) - 1          lower is better
+    mde = 1 - (1 - t) * exp(-h)         higher is better (a drop of the rate)
+
+so a pass or an inconclusive check says what size of change the run could resolve.
 """
 
 from __future__ import annotations
@@ -39,15 +49,17 @@ __all__ = [
     "RatioVerdict",
     "State",
     "describe_change",
+    "detectable_effect",
     "judge_ratios",
     "pair_ratio",
     "t_quantile",
 ]
 
-State = Literal["pass", "fail", "undecided"]
+State = Literal["pass", "fail", "undecided", "inconclusive"]
 
-#: Prior per-pair sd of ln(head/base) by metric kind. Timing: just above the measured 1.7 %
-#: (encoder) and 2.0 % (decoder); segmentation's 4.4 % shows in its own observed spread.
+#: Prior per-pair sd of ln(head/base) by metric kind. Timing: just above the per-pair sd
+#: measured in lockstep for the encoder and decoder steps; a noisier check (segmentation)
+#: shows in its own observed spread.
 #: Rates are inverse times, so the same. Energy windows add the power meter's own noise.
 PRIOR_SD: Mapping[str, float] = {"timing": 0.025, "rate": 0.025, "energy": 0.05}
 #: Degrees of freedom the prior is worth: from 5 pairs on, the observed spread weighs more.
@@ -65,16 +77,21 @@ class ABPolicy:
         tolerance_from_budgets: take a check's tolerance from its budget's ``ab_tolerance``
             when it has one (else the metric's default tolerance). The budget's stored-mode
             ``tolerance`` is never used: it may carry a floor for between-run noise.
+        family_alpha: false-alarm budget shared by one test's per-operator checks
+            (Bonferroni, as in stored mode: ``judge.Judge.policy_for``).
     """
 
     confidence: float = 0.95
     prior_sd: Mapping[str, float] = field(default_factory=lambda: dict(PRIOR_SD))
     prior_df: float = PRIOR_DF
     tolerance_from_budgets: bool = True
+    family_alpha: float = 0.05
 
     def __post_init__(self) -> None:
         if not 0.5 <= self.confidence < 1.0:
             raise ValueError(f"confidence must be in [0.5, 1), got {self.confidence!r}")
+        if not 0.0 < self.family_alpha < 1.0:
+            raise ValueError(f"family_alpha must be in (0, 1), got {self.family_alpha!r}")
         if not self.prior_df >= 0:
             raise ValueError(f"prior_df must be >= 0, got {self.prior_df!r}")
         bad = {k: v for k, v in self.prior_sd.items() if not (isinstance(v, (int, float)) and v > 0)}
@@ -85,13 +102,20 @@ class ABPolicy:
         """The prior sd for ``kind`` (the largest one for a kind without its own)."""
         return self.prior_sd.get(kind, max(self.prior_sd.values(), default=PRIOR_SD["energy"]))
 
+    def confidence_for(self, family_size: int) -> float:
+        """The CI coverage for one of ``family_size`` per-operator checks of a test (Bonferroni)."""
+        if family_size <= 1:
+            return self.confidence
+        return max(self.confidence, 1.0 - self.family_alpha / family_size)
+
 
 @dataclass(frozen=True, kw_only=True)
 class RatioVerdict:
     """The A/B judgement of one statistical check.
 
     Attributes:
-        state: pass, fail, or undecided (wants another pair).
+        state: pass, fail, undecided (wants another pair), or inconclusive (the CI still
+            straddles the tolerance at the last pair).
         ratio: head/base, the geometric mean over pairs.
         ci: CI of ``ratio``.
         pairs: process pairs behind it.
@@ -99,7 +123,9 @@ class RatioVerdict:
         df: degrees of freedom of the t interval.
         limit: the ratio beyond which the check fails (1 + tolerance, or 1 - tolerance for
             higher-is-better metrics).
-        by_estimate: decided on the point estimate at the last pair (the CI straddled).
+        mde: minimum detectable effect: the smallest regression (a fraction, 0.08: 8 %) that
+            these pairs would have decided ``fail``.
+        confidence: two-sided coverage of ``ci``.
         improved: the CI lies entirely better than the tolerance on the good side.
         reason: one readable sentence.
     """
@@ -111,7 +137,8 @@ class RatioVerdict:
     sd: float
     df: float
     limit: float
-    by_estimate: bool = False
+    mde: float
+    confidence: float
     improved: bool = False
     reason: str = ""
 
@@ -219,7 +246,8 @@ def judge_ratios(
         prior_sd: prior per-pair sd of ln(head/base) (0.025: 2.5 %).
         prior_df: degrees of freedom the prior is worth (0: plain t interval, needs 2 pairs).
         confidence: two-sided coverage of the CI.
-        final: no more pairs will come: a straddling CI is decided on the point estimate.
+        final: no more pairs will come: a straddling CI is ``inconclusive`` (never decided on
+            the point estimate).
 
     Raises:
         ValueError: no ratios, a ratio that is not a positive finite number, or bad settings.
@@ -254,27 +282,40 @@ def judge_ratios(
     best, worst = (lo, hi) if lower else (hi, lo)  # the CI's ends on the good and the bad side
     improved = worst < good_limit if lower else worst > good_limit
 
+    mde = detectable_effect(half, tolerance=tolerance, direction=direction)
     change = f"{(ratio - 1) * 100:+.1f} %"
-    what = (f"head/base {ratio:.4g} ({change}; {confidence:.0%} CI {lo:.4g}-{hi:.4g}, "
+    what = (f"head/base {ratio:.4g} ({change}; {confidence * 100:.3g} % CI {lo:.4g}-{hi:.4g}, "
             f"{n} pair{'s' if n != 1 else ''}, sd {sd:.1%} per pair)")
     bound = f"{'+' if lower else '-'}{tolerance * 100:.3g} %"
+    resolves = f"could resolve changes beyond {'+' if lower else '-'}{mde * 100:.3g} %"
 
-    def verdict(state: State, reason: str, *, by_estimate: bool = False) -> RatioVerdict:
-        return RatioVerdict(state=state, ratio=ratio, ci=(lo, hi), pairs=n, sd=sd, df=df, limit=limit,
-                            by_estimate=by_estimate, improved=improved, reason=f"{what} {reason}")
+    def verdict(state: State, reason: str) -> RatioVerdict:
+        return RatioVerdict(state=state, ratio=ratio, ci=(lo, hi), pairs=n, sd=sd, df=df, limit=limit, mde=mde,
+                            confidence=confidence, improved=improved, reason=f"{what} {reason}")
 
     if worse(best):
         return verdict("fail", f"is entirely beyond the tolerance {bound}")
     if not worse(worst):
         return verdict("pass", f"is within the tolerance {bound}"
-                               + (f"; better than the base by more than {tolerance * 100:.3g} %" if improved else ""))
+                               + (f"; better than the base by more than {tolerance * 100:.3g} %" if improved else "")
+                               + f" (these pairs {resolves})")
     if not final:
-        return verdict("undecided", f"straddles the tolerance {bound}")
-    if worse(ratio):
-        return verdict("fail", f"straddles the tolerance {bound} after the last pair; the estimate is beyond it",
-                       by_estimate=True)
-    return verdict("pass", f"straddles the tolerance {bound} after the last pair; the estimate is within it",
-                   by_estimate=True)
+        return verdict("undecided", f"straddles the tolerance {bound} (so far these pairs {resolves})")
+    return verdict("inconclusive", f"straddles the tolerance {bound} after the last pair: inconclusive, "
+                                   f"not decided on the estimate; this run {resolves} "
+                                   "(more pairs or a quieter machine resolve smaller ones)")
+
+
+def detectable_effect(half_width: float, *, tolerance: float, direction: Direction) -> float:
+    """The smallest regression (a fraction) decided ``fail`` by a CI of log half-width ``half_width``.
+
+    Lower is better: the CI ``ratio * exp(-+h)`` lies entirely above ``1 + t`` once the ratio
+    exceeds ``(1 + t) * exp(h)``; higher is better: entirely below ``1 - t`` once the ratio
+    is under ``(1 - t) * exp(-h)``, a drop of ``1 - (1 - t) * exp(-h)``.
+    """
+    if direction == "lower":
+        return (1.0 + tolerance) * math.exp(half_width) - 1.0
+    return 1.0 - (1.0 - tolerance) * math.exp(-half_width)
 
 
 def describe_change(head: float, base: float, *, unit: str = "") -> str:

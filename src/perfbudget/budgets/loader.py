@@ -234,7 +234,7 @@ class _Validator:
             if v is not None and (not _finite(v) or v < 0):
                 self.err("expected a non-negative number", (*kp, name), v)
                 return None
-        text = {k: (None if raw.get(k) is None else str(raw[k])) for k in ("device", "torch", "date", "commit")}
+        text = {k: (None if raw.get(k) is None else str(raw[k])) for k in ("device", "identity", "torch", "date", "commit")}
         ref = raw.get("ref_ms")
         noise = raw.get("noise")
         return Provenance(samples=samples, cv=cv, threads=threads, ref_ms=None if ref is None else float(ref),
@@ -384,6 +384,13 @@ class BudgetSet:
         """Usable files that select ``info``, most specific first."""
         found = [f for f in self.files if f.usable and f.matches(info)]
         return sorted(found, key=lambda f: (-f.selector.specificity if f.selector else 0, f.path.name))
+
+    def selector_of(self, budget: Budget) -> Selector | None:
+        """The device selector of the file ``budget`` was loaded from (``None``: not from this set)."""
+        for f in self.files:
+            if str(f.path) == str(budget.source):
+                return f.selector
+        return None
 
     def errors_for(self, key: str, info: DeviceInfo | None = None) -> list[BudgetError]:
         """Errors that make the budgets of ``key`` unknowable.

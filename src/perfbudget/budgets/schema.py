@@ -20,7 +20,7 @@ __all__ = [
 SCHEMA_VERSION = 1
 
 #: Keys a ``provenance:`` block may hold (written by the updater).
-PROVENANCE_FIELDS = ("device", "torch", "samples", "date", "commit", "cv", "noise", "threads", "ref_ms")
+PROVENANCE_FIELDS = ("device", "identity", "torch", "samples", "date", "commit", "cv", "noise", "threads", "ref_ms")
 
 
 class BudgetError(ValueError):
@@ -70,6 +70,7 @@ class Provenance:
 
     Attributes:
         device: device label the value was measured on.
+        identity: the measuring machine's identity (``DeviceInfo.identity``), when known.
         torch: torch version.
         samples: number of samples behind the value.
         date: ISO date of the measurement.
@@ -83,6 +84,7 @@ class Provenance:
     """
 
     device: str | None = None
+    identity: str | None = None
     torch: str | None = None
     samples: int | None = None
     date: str | None = None

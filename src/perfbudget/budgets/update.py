@@ -155,24 +155,36 @@ def _round(metric: str, value: float) -> float | int:
 def _target(measured: Measured, budgets: BudgetSet) -> tuple[Path, dict[str, Any]]:
     """The file a measured value belongs in, and the device block for a new file.
 
-    An existing budget is updated where it lives. A new portable value (counts, numeric
-    errors, CPU memory) goes into the broad type file (``cpu.yaml``); anything else into the most specific
-    matching file that names the device model, else a new per-device file.
+    An existing budget is updated where it lives. A new portable value (counts, CPU memory)
+    goes into the broad type file (``cpu.yaml``); a numeric result that depends on the kernel
+    path into the ISA-class file (``cpu-isa-avx2.yaml``); anything else (timing) into the file
+    keyed by this machine's identity, never into one keyed by a model name that several
+    machine kinds share.
     """
     info = measured.device
     existing = budgets.resolve(measured.key, measured.metric, info)
     if existing is not None:
         return Path(existing.source), {}
     matching = budgets.matching(info)
-    if parse_name(measured.metric).metric.portable_on(info.type):
+    metric = parse_name(measured.metric).metric
+    if metric.portable_on(info.type):
         broad = [f for f in matching if f.selector and f.selector.specificity == 1]
         if broad:
             return broad[0].path, {}
         return budgets.root / f"{info.type}.yaml", {"type": info.type}
-    named = [f for f in matching if f.selector and "model" in f.selector.as_dict()]
+    if metric.per_isa and info.isa_class:
+        by_isa = [f for f in matching if f.selector and set(f.selector.as_dict()) == {"type", "isa_class"}]
+        if by_isa:
+            return by_isa[0].path, {}
+        return budgets.root / f"{info.type}-isa-{info.isa_class}.yaml", {"type": info.type, "isa_class": info.isa_class}
+    named = [f for f in matching if f.selector and "identity" in f.selector.as_dict()]
     if named:
         return named[0].path, {}
-    selector: dict[str, Any] = {"type": info.type, "model": info.model}
+    selector: dict[str, Any] = {"type": info.type}
+    if info.identity:
+        selector["identity"] = info.identity
+    else:
+        selector["model"] = info.model
     if info.type == "cpu" and info.threads:
         selector["threads"] = info.threads
     return budgets.root / f"{device_file_stem(info)}.yaml", selector
@@ -375,6 +387,8 @@ def _update_file(
         new_entry.setdefault("tolerance", noise_tolerance(info.default_tolerance, m.noise))
         prov: dict[str, Any] = {"device": m.device.label, "torch": m.device.torch, "samples": m.samples,
                                 "date": date}
+        if m.device.identity:
+            prov["identity"] = m.device.identity
         if commit:
             prov["commit"] = commit
         if info.statistical and m.cv is not None:

@@ -13,8 +13,20 @@ from .schema import Budget
 
 __all__ = ["OUTCOMES", "Outcome", "Verdict", "VerdictPolicy", "decide"]
 
-Outcome = Literal["pass", "stale", "fail", "unbudgeted", "unmeasurable", "error"]
-OUTCOMES: tuple[Outcome, ...] = ("pass", "stale", "fail", "unbudgeted", "unmeasurable", "error")
+Outcome = Literal["pass", "stale", "fail", "advisory", "inconclusive", "unbudgeted", "unmeasurable", "error"]
+OUTCOMES: tuple[Outcome, ...] = (
+    "pass", "stale", "fail", "advisory", "inconclusive", "unbudgeted", "unmeasurable", "error",
+)
+"""Every verdict's outcome:
+
+- ``pass``/``stale``/``fail``: judged against a budget (stale: better beyond its tolerance);
+- ``advisory``: a timing or rate check against a stored budget on a machine that is not declared
+  stable for it: judged and shown with the would-be outcome in ``Verdict.advice``, never a failure
+  unless timing is declared gating;
+- ``inconclusive``: a lockstep A/B check whose interval still straddles the tolerance at the last
+  pair (never decided on the point estimate); a failure only under ``--perf-strict``;
+- ``unbudgeted``, ``unmeasurable``, ``error``: not judged, for the reason given.
+"""
 
 #: Relative slack for exact comparisons of values computed in floating point.
 _EXACT_EPS = 1e-9
@@ -84,6 +96,8 @@ class Verdict:
     attribution: tuple[str, ...] = field(default=())
     ref_ms: float | None = None
     confidence: float | None = None
+    advice: str = ""
+    """For an ``advisory`` verdict: what it would have been where timing gates (pass, stale or fail)."""
     name: MetricName | None = field(default=None, compare=False, repr=False)
     """The parsed metric name (set by :func:`decide`; parsed on demand otherwise)."""
 

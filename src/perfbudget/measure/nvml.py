@@ -29,6 +29,7 @@ __all__ = [
     "gpu_count",
     "gpu_info",
     "gpu_preflight",
+    "max_sm_clock_mhz",
     "open_session",
     "power_w",
     "total_energy_mj",
@@ -376,6 +377,20 @@ def driver_version(*, module: Any = None) -> str | Unmeasurable:
         return opened
     with opened as session:
         return session.driver_version()
+
+
+def max_sm_clock_mhz(device_index: int | None = None, *, module: Any = None) -> int | Unmeasurable:
+    """The maximum SM clock of CUDA device ``device_index`` (MHz): part of a GPU's identity,
+    since one SKU name ships at several clock limits."""
+    opened = open_session(module)
+    if isinstance(opened, Unmeasurable):
+        return opened
+    with opened as session:
+        gpu = session.gpu(device_index)
+        if isinstance(gpu, Unmeasurable):
+            return gpu
+        nv = session.nv
+        return session._guard(lambda: int(nv.nvmlDeviceGetMaxClockInfo(gpu.handle, nv.NVML_CLOCK_SM)))
 
 
 # --------------------------------------------------------------------------- device state

@@ -8,6 +8,12 @@ measured in short alternating bursts under the same machine state, and exactly o
 at a time (its non-timed work included).
 
 Outside such a run (``PERFBUDGET_TURNS`` unset) every function here is a cheap no-op.
+
+Turn-taking that stops before its normal end (the coordinator gone or refusing, a wait
+past ``PERFBUDGET_TURNS_WAIT_S``) is a :class:`TurnsWarning` and one line appended to the
+file named by ``PERFBUDGET_TURNS_REPORT``: the A/B driver reads it and marks the pair
+invalid, since what followed was measured without the other side standing still. The
+other side leaving (``SOLO``) is the normal end and reports nothing.
 The coordinator lives in ``perfbudget.ab.coordinator``; the wire protocol is one ASCII
 line per message:
 
@@ -33,6 +39,7 @@ __all__ = [
     "DEFAULT_BURST_MS",
     "DEFAULT_WAIT_S",
     "ENV_BURST_MS",
+    "ENV_REPORT",
     "ENV_SIDE",
     "ENV_SOCKET",
     "ENV_WAIT_S",
@@ -53,12 +60,14 @@ ENV_BURST_MS = "PERFBUDGET_TURNS_BURST_MS"
 """Target length of one burst in milliseconds (default :data:`DEFAULT_BURST_MS`)."""
 ENV_WAIT_S = "PERFBUDGET_TURNS_WAIT_S"
 """Longest wait for the turn before giving up on turn-taking (default :data:`DEFAULT_WAIT_S`)."""
+ENV_REPORT = "PERFBUDGET_TURNS_REPORT"
+"""File this process appends one line to for each way turn-taking was lost (set by ``perfbudget ab``)."""
 
 SIDES: tuple[str, ...] = ("base", "head")
 
-# ~0.4 s bursts gave an A/A ratio sd of 1.7 % per process pair on a 2-vCPU VM: long enough
-# that the hand-over (two socket round trips, ~0.1 ms) is noise, short enough that both
-# sides see the same minutes of machine state (reference/gate-measurements-2026-12.md §3).
+# Bursts long enough that the hand-over (two socket round trips, ~0.1 ms) is noise, short
+# enough that both sides see the same minutes of machine state; benchmarks/ab-gate-cpu.md
+# measures the gate run with this default.
 DEFAULT_BURST_MS = 400.0
 # The other side may legitimately keep the machine for minutes (torch.compile, a session
 # fixture building a workload); past this the run is assumed broken, and this process
@@ -247,8 +256,22 @@ def _stop(problem: str | None) -> None:
         _client = None
     _stopped = True
     if problem:
+        _report(problem)
         warnings.warn(
             f"perfbudget turns: {problem}; measuring on without taking turns "
-            "(the A/B comparison of what follows is not in lockstep)",
+            "(the A/B comparison of what follows is not in lockstep: the A/B driver does not use this pair)",
             TurnsWarning, stacklevel=3,
         )
+
+
+def _report(problem: str) -> None:
+    """Append ``problem`` to the driver's report file, so the lost lockstep cannot go unnoticed."""
+    path = os.environ.get(ENV_REPORT, "")
+    if not path:
+        return
+    line = " ".join(problem.split())  # one line per problem, whatever the OS error said
+    try:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(f"{os.getpid()} {line}\n")
+    except OSError as exc:  # the warning still says it; the driver then sees no report
+        warnings.warn(f"perfbudget turns: cannot write {ENV_REPORT}={path!r}: {exc}", TurnsWarning, stacklevel=4)

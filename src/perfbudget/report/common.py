@@ -25,6 +25,7 @@ __all__ = [
     "change_text",
     "ci_text",
     "cv_text",
+    "detectable_text",
     "device_label",
     "devices",
     "failing_tests",
@@ -39,6 +40,7 @@ __all__ = [
     "op_of",
     "ordered",
     "outcome_counts",
+    "outcome_text",
     "ratio_ci_text",
     "ratio_text",
     "record_ci_text",
@@ -54,7 +56,8 @@ __all__ = [
 REGRESSION_OUTCOMES = ("fail", "error")
 
 #: Report order of outcomes: what needs attention first.
-OUTCOME_ORDER = {"error": 0, "fail": 1, "unbudgeted": 2, "stale": 3, "unmeasurable": 4, "pass": 5}
+OUTCOME_ORDER = {"error": 0, "fail": 1, "inconclusive": 2, "unbudgeted": 3, "stale": 4, "advisory": 5,
+                 "unmeasurable": 6, "pass": 7}
 
 #: Metric families judged per operator: their records are "the operators that moved".
 OP_FAMILIES = ("op_self_ms", "op_share", "op_count")
@@ -153,15 +156,21 @@ def ratio_ci_text(b: BaseSide | None) -> str:
 
 
 #: Table columns of a record compared with the base commit; see :func:`base_cells`.
-BASE_COLUMNS = ("base", "head/base", "ratio CI", "pairs")
+BASE_COLUMNS = ("base", "head/base", "ratio CI", "pairs", "detectable")
 
 
 def base_cells(r: Record) -> list[str]:
-    """The :data:`BASE_COLUMNS` cells of a record: base value, head/base, its CI, process pairs (``-`` without base)."""
+    """The :data:`BASE_COLUMNS` cells of a record: base value, head/base, its CI, process pairs and the
+    smallest change the run could resolve (``-`` without base, or for exact checks)."""
     b = r.base
     if b is None:
         return ["-"] * len(BASE_COLUMNS)
-    return [fmt_value(b.value, r.unit), ratio_text(b), ratio_ci_text(b), str(b.pairs)]
+    return [fmt_value(b.value, r.unit), ratio_text(b), ratio_ci_text(b), str(b.pairs), detectable_text(b)]
+
+
+def detectable_text(b: BaseSide) -> str:
+    """``±3.1%``: the minimum detectable effect of an A/B check, ``-`` when not computed."""
+    return "-" if b.detectable is None or not math.isfinite(b.detectable) else f"±{b.detectable:.1%}"
 
 
 def base_text(r: Record) -> str:
@@ -173,6 +182,8 @@ def base_text(r: Record) -> str:
     if b.ratio_ci:
         parts.append(f"CI {ratio_ci_text(b)}")
     parts.append(f"{b.pairs} process pair{'s' if b.pairs != 1 else ''}")
+    if b.detectable is not None:
+        parts.append(f"could resolve changes beyond {detectable_text(b)}")
     return ", ".join(parts)
 
 
@@ -200,6 +211,11 @@ def outcome_counts(records: Iterable[Record]) -> dict[str, int]:
     for r in records:
         out[r.outcome] = out.get(r.outcome, 0) + 1
     return dict(sorted(out.items(), key=lambda kv: OUTCOME_ORDER.get(kv[0], 9)))
+
+
+def outcome_text(r: Record) -> str:
+    """``FAIL``, or ``ADVISORY (fail)`` for an advisory record with its would-be outcome."""
+    return f"{r.outcome.upper()} ({r.advice})" if r.outcome == "advisory" and r.advice else r.outcome.upper()
 
 
 def summary_line(records: Iterable[Record]) -> str:

@@ -29,6 +29,7 @@ from .common import (
     has_base,
     ordered,
     outcome_counts,
+    outcome_text,
     ratio_ci_text,
     ratio_text,
     record_ci_text,
@@ -51,6 +52,8 @@ _COLOR = {
     "fail": "#cf222e",
     "error": "#8250df",
     "stale": "#bf8700",
+    "inconclusive": "#9a6700",
+    "advisory": "#bc4c00",
     "pass": "#1a7f37",
     "unbudgeted": "#8c959f",
     "unmeasurable": "#8c959f",
@@ -198,10 +201,11 @@ def plot_samples(r: Record) -> str | None:
     fig = _figure(8.5, 2.4, legend_in=1.75)
     ax = fig.subplots()
     ax.plot(range(len(samples)), samples, ".", color="#57606a", markersize=3, label="samples")
-    med = statistics.median(samples)
+    shown = finite(r.value)
+    med = shown if shown is not None else statistics.median(samples)  # the value the table shows
     if r.ci and finite(r.ci[0]) is not None and finite(r.ci[1]) is not None:
         ax.axhspan(r.ci[0], r.ci[1], color="#0969da", alpha=0.18, linewidth=0, label="CI of the median")
-    ax.axhline(med, color="#0969da", linewidth=1.2, label=f"median {fmt_value(med, r.unit)}")
+    ax.axhline(med, color="#0969da", linewidth=1.2, label=f"measured {fmt_value(med, r.unit)}")
     b = finite(r.budget.value) if r.budget else None
     if b is not None:
         ax.axhline(b, color="#1f2328", linewidth=1.2, label=f"budget {fmt_value(b, r.unit)}")
@@ -229,13 +233,16 @@ def plot_base_vs_head(r: Record) -> str | None:
         return None
     fig = _figure(8.5, 2.0, ylabels=["base", "head"], legend_in=1.75)
     ax = fig.subplots()
-    for y, (name, xs, color) in enumerate((("base", base, "#8c959f"), ("head", head, _COLOR.get(r.outcome, "#0969da")))):
+    # The line drawn is the value the tables show (for A/B, the median of the per-pair
+    # statistics), never a second statistic of the pooled samples: one quantity, one definition.
+    sides = (("base", base, "#8c959f", finite(b.value)), ("head", head, _COLOR.get(r.outcome, "#0969da"), finite(r.value)))
+    for y, (name, xs, color, shown) in enumerate(sides):
         # Golden-ratio offsets spread the points vertically, the same way on every render.
         jitter = [y + 0.3 * (((i * 0.6180339887) % 1.0) - 0.5) for i in range(len(xs))]
         ax.plot(xs, jitter, ".", color=color, markersize=3, alpha=0.8)
-        med = statistics.median(xs)
+        med = shown if shown is not None else statistics.median(xs)
         ax.plot([med, med], [y - 0.3, y + 0.3], color=color, linewidth=2.2,
-                label=f"{name} median {fmt_value(med, r.unit)}")
+                label=f"{name} {fmt_value(med, r.unit)} (as measured)")
     ax.set_yticks([0, 1], ["base", "head"], fontsize=8)
     ax.set_ylim(-0.6, 1.6)
     ax.set_xlabel(r.unit if r.unit and r.unit != "1" else "value")
@@ -352,7 +359,7 @@ def _table(records: Sequence[Record]) -> str:
         if vs_base:
             nums += base_cells(r)
         cells = [
-            f'<td style="color:{_COLOR.get(r.outcome, "")};font-weight:600">{_e(r.outcome.upper())}</td>',
+            f'<td style="color:{_COLOR.get(r.outcome, "")};font-weight:600">{_e(outcome_text(r))}</td>',
             f"<td><code>{_e(r.metric)}</code></td>",
             *(f'<td class="num">{_e(x)}</td>' for x in nums),
             f'<td class="muted">{_e(budget_where(r))}</td>',

@@ -35,7 +35,7 @@ def junit_properties(records: Iterable[Record]) -> list[tuple[str, str]]:
 
     ``.measured``, ``.budget``, ``.tolerance``, ``.limit``, ``.ci``, ``.unit``, ``.source``
     follow when known; a record compared with the base commit adds ``.base``, ``.ratio``
-    (head/base), ``.ratio_ci`` and ``.pairs``; failing records add ``.moved`` (the operators
+    (head/base), ``.ratio_ci``, ``.pairs`` and ``.detectable`` (the smallest change the run could resolve); failing records add ``.moved`` (the operators
     that moved) or ``.attribution``.
     """
     recs = list(records)
@@ -43,6 +43,8 @@ def junit_properties(records: Iterable[Record]) -> list[tuple[str, str]]:
     for r in recs:
         name = f"perf.{r.key}.{r.metric}"
         out.append((name, r.outcome))
+        if r.advice:
+            out.append((f"{name}.advice", r.advice))
         if r.value is not None:
             out.append((f"{name}.measured", _prop(r.value)))
         if r.budget:
@@ -65,6 +67,8 @@ def junit_properties(records: Iterable[Record]) -> list[tuple[str, str]]:
             if b.ratio_ci:
                 out.append((f"{name}.ratio_ci", f"{_prop(b.ratio_ci[0])},{_prop(b.ratio_ci[1])}"))
             out.append((f"{name}.pairs", str(b.pairs)))
+            if b.detectable is not None:
+                out.append((f"{name}.detectable", _prop(b.detectable)))
         if r.outcome in REGRESSION_OUTCOMES:
             if r.reason:
                 out.append((f"{name}.reason", r.reason))
@@ -96,7 +100,8 @@ def junit_xml(results: Results | Iterable[Record], *, suite: str = "perfbudget")
 
     A test with an error record gets ``<error>``, one with a failing record ``<failure>``
     (message: the failing budgets; text: the budget table and the regressions explained),
-    one that is only unbudgeted/unmeasurable ``<skipped>``. Every test carries
+    one with an inconclusive A/B check or only unbudgeted/unmeasurable ones ``<skipped>`` (advisory
+    records pass and are listed in the properties). Every test carries
     :func:`junit_properties`.
     """
     records = ordered(results.records if isinstance(results, Results) else results)
@@ -127,6 +132,11 @@ def junit_xml(results: Results | Iterable[Record], *, suite: str = "perfbudget")
             for t in failing_tests(recs):
                 body.extend(detail_lines(t))
             el.text = "\n".join(body)
+        elif any(r.outcome == "inconclusive" for r in recs):
+            # Not a failure, but not a pass either: the run could not tell.
+            n["skipped"] += 1
+            ET.SubElement(tc, "skipped", message="; ".join(f"{r.metric}: inconclusive: {r.reason}" for r in recs
+                                                            if r.outcome == "inconclusive"))
         elif all(r.outcome in ("unbudgeted", "unmeasurable") for r in recs):
             n["skipped"] += 1
             ET.SubElement(tc, "skipped", message="; ".join(f"{r.metric}: {r.outcome}" for r in recs))

@@ -30,7 +30,8 @@ from .common import (
 
 __all__ = ["markdown_report"]
 
-ICON = {"fail": "❌", "error": "⛔", "stale": "🟡", "unbudgeted": "⚪", "unmeasurable": "➖", "pass": "✅"}
+ICON = {"fail": "❌", "error": "⛔", "inconclusive": "❔", "stale": "🟡", "advisory": "🔶", "unbudgeted": "⚪",
+        "unmeasurable": "➖", "pass": "✅"}
 
 #: GitHub caps one step summary at 1 MiB; stay well under it.
 _MARKDOWN_MAX_ROWS = 400
@@ -78,6 +79,29 @@ def markdown_report(results: Results | Iterable[Record], *, title: str = "perf b
         lines.extend(md_table(["key", "metric", "budget", "measured", "change", "device"],
                               ([f"`{r.key}`", f"`{r.metric}`", budget_text(r), fmt_value(r.value, r.unit),
                                 change_text(r), device_label(r)] for r in stale)))
+        lines.append("")
+    inconclusive = [r for r in records if r.outcome == "inconclusive"]
+    if inconclusive:
+        lines.append("### Inconclusive (the interval still straddles the tolerance after the last pair)")
+        lines.append("")
+        lines.append("Not a failure (a failure under `--perf-strict`): this run could not tell. The reason "
+                     "names the smallest change it could have resolved; more pairs (`--max-pairs`) narrow it.")
+        lines.append("")
+        lines.extend(md_table(["key", "metric", "head/base", "why", "test"],
+                              ([f"`{r.key}`", f"`{r.metric}`", base_cells(r)[1] if r.base else "-", r.reason,
+                                f"`{r.nodeid}`"] for r in inconclusive)))
+        lines.append("")
+    advisory = [r for r in records if r.outcome == "advisory"]
+    if advisory:
+        lines.append("### Advisory (stored timing budgets on a machine not declared stable for them)")
+        lines.append("")
+        lines.append("Shown, never a failure: stored timing budgets gate only on a machine declared stable "
+                     "(`PERFBUDGET_STABLE_MACHINE`) with budgets keyed by its identity. Judge timing on this "
+                     "machine with `perfbudget ab --base <ref>`.")
+        lines.append("")
+        lines.extend(md_table(["would be", "key", "metric", "budget", "measured", "change", "device"],
+                              ([r.advice or "-", f"`{r.key}`", f"`{r.metric}`", budget_text(r),
+                                fmt_value(r.value, r.unit), change_text(r), device_label(r)] for r in advisory)))
         lines.append("")
     unbudgeted = [r for r in records if r.outcome in ("unbudgeted", "unmeasurable")]
     if unbudgeted:

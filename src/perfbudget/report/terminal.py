@@ -22,6 +22,7 @@ from .common import (
     fmt_value,
     has_base,
     ordered,
+    outcome_text,
     record_ci_text,
     sort_key,
     summary_line,
@@ -36,7 +37,7 @@ def _row(r: Record, *, with_key: bool, vs_base: bool) -> list[str]:
              ci_text(r.ci), str(r.n), cv_text(r)]
     if vs_base:
         cells += base_cells(r)
-    cells.append(r.outcome.upper())
+    cells.append(outcome_text(r))
     return [r.key, *cells] if with_key else cells
 
 
@@ -116,4 +117,9 @@ def terminal_report(results: Results | Iterable[Record]) -> str:
         out.append("regressions:")
         for t in failing:
             out.extend(detail_lines(t))
+    inconclusive = [r for r in records if r.outcome == "inconclusive"]
+    if inconclusive:
+        out.append("")
+        out.append("inconclusive (not a failure; --perf-strict makes it one):")
+        out.extend(f"  {r.key}.{r.metric}  {r.nodeid}: {r.reason}" for r in inconclusive)
     return "\n".join(out)

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The pull-request and push-to-main perf check on any machine: timing judged by lockstep A/B
+# against the base commit, measured here in this one job; exact, memory and numeric checks
+# against the stored budgets (and shown against the base).
+#   base: $PERFBUDGET_AB_BASE, default HEAD~1, the first parent (for a merge into main: main
+#   before it). With PERFBUDGET_AB_MERGE_BASE=1 the merge-base of HEAD and the base is used
+#   (a pull request against its target branch).
+# Extra arguments go to `perfbudget ab` before the pytest arguments, e.g. --max-pairs 4.
+# Usage: scripts/perf-ab.sh [ab options]        (set-up included, as scripts/perf.sh)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh >/dev/null
+
+base=${PERFBUDGET_AB_BASE:-HEAD~1}
+if ! git rev-parse --git-dir >/dev/null 2>&1; then
+    echo "perf-ab: not a git checkout: a lockstep A/B needs the base commit's history" >&2
+    exit 2
+fi
+if ! git rev-parse --verify -q "${base}^{commit}" >/dev/null; then
+    if [ "$(git rev-parse --is-shallow-repository)" = "true" ]; then
+        echo "perf-ab: the base $base is not in this shallow clone: fetch the history" \
+             "(git fetch --unshallow, or actions/checkout with fetch-depth: 0)" >&2
+    elif [ "$base" = "HEAD~1" ] && [ -z "$(git rev-list --parents -n 1 HEAD | cut -s -d' ' -f2)" ]; then
+        echo "perf-ab: HEAD is the first commit: there is no parent to compare timing with;" \
+             "run scripts/perf.sh (stored budgets) instead" >&2
+    else
+        echo "perf-ab: the base $base is not a commit in this checkout" >&2
+    fi
+    exit 2
+fi
+merge=()
+[ "${PERFBUDGET_AB_MERGE_BASE:-0}" = "1" ] && merge=(--merge-base)
+mkdir -p .perfbudget
+exec .venv/bin/perfbudget ab --base "$base" "${merge[@]}" --out .perfbudget/results-ab.json "$@" -- perf_tests
