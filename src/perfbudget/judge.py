@@ -7,6 +7,8 @@ renders nothing: the report turns a decision into text.
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -15,11 +17,11 @@ from .budgets.loader import BudgetSet
 from .budgets.schema import Budget, BudgetError
 from .budgets.verdict import Verdict, VerdictPolicy, decide
 from .device import DeviceInfo
-from .measure.stats import median
+from .measure.stats import median, quantile_ci
 from .metrics import MetricName
 
-__all__ = ["OP_FAMILIES", "REFERENCE_MISMATCH", "STABLE_MACHINE_ENV", "Decision", "Judge", "JudgeConfig",
-           "stable_identity"]
+__all__ = ["AB_PRECISION_ENV", "DEFAULT_AB_PRECISION", "OP_FAMILIES", "REFERENCE_MISMATCH", "STABLE_MACHINE_ENV",
+           "Decision", "Judge", "JudgeConfig", "ab_precision", "stable_identity"]
 
 #: Environment variable a self-hosted runner sets to declare itself stable: this machine's
 #: identity (``perfbudget show --identity``), or ``yes`` for whatever identity it has.
@@ -47,6 +49,32 @@ def stable_identity(declared: str, device: DeviceInfo) -> str | None:
                      f"but this {device.type} device is {ident}: fix the declaration (or the runner) before "
                      "stored timing budgets may gate")
 
+#: Environment variable ``perfbudget ab`` sets for its sides: the within-pair precision each
+#: statistical check samples to (see :attr:`JudgeConfig.ab_precision`).
+AB_PRECISION_ENV = "PERFBUDGET_AB_PRECISION"
+#: Target half-width of a check's within-pair head/base ratio: +-1 %.
+DEFAULT_AB_PRECISION = 0.01
+
+
+def ab_precision(value: str | None) -> float | None:
+    """The precision a side samples to, read from :data:`AB_PRECISION_ENV`'s value
+    (unset or empty: :data:`DEFAULT_AB_PRECISION`; ``0``: one fixed sample set).
+
+    Raises:
+        ValueError: naming the variable and the value, for anything but a fraction in [0, 1).
+    """
+    if value is None or not value.strip():
+        return DEFAULT_AB_PRECISION
+    try:
+        x = float(value)
+    except ValueError:
+        x = math.nan
+    if not 0 <= x < 1:
+        raise ValueError(f"{AB_PRECISION_ENV}={value!r}: expected a fraction in [0, 1) such as 0.01 (+-1 %), "
+                         "or 0 for one fixed sample set per check")
+    return x or None
+
+
 #: Families whose many per-operator checks share one false-alarm budget (Bonferroni).
 OP_FAMILIES = ("op_self_ms", "op_share")
 #: Beyond this relative change of the machine-speed reference against the budget's, the
@@ -63,9 +91,18 @@ class JudgeConfig:
     Attributes:
         strict: stale, unbudgeted, not-judged and not-measured checks fail the test.
         update: the run writes budgets: budget verdicts do not fail the test.
-        collect: one side of a lockstep A/B run: statistical checks take one fixed
-            sample set (no extra rounds, no confirmation) and never fail the test; the
-            A/B driver judges them on the head/base ratio.
+        collect: one side of a lockstep A/B run: statistical checks are never judged
+            here (no confirmation, never a failure); the A/B driver judges them on the
+            head/base ratio. They sample to ``ab_precision``.
+        ab_precision: with ``collect``, the half-width (a fraction) that a check's
+            within-pair head/base ratio should reach: a check keeps taking fresh batches
+            (each one in turns with the other side) while the CI of its own median is wider
+            than ``ab_precision / sqrt(2)`` (each side carries half the ratio's variance),
+            up to ``ab_max_batches`` extra batches or ``ab_max_s`` seconds. Noisy checks get
+            more samples, quiet ones none. ``None``: one fixed sample set.
+        ab_max_batches: see ``ab_precision``.
+        ab_max_s: see ``ab_precision`` (wall time of the extra batches, the other side's
+            turns included).
         policy: statistical settings.
         preflight: reasons timing cannot be trusted right now (busy CPU, shared or
             throttled GPU): statistical checks are then not judged.
@@ -86,8 +123,16 @@ class JudgeConfig:
     family_alpha: float = 0.05
     reference_mismatch: float = REFERENCE_MISMATCH
     stable_identity: str | None = None
+    ab_precision: float | None = None
+    ab_max_batches: int = 4
+    ab_max_s: float = 60.0
 
     def __post_init__(self) -> None:
+        if self.ab_precision is not None and not 0 < self.ab_precision < 1:
+            raise ValueError(f"ab_precision must be in (0, 1) or None, got {self.ab_precision!r}")
+        if self.ab_max_batches < 0 or self.ab_max_s < 0:
+            raise ValueError(f"ab_max_batches and ab_max_s must be >= 0, got {self.ab_max_batches!r}, "
+                             f"{self.ab_max_s!r}")
         if not 0 < self.family_alpha < 1:
             raise ValueError(f"family_alpha must be in (0, 1), got {self.family_alpha!r}")
         if self.reference_mismatch <= 0:
@@ -201,6 +246,8 @@ class Judge:
         """
         metric = name.full
         if self.config.collect:
+            if name.metric.statistical:
+                samples = self._to_precision(samples, more, paired=reference is not None)
             more = None
         problem = ""
         budget = None
@@ -250,6 +297,22 @@ class Judge:
             v = v.with_(outcome="advisory", advice="",
                         reason=f"advisory: no stored budget for it on this machine; {self._why_advisory(None)}")
         return v
+
+    def _to_precision(self, samples: Samples, more: Callable[[], Any] | None, *, paired: bool) -> Samples:
+        """One A/B side's samples of a statistical check, extended by fresh batches while the
+        CI of their median is wider than the side's share of :attr:`JudgeConfig.ab_precision`."""
+        cfg = self.config
+        if cfg.ab_precision is None or more is None or isinstance(samples, (int, float)):
+            return samples
+        target = cfg.ab_precision / math.sqrt(2)
+        xs = list(samples)
+        t0 = time.monotonic()
+        for _ in range(cfg.ab_max_batches):
+            if _half_width(xs, cfg.policy.confidence) <= target or time.monotonic() - t0 > cfg.ab_max_s:
+                break
+            fresh = more()
+            xs += list(fresh[0] if paired else fresh)
+        return xs
 
     def gates(self, budget: Budget) -> bool:
         """Whether a stored timing budget may fail a test here: the machine is declared stable
@@ -328,6 +391,17 @@ class Judge:
         """
         family = metric.split("[", 1)[0]
         return any(r.split("[", 1)[0] == family for r in recorded)
+
+
+def _half_width(xs: Sequence[float], confidence: float) -> float:
+    """Relative half-width of the distribution-free CI of the median of ``xs`` (inf: too few)."""
+    if len(xs) < 2:
+        return math.inf
+    lo, hi, coverage = quantile_ci(xs, 0.5, confidence)
+    mid = median(xs)
+    if coverage < confidence or mid == 0:
+        return math.inf
+    return (hi - lo) / 2 / abs(mid)
 
 
 def _not_judged(v: Verdict, budget: Budget | None, reason: str) -> Verdict:

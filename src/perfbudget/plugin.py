@@ -151,7 +151,7 @@ def perf(request: pytest.FixtureRequest) -> PerfRecorder:
     config = JudgeConfig(
         strict=ps.strict, update=ps.update, collect=ps.collect, policy=VerdictPolicy(),
         preflight=preflight_check(spec.device, max_load_per_core=ps.max_load).problems,
-        stable_identity=stable,
+        stable_identity=stable, ab_precision=ps.ab_precision,
     )
     rec = PerfRecorder(Judge(spec.key, ps.device(spec.device), ps.budgets, config), nodeid=item.nodeid,
                        update_command=ps.update_command(item.nodeid), threads=ps.threads)

@@ -8,8 +8,11 @@ the verdict. Usable without pytest: ``PerfRecorder(Judge(key, device, budgets))`
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .budgets.verdict import Verdict
@@ -18,7 +21,8 @@ from .measure import stats
 from .metrics import UnknownMetricError, parse_name
 from .results import Record
 
-__all__ = ["NEW_OP_SHARE_CHECK", "NEW_OP_SHARE_UPDATE", "OP_ROUNDS", "PerfRecorder", "ServeRound"]
+__all__ = ["AB_OPERATORS_ENV", "NEW_OP_SHARE_CHECK", "NEW_OP_SHARE_UPDATE", "OPERATOR_FAMILIES", "OP_ROUNDS", "PerfRecorder", "ServeRound",
+           "pinned_operators"]
 
 #: Profiled rounds behind each per-operator sample set (one sample per round).
 OP_ROUNDS = 16
@@ -27,8 +31,36 @@ NEW_OP_SHARE_UPDATE = 0.05
 #: ...and a new operator must pass this share before a check run calls it unbudgeted.
 #: The gap keeps an operator hovering at 5 % from flipping between runs.
 NEW_OP_SHARE_CHECK = 0.07
-#: Per-operator families whose budgets name the operators a test must record.
-_OP_BUDGET_FAMILIES = ("op_self_ms", "op_share", "op_count")
+#: The per-operator families: their budgets name the operators a test must record.
+OPERATOR_FAMILIES = ("op_self_ms", "op_share", "op_count")
+
+
+#: Set by ``perfbudget ab`` for its sides after the first pair: a JSON file
+#: ``{nodeid: {key: [operator, ...]}}`` naming the operators each test records from then on.
+AB_OPERATORS_ENV = "PERFBUDGET_AB_OPERATORS"
+
+
+def pinned_operators(path: str, nodeid: str, key: str) -> tuple[str, ...] | None:
+    """The operators a lockstep A/B run pins for ``nodeid``'s ``key`` (``None``: not pinned).
+
+    Raises:
+        ValueError: the file cannot be read or is not of the form above (naming the file).
+    """
+    if not path:
+        return None
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{AB_OPERATORS_ENV}={path}: cannot be read: {exc}") from None
+    ops = data.get(nodeid, {}).get(key) if isinstance(data, dict) and isinstance(data.get(nodeid, {}), dict) else None
+    if ops is None:
+        return None
+    if not isinstance(ops, list) or not all(isinstance(o, str) for o in ops):
+        raise ValueError(f"{AB_OPERATORS_ENV}={path}: [{nodeid!r}][{key!r}]: expected a list of operator names, "
+                         f"got {ops!r}")
+    return tuple(ops)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -337,7 +369,7 @@ class PerfRecorder:
         *,
         rounds: int = OP_ROUNDS,
         steps: int = 2,
-        families: Sequence[str] = _OP_BUDGET_FAMILIES,
+        families: Sequence[str] = OPERATOR_FAMILIES,
         reference: bool = False,
     ) -> Any:
         """Record per-operator self time, share of the step and call counts.
@@ -363,9 +395,9 @@ class PerfRecorder:
         from .measure.operators import OpRounds, profile_rounds
         from .measure.reference import machine_reference
 
-        unknown = set(families) - set(_OP_BUDGET_FAMILIES)
+        unknown = set(families) - set(OPERATOR_FAMILIES)
         if unknown or not families:
-            raise ValueError(f"families must be some of {_OP_BUDGET_FAMILIES}, got {tuple(families)!r}")
+            raise ValueError(f"families must be some of {OPERATOR_FAMILIES}, got {tuple(families)!r}")
         ref = machine_reference(self._dev) if reference else None
 
         def profiled() -> OpRounds:
@@ -387,8 +419,7 @@ class PerfRecorder:
 
         if self.failure_step is None:
             self.failure_step = step
-        threshold = NEW_OP_SHARE_UPDATE if self.update else NEW_OP_SHARE_CHECK
-        ops = set(self._budgeted_ops()) | set(first.top(threshold))
+        ops = self._operator_names(first)
         def self_ms_of(op: str) -> Callable[[OpRounds], Any]:
             return (lambda r: (r.self_ms(op), list(r.ref_ms))) if reference else (lambda r: r.self_ms(op))
 
@@ -412,11 +443,28 @@ class PerfRecorder:
 
         return self.record("flops", count_flops(step).total_flops)
 
+    def _operator_names(self, first: Any) -> set[str]:
+        """The operators :meth:`operators` records: every budgeted one, and new ones above the
+        share threshold of this run's first pass.
+
+        In the later pairs of a lockstep A/B run the driver names, per test, the operators
+        either side recorded so far (:data:`AB_OPERATORS_ENV`); both sides then record exactly
+        those and the budgeted ones, so an operator near the threshold is compared in every
+        pair instead of being listed by one process and not by the other.
+        """
+        budgeted = set(self._budgeted_ops())
+        if self.judge.config.collect:
+            pinned = pinned_operators(os.environ.get(AB_OPERATORS_ENV, ""), self.nodeid, self.key)
+            if pinned is not None:
+                return budgeted | set(pinned)
+        threshold = NEW_OP_SHARE_UPDATE if self.update else NEW_OP_SHARE_CHECK
+        return budgeted | set(first.top(threshold))
+
     def _budgeted_ops(self) -> dict[str, float]:
         out: dict[str, float] = {}
         for metric, b in self.budgeted().items():
             family, _, rest = metric.partition("[")
-            if family in _OP_BUDGET_FAMILIES and rest.endswith("]"):
+            if family in OPERATOR_FAMILIES and rest.endswith("]"):
                 out.setdefault(rest[:-1], b.value)
         return out
 

@@ -17,7 +17,7 @@ from .artifacts import ArtifactConfig, parse_kinds
 from .budgets.loader import BudgetSet, load_dir
 from .budgets.update import UpdateReport, apply_updates, git_commit
 from .device import DeviceInfo, DeviceType, describe
-from .judge import STABLE_MACHINE_ENV, stable_identity
+from .judge import AB_PRECISION_ENV, STABLE_MACHINE_ENV, ab_precision, stable_identity
 from .metrics import lookup
 from .preflight import DEFAULT_MAX_LOAD_PER_CORE
 from .results import BudgetRef, Record, Results
@@ -80,6 +80,8 @@ class PerfSession:
     inductor_dir: str = ".perfbudget"
     stable_machine: str = ""
     """The declaration of a stable machine (an identity or ``yes``), empty when not declared."""
+    ab_precision: float | None = None
+    """One A/B side: the within-pair precision its statistical checks sample to (``None``: one set)."""
     pinned_gpu: str | None = None
     records: list[Record] = field(default_factory=list)
     errors: list[dict[str, str]] = field(default_factory=list)
@@ -113,6 +115,10 @@ class PerfSession:
         update = bool(config.getoption("--update-budgets"))
         if collect and update:
             raise pytest.UsageError("--perf-collect (one side of an A/B run) cannot be combined with --update-budgets")
+        try:
+            precision = ab_precision(os.environ.get(AB_PRECISION_ENV)) if collect else None
+        except ValueError as exc:
+            raise pytest.UsageError(str(exc)) from None
         return cls(
             rootdir=root,
             budgets_dir=budgets_dir,
@@ -124,6 +130,7 @@ class PerfSession:
             max_load=max_load,
             is_worker=hasattr(config, "workerinput"),
             collect=collect,
+            ab_precision=precision,
             budgets_dir_arg=arg,
             artifacts=ArtifactConfig(kinds=kinds, threads=threads),
             html=bool(config.getini("perfbudget_html")),

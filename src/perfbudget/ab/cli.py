@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from ..judge import DEFAULT_AB_PRECISION
 from ..results import Record
 from .compare import ABInfo
 from .pairs import parse_cpus
@@ -61,6 +62,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--perf-strict", action="store_true",
                    help="an inconclusive check (its CI still straddles the tolerance after the last pair) fails "
                         "the run (also when --perf-strict is among the pytest args)")
+    p.add_argument("--precision", type=float, default=DEFAULT_AB_PRECISION, metavar="FRACTION",
+                   help="inside a pair, a statistical check keeps taking turns until its head/base ratio is "
+                        "within +-FRACTION (or a per-check cap); 0: one fixed sample set (default 0.01)")
     p.add_argument("--allow-missing-base", action="store_true",
                    help="a base that cannot run is not an error: judge the head against the stored budgets")
     p.add_argument("--out", metavar="PATH", help="merged results JSON (default .perfbudget/ab/results.json)")
@@ -103,7 +107,7 @@ def cmd_ab(args: argparse.Namespace, out: TextIO) -> int:
                           max_pairs=args.max_pairs, max_minutes=args.max_minutes, cpus=cpus,
                           out=Path(args.out).resolve() if args.out else None, pytest_args=tuple(pytest_args),
                           strict=args.perf_strict or "--perf-strict" in pytest_args,
-                          allow_missing_base=args.allow_missing_base)
+                          allow_missing_base=args.allow_missing_base, precision=args.precision or None)
     except (UsageError, GitError, ValueError) as exc:  # ValueError: a bad --cpus
         print(f"perfbudget ab: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -13,15 +13,18 @@ budget and the time allow. A base that cannot run at all is an error unless
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..budgets.loader import BudgetSet, load_dir
+from ..judge import AB_PRECISION_ENV, DEFAULT_AB_PRECISION
+from ..recorder import AB_OPERATORS_ENV, OPERATOR_FAMILIES
 from ..results import Results, load_results
 from .compare import Comparison, PairRecords, compare_pairs
 from .pairs import PairRun, SideCommand, one_cpu, pytest_command, run_pair
@@ -62,6 +65,9 @@ class ABConfig:
         strict: an inconclusive check fails the run (``perfbudget ab --perf-strict``).
         allow_missing_base: a base that cannot run is judged as "not compared" against the
             stored budgets (``--allow-missing-base``); otherwise it is an error.
+        precision: the half-width each statistical check's within-pair ratio samples to
+            (``--precision``; see ``JudgeConfig.ab_precision``); ``None`` or 0: one fixed
+            sample set per check and side.
     """
 
     root: Path
@@ -77,8 +83,11 @@ class ABConfig:
     policy: ABPolicy = field(default_factory=ABPolicy)
     strict: bool = False
     allow_missing_base: bool = False
+    precision: float | None = DEFAULT_AB_PRECISION
 
     def __post_init__(self) -> None:
+        if self.precision is not None and not 0 <= self.precision < 1:
+            raise UsageError(f"--precision: expected a fraction in [0, 1) such as 0.01, got {self.precision!r}")
         if self.min_pairs < 1:
             raise UsageError(f"--min-pairs: expected >= 1, got {self.min_pairs!r}")
         if self.max_pairs < self.min_pairs:
@@ -172,6 +181,10 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
     command = command or pytest_command(config.pytest_args)
     cpus = one_cpu() if config.cpus is None else config.cpus
 
+    operators_file = workdir / "operators.json"
+    operators_file.unlink(missing_ok=True)
+    env = {**os.environ, AB_OPERATORS_ENV: str(operators_file),
+           AB_PRECISION_ENV: f"{config.precision:g}" if config.precision else "0"}
     runs: list[PairRun] = []
     records: list[PairRecords] = []  # the valid pairs only
     problems: list[str] = []
@@ -197,7 +210,7 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
             ("every selected test" if tests is None else f"{len(tests)} test(s) with undecided checks")
         say(f"perfbudget ab: pair {index} ({first} first; {what}) ...")
         run = run_pair(index, trees=trees, shims=shims, workdir=workdir, command=command, first=first,
-                       timeout_s=max(deadline - now, 1.0), burst_ms=config.burst_ms, cpus=cpus, tests=tests,
+                       timeout_s=max(deadline - now, 1.0), burst_ms=config.burst_ms, cpus=cpus, tests=tests, env=env,
                        replaces=None if to_replace is None else to_replace.index)
         pair, side_problems = _pair_records(run)
         run = replace(run, ran=_nodeids(pair.head))
@@ -230,6 +243,7 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
             continue
         to_replace = None
         records.append(replace(pair, index=index))
+        _pin_operators(operators_file, records)
         if budgets is None:
             budgets = _budgets(root, pair.head)
         if run.timed_out:
@@ -295,6 +309,22 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
         code = EXIT_OK
     return ABRun(results=results, path=path, exit_code=code, comparison=comparison, pairs=tuple(runs),
                  problems=tuple(problems), stopped=stopped, invalid=invalid)
+
+
+def _pin_operators(path: Path, pairs: Sequence[PairRecords]) -> None:
+    """Name, per test and key, every operator either side recorded in the valid pairs so far:
+    the sides of the later pairs record exactly those (``recorder.AB_OPERATORS_ENV``)."""
+    ops: dict[str, dict[str, set[str]]] = {}
+    for pair in pairs:
+        for side in (pair.head, pair.base):
+            for r in side.records if side is not None else ():
+                family, _, rest = r.metric.partition("[")
+                if family in OPERATOR_FAMILIES and rest.endswith("]") and r.nodeid:
+                    ops.setdefault(r.nodeid, {}).setdefault(r.key, set()).add(rest[:-1])
+    data = {n: {k: sorted(v) for k, v in keys.items()} for n, keys in ops.items()}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def _nodeids(results: Results | None) -> tuple[str, ...]:
