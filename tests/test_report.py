@@ -418,3 +418,17 @@ def test_perfbudget_merge_of_two_shards_gives_the_unsharded_report(pytester: pyt
         assert main(["report", str(full), "-f", fmt, "-o", f"f.{fmt}"]) == 1
         assert (pytester.path / f"m.{fmt}").read_text() == (pytester.path / f"f.{fmt}").read_text()
     shutil.rmtree(pytester.path / "shards")
+
+
+def test_every_outcome_has_its_place_in_every_report() -> None:
+    from perfbudget.budgets.verdict import OUTCOMES, Outcome
+    from perfbudget.report.common import OUTCOME_ORDER, outcome_text
+    from perfbudget.report.html import _COLOR
+    from perfbudget.report.markdown import ICON
+
+    for table in (OUTCOME_ORDER, ICON, _COLOR):
+        assert set(table) == set(OUTCOMES), table
+    assert sorted(OUTCOME_ORDER.values()) == list(range(len(OUTCOMES)))
+    assert f"{Outcome.NOT_JUDGED}" == "not_judged" and Outcome("not_judged") is Outcome.NOT_JUDGED
+    r = Record(nodeid="t", key="k", metric="step_ms", outcome=Outcome.NOT_JUDGED, value=1.0)
+    assert outcome_text(r) == "NOT JUDGED"

@@ -11,17 +11,18 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from .budgets.loader import BudgetSet
 from .budgets.schema import Budget, BudgetError
-from .budgets.verdict import Verdict, VerdictPolicy, decide
+from .budgets.verdict import Outcome, Verdict, VerdictPolicy, decide
 from .device import DeviceInfo
+from .enums import StrEnum
 from .measure.stats import median, quantile_ci
 from .metrics import MetricName
 
 __all__ = ["AB_PRECISION_ENV", "DEFAULT_AB_PRECISION", "OP_FAMILIES", "REFERENCE_MISMATCH", "STABLE_MACHINE_ENV",
-           "Decision", "Judge", "JudgeConfig", "ab_precision", "stable_identity"]
+           "Decision", "Judge", "JudgeConfig", "TestOutcome", "ab_precision", "stable_identity"]
 
 #: Environment variable a self-hosted runner sets to declare itself stable: this machine's
 #: identity (``perfbudget show --identity``), or ``yes`` for whatever identity it has.
@@ -139,7 +140,15 @@ class JudgeConfig:
             raise ValueError(f"reference_mismatch must be > 0, got {self.reference_mismatch!r}")
 
 
-Outcome = Literal["pass", "skip", "fail"]
+class TestOutcome(StrEnum):
+    """What a test's verdicts mean for the test (pytest's own outcome follows it)."""
+
+    __test__ = False  # not a test class, whatever pytest's name pattern says
+
+    PASS = "pass"
+    SKIP = "skip"
+    """Nothing failed, but something was not judged."""
+    FAIL = "fail"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -160,7 +169,7 @@ class Decision:
         empty: the test used ``perf`` but recorded nothing.
     """
 
-    outcome: Outcome
+    outcome: TestOutcome
     failing: tuple[Verdict, ...] = ()
     judged: tuple[Verdict, ...] = ()
     advisory: tuple[Verdict, ...] = ()
@@ -264,7 +273,7 @@ class Judge:
         if problem:
             # Keep what was measured, so a broken budget file loses no data.
             v = decide(self.key, name, samples, None, policy=self.config.policy)
-            return v.with_(outcome="error", reason=problem)
+            return v.with_(outcome=Outcome.ERROR, reason=problem)
         # One side of a lockstep A/B run: both sides share the machine's state, so its load
         # is no reason to set samples aside, and the ratio is judged raw (normalising by the
         # reference hid most of a planted slowdown in the experiment).
@@ -289,12 +298,12 @@ class Judge:
         v = decide(self.key, name, samples, budget, more=more, policy=self.policy_for(name))
         if ref_ms is not None:
             v = v.with_(ref_ms=ref_ms)
-        if advisory and v.outcome in ("pass", "stale", "fail"):
-            v = v.with_(outcome="advisory", advice=v.outcome,
+        if advisory and v.outcome in (Outcome.PASS, Outcome.STALE, Outcome.FAIL):
+            v = v.with_(outcome=Outcome.ADVISORY, advice=v.outcome,
                         reason=f"advisory (would {'be ' if v.outcome != 'fail' else ''}{v.outcome}): {v.reason}; "
                                f"{self._why_advisory(budget)}")
-        elif advisory and v.outcome == "unbudgeted":
-            v = v.with_(outcome="advisory", advice="",
+        elif advisory and v.outcome == Outcome.UNBUDGETED:
+            v = v.with_(outcome=Outcome.ADVISORY, advice="",
                         reason=f"advisory: no stored budget for it on this machine; {self._why_advisory(None)}")
         return v
 
@@ -342,7 +351,7 @@ class Judge:
         if abs(change) <= self.config.reference_mismatch:
             return ""
         return (
-            f"preflight: the machine-speed reference ran {now:.3g} ms here vs {prov.ref_ms:.3g} ms when the "
+            f"the machine-speed reference ran {now:.3g} ms here vs {prov.ref_ms:.3g} ms when the "
             f"budget was measured ({change:+.0%}): a different or busier machine than the budget describes"
         )
 
@@ -352,34 +361,33 @@ class Judge:
         """What the recorded verdicts mean for the test."""
         cfg = self.config
         if not verdicts:
-            return Decision(outcome="fail", empty=True)
-        by = {o: tuple(v for v in verdicts if v.outcome == o)
-              for o in ("pass", "stale", "fail", "advisory", "inconclusive", "unbudgeted", "unmeasurable", "error")}
-        not_judged = tuple(v for v in by["unmeasurable"] if v.reason.startswith("preflight:"))
-        unmeasurable = tuple(v for v in by["unmeasurable"] if v not in not_judged)
+            return Decision(outcome=TestOutcome.FAIL, empty=True)
+        by = {o: tuple(v for v in verdicts if v.outcome == o) for o in Outcome}
+        not_judged = by[Outcome.NOT_JUDGED]
+        unmeasurable = by[Outcome.UNMEASURABLE]
         recorded = {v.metric for v in verdicts}
         not_measured = tuple(
             (m, "budgeted for this key on this device, but the test did not record it")
             for m in sorted(self.budgeted()) if m not in recorded and self._owned_by_test(m, recorded)
         )
-        failing = list(by["error"])
+        failing = list(by[Outcome.ERROR])
         if not cfg.update and not cfg.collect:
-            failing += by["fail"]
+            failing += by[Outcome.FAIL]
             if cfg.strict:
-                failing += [*by["stale"], *by["unbudgeted"], *not_judged, *by["inconclusive"],
-                            *(v for v in by["advisory"] if v.advice == "fail")]
-        judged = (*by["pass"], *by["stale"], *by["fail"], *by["inconclusive"])
+                failing += [*by[Outcome.STALE], *by[Outcome.UNBUDGETED], *not_judged, *by[Outcome.INCONCLUSIVE],
+                            *(v for v in by[Outcome.ADVISORY] if v.advice == Outcome.FAIL)]
+        judged = (*by[Outcome.PASS], *by[Outcome.STALE], *by[Outcome.FAIL], *by[Outcome.INCONCLUSIVE])
         kw: dict[str, Any] = dict(
-            judged=judged, advisory=by["advisory"], not_judged=not_judged, unbudgeted=by["unbudgeted"], unmeasurable=unmeasurable,
+            judged=judged, advisory=by[Outcome.ADVISORY], not_judged=not_judged, unbudgeted=by[Outcome.UNBUDGETED], unmeasurable=unmeasurable,
             not_measured=not_measured,
         )
         if failing or (cfg.strict and not cfg.update and not_measured):
-            return Decision(outcome="fail", failing=tuple(failing), **kw)
+            return Decision(outcome=TestOutcome.FAIL, failing=tuple(failing), **kw)
         if cfg.update or cfg.collect:
-            return Decision(outcome="pass", **kw)
-        something_missing = (not_judged or by["unbudgeted"] or by["inconclusive"]
+            return Decision(outcome=TestOutcome.PASS, **kw)
+        something_missing = (not_judged or by[Outcome.UNBUDGETED] or by[Outcome.INCONCLUSIVE]
                              or (unmeasurable and len(unmeasurable) == len(verdicts)))
-        return Decision(outcome="skip" if something_missing else "pass", **kw)
+        return Decision(outcome=TestOutcome.SKIP if something_missing else TestOutcome.PASS, **kw)
 
     @staticmethod
     def _owned_by_test(metric: str, recorded: set[str]) -> bool:
@@ -407,9 +415,9 @@ def _half_width(xs: Sequence[float], confidence: float) -> float:
 def _not_judged(v: Verdict, budget: Budget | None, reason: str) -> Verdict:
     """A statistical verdict set aside (busy machine, another machine): kept as measured;
     bad samples stay an error."""
-    if v.outcome == "error":
+    if v.outcome == Outcome.ERROR:
         return v.with_(budget=budget)
-    return v.with_(outcome="unmeasurable", budget=budget, reason=reason)
+    return v.with_(outcome=Outcome.NOT_JUDGED, budget=budget, reason=reason)
 
 
 def _normalised(

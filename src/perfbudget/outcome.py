@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .budgets.verdict import Outcome
 from .judge import Decision
 from .results import Record
 
@@ -46,7 +47,7 @@ def decision_text(
 
     if decision.empty:
         return f"{key}: the test used `perf` but recorded no measurement"
-    if decision.outcome == "fail":
+    if decision.outcome == Outcome.FAIL:
         lines = [f"perf budget check failed: {key} on {device_label}", "", records_table(list(records)), ""]
         failing = {v.metric for v in decision.failing}
         for r in records:
@@ -58,7 +59,7 @@ def decision_text(
         if decision.not_measured and not decision.failing:
             lines.append("budgets that apply but were not measured (--perf-strict): "
                          + ", ".join(m for m, _ in decision.not_measured))
-        stale = [v.metric for v in decision.judged if v.outcome == "stale"]
+        stale = [v.metric for v in decision.judged if v.outcome == Outcome.STALE]
         if stale:
             lines.append(f"stale (better than budget): {', '.join(stale)}; ratchet with --update-budgets")
         lines += ["", *judged_summary(decision)]
@@ -68,7 +69,7 @@ def decision_text(
         if decision.not_judged:
             names = ", ".join(v.metric for v in decision.not_judged)
             head.append(f"timing checks of {key} not judged ({names}): {decision.not_judged[0].reason}")
-        inconclusive = [v for v in decision.judged if v.outcome == "inconclusive"]
+        inconclusive = [v for v in decision.judged if v.outcome == Outcome.INCONCLUSIVE]
         if inconclusive:
             head.append("inconclusive: " + "; ".join(f"{v.metric}: {v.reason}" for v in inconclusive))
         if decision.unbudgeted:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .budgets.verdict import Verdict
+from .budgets.verdict import Outcome, Verdict
 from .judge import OP_FAMILIES, Decision, Judge
 from .measure import stats
 from .metrics import UnknownMetricError, parse_name
@@ -153,7 +153,7 @@ class PerfRecorder:
         try:
             name = parse_name(metric)
         except UnknownMetricError as exc:
-            return self._keep(Verdict(key=self.key, metric=str(metric), outcome="error", reason=str(exc)), extra)
+            return self._keep(Verdict(key=self.key, metric=str(metric), outcome=Outcome.ERROR, reason=str(exc)), extra)
         v = self.judge.judge(name, samples, more=more, reference=reference)
         if explain is not None and v.outcome == "fail":
             try:
@@ -166,7 +166,7 @@ class PerfRecorder:
 
     def unmeasurable(self, metric: str, reason: str) -> Verdict:
         """Note that ``metric`` cannot be measured here (e.g. no energy counter), with why."""
-        return self._keep(Verdict(key=self.key, metric=metric, outcome="unmeasurable", reason=reason), None)
+        return self._keep(Verdict(key=self.key, metric=metric, outcome=Outcome.UNMEASURABLE, reason=reason), None)
 
     def _keep(self, v: Verdict, extra: dict[str, Any] | None) -> Verdict:
         self.verdicts.append(v)

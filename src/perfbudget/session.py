@@ -16,6 +16,7 @@ import pytest
 from .artifacts import ArtifactConfig, parse_kinds
 from .budgets.loader import BudgetSet, load_dir
 from .budgets.update import UpdateReport, apply_updates, git_commit
+from .budgets.verdict import Outcome
 from .device import DeviceInfo, DeviceType, describe
 from .judge import AB_PRECISION_ENV, STABLE_MACHINE_ENV, ab_precision, stable_identity
 from .metrics import lookup
@@ -239,7 +240,7 @@ class PerfSession:
                 except ValueError:
                     continue
                 out.append(Record(
-                    nodeid="", key=key, metric=metric, outcome="not_measured", budget=BudgetRef.of(budget),
+                    nodeid="", key=key, metric=metric, outcome=Outcome.NOT_MEASURED, budget=BudgetRef.of(budget),
                     reason=f"budgeted for {key} on {first.device.label} but no test of this run recorded it "
                            "(deselected, renamed, or below the recording threshold)",
                     device=first.device, unit=info.unit, kind=info.kind, direction=info.direction,

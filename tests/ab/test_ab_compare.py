@@ -268,12 +268,12 @@ def test_records_without_a_measurement_are_kept_as_they_are() -> None:
 def test_samples_a_sides_preflight_did_not_judge_are_still_compared() -> None:
     # A busy machine is what lockstep turn-taking is for: both sides saw the same load.
     busy = "preflight: CPU load average 3.10 on 2 cores exceeds 1.5 per core"
-    pairs = [pair([rec("step_ms", steps(13.0), key="x", outcome="unmeasurable", reason=busy)],
-                  [rec("step_ms", steps(10.0), key="x", outcome="unmeasurable", reason=busy)]) for _ in range(2)]
+    pairs = [pair([rec("step_ms", steps(13.0), key="x", outcome="not_judged", reason=busy)],
+                  [rec("step_ms", steps(10.0), key="x", outcome="not_judged", reason=busy)]) for _ in range(2)]
     r = one(pairs)
     assert r.outcome == "fail" and r.base is not None and r.base.ratio == pytest.approx(1.3)
-    alone = one([pair([rec("step_ms", steps(13.0), key="x", outcome="unmeasurable", reason=busy)], [])])
-    assert alone.outcome == "unmeasurable" and alone.reason == f"not compared with the base: the base lacks it; {busy}"
+    alone = one([pair([rec("step_ms", steps(13.0), key="x", outcome="not_judged", reason=busy)], [])])
+    assert alone.outcome == "not_judged" and alone.reason == f"not compared with the base: the base lacks it; {busy}"
 
 
 def test_ab_info_round_trips_through_extra_and_refuses_a_bad_shape() -> None:

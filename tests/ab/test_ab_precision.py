@@ -110,7 +110,7 @@ def test_the_driver_pins_every_operator_either_side_recorded(tmp_path: Path) -> 
 def test_a_broken_pin_file_is_an_error_naming_it(tmp_path: Path) -> None:
     path = tmp_path / "operators.json"
     path.write_text("{not json")
-    with pytest.raises(ValueError, match="operators.json: cannot be read"):
+    with pytest.raises(ValueError, match=r"operators\.json: cannot be read"):
         pinned_operators(str(path), "t", "k")
     path.write_text(json.dumps({"t": {"k": "aten::mm"}}))
     with pytest.raises(ValueError, match=r"\['t'\]\['k'\]: expected a list"):

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from ..budgets.verdict import Outcome
 from ..judge import DEFAULT_AB_PRECISION
 from ..results import Record
 from .compare import ABInfo
@@ -143,7 +144,7 @@ def summary(run: ABRun) -> str:
             ci = f"{b.ratio_ci[0]:.3f}-{b.ratio_ci[1]:.3f}"
             lines.append(f"  {r.outcome:<12} {b.ratio:>9.3f} {ci:>15} {b.pairs:>5}  {_name(r)}")
     for r in recs:
-        if r.outcome in ("fail", "error", "inconclusive"):
+        if r.outcome in (Outcome.FAIL, Outcome.ERROR, Outcome.INCONCLUSIVE):
             lines.append(f"{r.outcome.upper()} {_name(r)}: {r.reason}")
     if run.invalid:
         lines.append(f"{len(run.invalid)} pair(s) not used: turn-taking was lost (pair "

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..budgets.loader import BudgetSet
 from ..budgets.schema import Budget, BudgetError
-from ..budgets.verdict import Verdict, decide
+from ..budgets.verdict import Outcome, Verdict, decide
 from ..extras import ExtraError
 from ..judge import OP_FAMILIES
 from ..measure import stats
@@ -34,19 +34,16 @@ CheckId = tuple[str, str, str]
 """``(nodeid, key, metric)``: the same check on both sides."""
 
 #: Outcomes of a side's record that carry a measurement to compare (others are kept as they are:
-#: error, unmeasurable, not_measured).
-_MEASURED = ("pass", "stale", "fail", "unbudgeted")
-#: A statistical check "not judged" by a side's preflight (a busy CPU, a shared GPU) still holds
-#: its samples: in lockstep both sides ran under that same machine state, which is what the
-#: A/B comparison is for.
-_PREFLIGHT = "preflight:"
+#: error, unmeasurable, not_measured). A statistical check "not judged" by a side's preflight
+#: (a busy CPU, a shared GPU) still holds its samples: in lockstep both sides ran under that same
+#: machine state, which is what the A/B comparison is for.
+_MEASURED = (Outcome.PASS, Outcome.STALE, Outcome.FAIL, Outcome.UNBUDGETED, Outcome.ADVISORY, Outcome.NOT_JUDGED)
 
 
 def _usable(r: Record | None) -> bool:
     if r is None or not (r.value is not None or r.samples):
         return False
-    return r.outcome in _MEASURED or (r.outcome == "unmeasurable" and r.reason.startswith(_PREFLIGHT)
-                                      and bool(r.samples))
+    return r.outcome in _MEASURED
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -266,7 +263,7 @@ def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_
         except BudgetError as exc:
             errors = [exc, *errors]
         if errors:
-            return head0.with_(outcome="error", reason=f"budgets: {errors[0]}"), "kept"
+            return head0.with_(outcome=Outcome.ERROR, reason=f"budgets: {errors[0]}"), "kept"
     if not info.statistical:
         return _merge_exact(head0, used, ctx, base_has_it=base_has_it), "kept"
     ratios: list[float] = []
@@ -308,11 +305,11 @@ def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_
         if ctx.require_base and not ctx.base_ran:
             ab = ABInfo(compared=False, note=why)
             return head0.with_(
-                outcome="error",
+                outcome=Outcome.ERROR,
                 reason=f"not compared with the base: {why}; a timing check is judged on head/base and the "
                        "base gave none (pass --allow-missing-base to judge it against the stored budgets instead)",
                 extra={**head0.extra, **ab.to_extra()}), "not compared"
-        if head0.outcome == "unmeasurable":  # not judged by the head's preflight: nothing to judge alone
+        if head0.outcome == Outcome.NOT_JUDGED:  # set aside by the head's preflight: nothing to judge alone
             ab = ABInfo(compared=False, note=why)
             return head0.with_(reason=f"not compared with the base: {why}; {head0.reason}",
                                extra={**head0.extra, **ab.to_extra()}), "not compared"
@@ -413,7 +410,7 @@ def _merge_exact(head0: Record, used: list[_Used], ctx: _Context, *, base_has_it
         worse = head0.value > base_value * (1 + tolerance) if info.direction == "lower" \
             else head0.value < base_value * (1 - tolerance)
         change += f" (tolerance {tolerance:.0%})"
-        if worse and outcome in ("pass", "stale", "unbudgeted"):
+        if worse and outcome in (Outcome.PASS, Outcome.STALE, Outcome.UNBUDGETED):
             outcome = "fail"
             change += ": worse than the base beyond its tolerance"
     ab = ABInfo(compared=True, tolerance=tolerance)

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..budgets.loader import BudgetSet, load_dir
+from ..budgets.verdict import Outcome
+from ..enums import StrEnum
 from ..judge import AB_PRECISION_ENV, DEFAULT_AB_PRECISION
 from ..recorder import AB_OPERATORS_ENV, OPERATOR_FAMILIES
 from ..results import Results, load_results
@@ -31,11 +33,26 @@ from .pairs import PairRun, SideCommand, one_cpu, pytest_command, run_pair
 from .trees import AB_DIR, GitError, build_shim, head_commit, instrument_dir, prepare_base
 from .verdict import ABPolicy
 
-__all__ = ["ABConfig", "ABRun", "UsageError", "run_ab"]
+__all__ = ["ABConfig", "ABRun", "StopReason", "UsageError", "run_ab"]
 
 EXIT_OK = 0
 EXIT_FAIL = 1
 EXIT_USAGE = 2
+
+
+class StopReason(StrEnum):
+    """Why the run started no further pair (``meta["ab"]["stopped"]`` in the results)."""
+
+    DECIDED = "decided"
+    """Every statistical check was decided."""
+    MAX_PAIRS = "max pairs"
+    """``--max-pairs`` were run; checks still straddling are inconclusive."""
+    TIME = "time"
+    """Another pair would have ended past ``--max-minutes`` (or one was stopped there)."""
+    HEAD_FAILED = "head failed"
+    """The head side wrote no usable results."""
+    BASE_UNAVAILABLE = "base unavailable"
+    """The base side could not run in the first pair."""
 
 
 class UsageError(ValueError):
@@ -131,7 +148,7 @@ class ABRun:
     pairs: tuple[PairRun, ...]
     problems: tuple[str, ...] = ()
     """What went wrong with the sides, one readable paragraph each."""
-    stopped: str = ""
+    stopped: StopReason = StopReason.MAX_PAIRS
     """Why no further pair ran: ``decided``, ``max pairs``, ``time``, ``base unavailable``, ``head failed``."""
     invalid: tuple[int, ...] = ()
     """Numbers of the pairs not used because they lost turn-taking."""
@@ -190,7 +207,7 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
     problems: list[str] = []
     comparison = Comparison(records=[])
     budgets: BudgetSet | None = None
-    stopped = "max pairs"
+    stopped = StopReason.MAX_PAIRS
     head_failed = False
     slot = 1  # the valid pair being run: odd slots start with the base, even ones with the head
     to_replace: PairRun | None = None  # an invalid pair awaiting its one re-run
@@ -200,7 +217,7 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
         if runs:
             expected_s = runs[-1].wall_s  # the next pair runs the same tests or fewer
             if now + expected_s > deadline:
-                stopped = "time"
+                stopped = StopReason.TIME
                 say(f"perfbudget ab: stopping after {len(runs)} pair(s): another (~{expected_s:.0f} s) would end "
                     f"past --max-minutes {config.max_minutes:g}")
                 break
@@ -219,14 +236,14 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
             f"(turns: base {run.turns.grants('base')}, head {run.turns.grants('head')})")
         if run.timed_out and records:
             # Stopped by our own clock: the pair is incomplete, the earlier ones stand.
-            stopped = "time"
+            stopped = StopReason.TIME
             problems.append(f"pair {index}: stopped at --max-minutes {config.max_minutes:g}; not used")
             break
         problems.extend(side_problems)
         if run.sides["head"].returncode not in (0, None):
             head_failed = True
         if pair.head is None:
-            stopped = "head failed"
+            stopped = StopReason.HEAD_FAILED
             break
         if run.invalid and not run.timed_out:
             # Part of the pair ran out of lockstep: its ratios would carry the machine's drift.
@@ -247,15 +264,15 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
         if budgets is None:
             budgets = _budgets(root, pair.head)
         if run.timed_out:
-            stopped = "time"
+            stopped = StopReason.TIME
             break
         if len(records) == 1 and pair.base is None:
-            stopped = "base unavailable"
+            stopped = StopReason.BASE_UNAVAILABLE
             break
         comparison = compare_pairs(records, budgets=budgets, policy=config.policy, final=False,
                                    min_pairs=config.min_pairs)
         if not comparison.undecided:
-            stopped = "decided"
+            stopped = StopReason.DECIDED
             break
         tests = _tests_of(comparison)
         slot += 1
@@ -264,7 +281,7 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
         problems.append(f"pair {to_replace.index}: dropped: no pair budget (--max-pairs {config.max_pairs}) "
                         "or time left to re-run it")
         say(f"perfbudget ab: pair {to_replace.index} dropped: no pair or time left to re-run it")
-    missing_base = stopped == "base unavailable" and not config.allow_missing_base
+    missing_base = stopped == StopReason.BASE_UNAVAILABLE and not config.allow_missing_base
     if missing_base:
         why = records[0].base_problem if records else ""
         problems.append(f"the base {base.commit[:12]} ({config.base}) could not run under this instrument"
@@ -274,7 +291,7 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
     comparison = compare_pairs(records, budgets=budgets or BudgetSet(root=root / "budgets"), policy=config.policy,
                                final=True, min_pairs=config.min_pairs, require_base=not config.allow_missing_base)
     invalid = tuple(r.index for r in runs if r.invalid)
-    if not records and invalid and stopped != "head failed":
+    if not records and invalid and stopped != StopReason.HEAD_FAILED:
         problems.append(f"no valid pair: every pair lost turn-taking ({', '.join(map(str, invalid))})")
     elif not comparison.records and not problems:
         problems.append("the head side recorded no checks (did the pytest args select any perf test?)")
@@ -299,7 +316,7 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
         },
     })
     path = results.write(config.results_path)
-    bad = any(r.outcome in ("fail", "error") for r in comparison.records)
+    bad = any(r.outcome in (Outcome.FAIL, Outcome.ERROR) for r in comparison.records)
     first_head = runs[0].sides["head"].returncode if runs else None
     if first_head == 4 and not comparison.records:
         code = EXIT_USAGE  # pytest's own usage error: the pytest args are wrong

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ..budgets.verdict import Outcome
 from ..extras import FailureArtifacts
 from ..metrics import DEFAULT_TOLERANCE, UnknownMetricError, parse_name
 from ..results import BaseSide, Record
@@ -53,11 +54,12 @@ __all__ = [
 ]
 
 #: Outcomes that make a run red (a regression or a broken measurement/budget).
-REGRESSION_OUTCOMES = ("fail", "error")
+REGRESSION_OUTCOMES = (Outcome.FAIL, Outcome.ERROR)
 
 #: Report order of outcomes: what needs attention first.
-OUTCOME_ORDER = {"error": 0, "fail": 1, "inconclusive": 2, "unbudgeted": 3, "stale": 4, "advisory": 5,
-                 "unmeasurable": 6, "pass": 7}
+OUTCOME_ORDER: dict[str, int] = {o: i for i, o in enumerate((
+    Outcome.ERROR, Outcome.FAIL, Outcome.INCONCLUSIVE, Outcome.NOT_MEASURED, Outcome.UNBUDGETED, Outcome.STALE,
+    Outcome.NOT_JUDGED, Outcome.ADVISORY, Outcome.UNMEASURABLE, Outcome.PASS))}
 
 #: Metric families judged per operator: their records are "the operators that moved".
 OP_FAMILIES = ("op_self_ms", "op_share", "op_count")
@@ -215,7 +217,8 @@ def outcome_counts(records: Iterable[Record]) -> dict[str, int]:
 
 def outcome_text(r: Record) -> str:
     """``FAIL``, or ``ADVISORY (fail)`` for an advisory record with its would-be outcome."""
-    return f"{r.outcome.upper()} ({r.advice})" if r.outcome == "advisory" and r.advice else r.outcome.upper()
+    text = r.outcome.upper().replace("_", " ")
+    return f"{text} ({r.advice})" if r.outcome == Outcome.ADVISORY and r.advice else text
 
 
 def summary_line(records: Iterable[Record]) -> str:
@@ -337,7 +340,7 @@ class FailingTest:
     @property
     def worst(self) -> str:
         """``error`` when any record errored, else ``fail``."""
-        return "error" if any(r.outcome == "error" for r in self.bad) else "fail"
+        return "error" if any(r.outcome == Outcome.ERROR for r in self.bad) else "fail"
 
     @property
     def moves(self) -> list[OpMove]:
@@ -375,7 +378,7 @@ def failing_tests(records: Iterable[Record]) -> list[FailingTest]:
     for (dev, nodeid, key), group in groups.items():
         bad = [r for r in group if r.outcome in REGRESSION_OUTCOMES]
         if bad:
-            bad.sort(key=lambda r: (op_of(r.metric) is not None, r.outcome != "error", r.metric))
+            bad.sort(key=lambda r: (op_of(r.metric) is not None, r.outcome != Outcome.ERROR, r.metric))
             out.append(FailingTest(device=dev, nodeid=nodeid, key=key, bad=tuple(bad), records=tuple(group)))
     return out
 

@@ -56,6 +56,8 @@ _COLOR = {
     "advisory": "#bc4c00",
     "pass": "#1a7f37",
     "unbudgeted": "#8c959f",
+    "not_judged": "#8c959f",
+    "not_measured": "#6e7781",
     "unmeasurable": "#8c959f",
 }
 _BAND = "#2da44e"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 
+from ..budgets.verdict import Outcome
 from ..results import Record, Results
 from .common import (
     REGRESSION_OUTCOMES,
@@ -121,8 +122,8 @@ def junit_xml(results: Results | Iterable[Record], *, suite: str = "perfbudget")
         ET.SubElement(props, "property", name="perf.device", value=dev)
         for k, v in junit_properties(recs):
             ET.SubElement(props, "property", name=k, value=v)
-        errors = [r for r in recs if r.outcome == "error"]
-        fails = [r for r in recs if r.outcome == "fail"]
+        errors = [r for r in recs if r.outcome == Outcome.ERROR]
+        fails = [r for r in recs if r.outcome == Outcome.FAIL]
         if errors or fails:
             tag = "error" if errors else "failure"
             n["errors" if errors else "failures"] += 1
@@ -132,12 +133,12 @@ def junit_xml(results: Results | Iterable[Record], *, suite: str = "perfbudget")
             for t in failing_tests(recs):
                 body.extend(detail_lines(t))
             el.text = "\n".join(body)
-        elif any(r.outcome == "inconclusive" for r in recs):
+        elif any(r.outcome == Outcome.INCONCLUSIVE for r in recs):
             # Not a failure, but not a pass either: the run could not tell.
             n["skipped"] += 1
             ET.SubElement(tc, "skipped", message="; ".join(f"{r.metric}: inconclusive: {r.reason}" for r in recs
-                                                            if r.outcome == "inconclusive"))
-        elif all(r.outcome in ("unbudgeted", "unmeasurable") for r in recs):
+                                                            if r.outcome == Outcome.INCONCLUSIVE))
+        elif all(r.outcome in (Outcome.UNBUDGETED, Outcome.NOT_JUDGED, Outcome.UNMEASURABLE) for r in recs):
             n["skipped"] += 1
             ET.SubElement(tc, "skipped", message="; ".join(f"{r.metric}: {r.outcome}" for r in recs))
     for attr, count in n.items():

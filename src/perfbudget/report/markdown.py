@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from ..budgets.verdict import Outcome
 from ..results import Record, Results
 from .common import (
     BASE_COLUMNS,
@@ -30,8 +31,12 @@ from .common import (
 
 __all__ = ["markdown_report"]
 
-ICON = {"fail": "❌", "error": "⛔", "inconclusive": "❔", "stale": "🟡", "advisory": "🔶", "unbudgeted": "⚪",
-        "unmeasurable": "➖", "pass": "✅"}
+ICON: dict[str, str] = {Outcome.FAIL: "❌", Outcome.ERROR: "⛔", Outcome.INCONCLUSIVE: "❔", Outcome.STALE: "🟡",
+        Outcome.ADVISORY: "🔶", Outcome.UNBUDGETED: "⚪", Outcome.NOT_JUDGED: "⏸️", Outcome.NOT_MEASURED: "🔲",
+        Outcome.UNMEASURABLE: "➖", Outcome.PASS: "✅"}
+
+#: Records measured (or budgeted) but not judged, listed in a section of their own.
+_NOT_JUDGED = (Outcome.UNBUDGETED, Outcome.NOT_JUDGED, Outcome.NOT_MEASURED, Outcome.UNMEASURABLE)
 
 #: GitHub caps one step summary at 1 MiB; stay well under it.
 _MARKDOWN_MAX_ROWS = 400
@@ -69,7 +74,7 @@ def markdown_report(results: Results | Iterable[Record], *, title: str = "perf b
         lines.append("")
         for t in failing_tests(records):
             lines.extend(_regression(t))
-    stale = [r for r in records if r.outcome == "stale"]
+    stale = [r for r in records if r.outcome == Outcome.STALE]
     if stale:
         lines.append("### Stale budgets (better than budget beyond tolerance)")
         lines.append("")
@@ -80,7 +85,7 @@ def markdown_report(results: Results | Iterable[Record], *, title: str = "perf b
                               ([f"`{r.key}`", f"`{r.metric}`", budget_text(r), fmt_value(r.value, r.unit),
                                 change_text(r), device_label(r)] for r in stale)))
         lines.append("")
-    inconclusive = [r for r in records if r.outcome == "inconclusive"]
+    inconclusive = [r for r in records if r.outcome == Outcome.INCONCLUSIVE]
     if inconclusive:
         lines.append("### Inconclusive (the interval still straddles the tolerance after the last pair)")
         lines.append("")
@@ -91,7 +96,7 @@ def markdown_report(results: Results | Iterable[Record], *, title: str = "perf b
                               ([f"`{r.key}`", f"`{r.metric}`", base_cells(r)[1] if r.base else "-", r.reason,
                                 f"`{r.nodeid}`"] for r in inconclusive)))
         lines.append("")
-    advisory = [r for r in records if r.outcome == "advisory"]
+    advisory = [r for r in records if r.outcome == Outcome.ADVISORY]
     if advisory:
         lines.append("### Advisory (stored timing budgets on a machine not declared stable for them)")
         lines.append("")
@@ -103,9 +108,9 @@ def markdown_report(results: Results | Iterable[Record], *, title: str = "perf b
                               ([r.advice or "-", f"`{r.key}`", f"`{r.metric}`", budget_text(r),
                                 fmt_value(r.value, r.unit), change_text(r), device_label(r)] for r in advisory)))
         lines.append("")
-    unbudgeted = [r for r in records if r.outcome in ("unbudgeted", "unmeasurable")]
+    unbudgeted = [r for r in records if r.outcome in _NOT_JUDGED]
     if unbudgeted:
-        lines.append("### Unbudgeted or unmeasurable")
+        lines.append("### Unbudgeted, set aside (not judged), not measured or unmeasurable")
         lines.append("")
         lines.extend(md_table(["verdict", "key", "metric", "measured", "why", "test"],
                               ([r.outcome, f"`{r.key}`", f"`{r.metric}`", fmt_value(r.value, r.unit),

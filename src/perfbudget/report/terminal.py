@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from ..budgets.verdict import Outcome
 from ..results import Record, Results
 from .common import (
     BASE_COLUMNS,
@@ -117,7 +118,7 @@ def terminal_report(results: Results | Iterable[Record]) -> str:
         out.append("regressions:")
         for t in failing:
             out.extend(detail_lines(t))
-    inconclusive = [r for r in records if r.outcome == "inconclusive"]
+    inconclusive = [r for r in records if r.outcome == Outcome.INCONCLUSIVE]
     if inconclusive:
         out.append("")
         out.append("inconclusive (not a failure; --perf-strict makes it one):")
