@@ -63,6 +63,10 @@ def pytest_perfbudget_results(config: pytest.Config, results: Results, path: Pat
     were written and after ``--update-budgets`` applied its changes. Not called when no test
     used ``perf``. Use it to post the results somewhere, or to check them as a whole.
 
+    Implement it in the rootdir's ``conftest.py`` or a plugin: under xdist the controller
+    collects no tests, so it loads only the conftests of the rootdir and of the paths named
+    on the command line, not those further down.
+
     Args:
         config: the pytest config.
         results: every record of the run (``results.records``), including the budgets
