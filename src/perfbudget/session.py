@@ -189,8 +189,12 @@ class PerfSession:
         """Failure artifacts go beside the results JSON: ``<json folder>/artifacts/<test>/``."""
         return self.json_path.parent / "artifacts"
 
-    def finish(self) -> None:
-        """Controller only: write results, then reports, then apply updates from the same records."""
+    def finish(self) -> Results:
+        """Controller only: write results, then reports, then apply updates from the same records.
+
+        Returns:
+            The results written to :attr:`json_path`.
+        """
         from .report import markdown_report
 
         self.records.extend(self.not_measured())
@@ -213,6 +217,7 @@ class PerfSession:
             self.update_report = apply_updates(
                 results.measured(), self.budgets, allow_loosen=self.allow_loosen, commit=git_commit(self.rootdir)
             )
+        return results
 
 
     def not_measured(self) -> list[Record]:
