@@ -246,7 +246,7 @@ class PerfPlugin:
         text = decision_text(decision, records, key=rec.key, device_label=rec.device.label,
                              update_command=rec.update_command)
         if decision.outcome != "pass" or text:
-            item.user_properties.append(("perf.outcome", text or decision.outcome))
+            item.user_properties.append(("perf.outcome", text or str(decision.outcome)))
         if decision.outcome == "fail":
             note = self._failure_artifacts(item, rec, records)
             _fail(text + (f"\n\n{note}" if note else ""))

@@ -43,9 +43,9 @@ def junit_properties(records: Iterable[Record]) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     for r in recs:
         name = f"perf.{r.key}.{r.metric}"
-        out.append((name, r.outcome))
+        out.append((name, str(r.outcome)))  # plain str: xdist serialises properties
         if r.advice:
-            out.append((f"{name}.advice", r.advice))
+            out.append((f"{name}.advice", str(r.advice)))
         if r.value is not None:
             out.append((f"{name}.measured", _prop(r.value)))
         if r.budget:
