@@ -20,6 +20,7 @@ from .budgets.loader import load_dir
 from .budgets.update import UpdateReport, apply_updates, git_commit
 from .device import DeviceInfo
 from .extras import ExtraError
+from .fileio import atomic_write
 from .judge import STABLE_MACHINE_ENV, stable_identity
 from .report import (
     device_label,
@@ -83,8 +84,7 @@ def _emit(text: str, output: str | None, out: TextIO) -> None:
         return
     path = Path(output)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+        atomic_write(path, text)  # CI reads these files: never a half-written report
     except OSError as exc:
         raise InputError(f"{path}: cannot write: {exc.strerror or exc}") from None
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -16,6 +14,7 @@ from .budgets.schema import Budget
 from .budgets.update import Measured, measured_value
 from .budgets.verdict import Verdict
 from .device import DeviceInfo
+from .fileio import atomic_write
 from .metrics import UnknownMetricError
 
 __all__ = ["RESULTS_SCHEMA", "BaseSide", "BudgetRef", "Record", "Results", "load_results", "merge_results"]
@@ -229,15 +228,8 @@ class Results:
         return {"schema": RESULTS_SCHEMA, "meta": self.meta, "records": [r.as_dict() for r in self.records]}
 
     def write(self, path: str | Path) -> Path:
-        """Write atomically (temp file + rename); returns the path."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(self.as_dict(), fh, indent=1)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; results are meant to be shared
-        os.replace(tmp, path)
-        return path
+        """Write atomically (:func:`perfbudget.fileio.atomic_write`); returns the path."""
+        return atomic_write(path, json.dumps(self.as_dict(), indent=1))
 
     def measured(self) -> list[Measured]:
         return [m for r in self.records if (m := r.measured()) is not None]
