@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..budgets.loader import BudgetSet, load_dir
+from ..exitcodes import ExitCode
 from ..results import Results, load_results
 from .compare import Comparison, PairRecords, compare_pairs
 from .pairs import PairRun, SideCommand, one_cpu, pytest_command, run_pair
@@ -29,11 +30,6 @@ from .trees import AB_DIR, GitError, build_shim, head_commit, instrument_dir, pr
 from .verdict import ABPolicy
 
 __all__ = ["ABConfig", "ABRun", "UsageError", "run_ab"]
-
-EXIT_OK = 0
-EXIT_FAIL = 1
-EXIT_USAGE = 2
-
 
 class UsageError(ValueError):
     """Bad arguments or a checkout the run cannot work in (exit status 2)."""
@@ -113,7 +109,7 @@ class ABRun:
     results: Results
     path: Path
     """Where ``results`` was written."""
-    exit_code: int
+    exit_code: ExitCode
     """0: no check failed or errored (inconclusive ones included, unless ``strict``); 1: a
     check failed or errored, a check was inconclusive under ``strict``, the head's pytest
     failed, the base could not run (without ``allow_missing_base``), or no pair was valid;
@@ -288,11 +284,11 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
     bad = any(r.outcome in ("fail", "error") for r in comparison.records)
     first_head = runs[0].sides["head"].returncode if runs else None
     if first_head == 4 and not comparison.records:
-        code = EXIT_USAGE  # pytest's own usage error: the pytest args are wrong
+        code = ExitCode.USAGE  # pytest's own usage error: the pytest args are wrong
     elif bad or head_failed or missing_base or not comparison.records or (config.strict and comparison.inconclusive):
-        code = EXIT_FAIL
+        code = ExitCode.FAILED
     else:
-        code = EXIT_OK
+        code = ExitCode.OK
     return ABRun(results=results, path=path, exit_code=code, comparison=comparison, pairs=tuple(runs),
                  problems=tuple(problems), stopped=stopped, invalid=invalid)
 
