@@ -12,8 +12,9 @@ from .budgets import (
     decide,
     load_dir,
 )
-from .device import DeviceInfo, describe
+from .device import DeviceInfo
 from .judge import Decision, Judge, JudgeConfig
+from .measure.machine import describe
 from .metrics import METRICS, Metric, parse_name
 from .recorder import PerfRecorder
 from .results import BaseSide, BudgetRef, Record, Results, load_results, merge_results

@@ -164,7 +164,7 @@ def _devices_for_show(args: argparse.Namespace) -> list[DeviceInfo]:
         if not seen:
             raise InputError(f"{args.from_results}: no records, so no device to show budgets for")
         return [seen[k] for k in sorted(seen)]
-    from .device import describe
+    from .measure.machine import describe
 
     try:
         return [describe(args.device, threads=args.threads)]

@@ -15,9 +15,10 @@ import pytest
 from .artifacts import ArtifactConfig, parse_kinds
 from .budgets.loader import BudgetSet, load_dir
 from .budgets.update import UpdateReport, apply_updates, git_commit
-from .device import DeviceInfo, DeviceType, describe
+from .device import DeviceInfo, DeviceType
 from .fileio import lock
 from .judge import STABLE_MACHINE_ENV, stable_identity
+from .measure.machine import describe
 from .metrics import lookup
 from .preflight import DEFAULT_MAX_LOAD_PER_CORE
 from .results import BudgetRef, Record, Results
