@@ -30,11 +30,6 @@ def test_padding_by_width_groups_batches_by_their_padded_width() -> None:
     assert PaddingByWidth.from_stats(stats).rates == (0.25,)
 
 
-def test_padding_by_width_reads_the_earlier_untyped_form() -> None:
-    p = PaddingByWidth.from_extra({PADDING_BY_WIDTH: {"64": 0.2, "32": 0.1}})
-    assert p is not None and p.widths == (32, 64) and p.rates == (0.1, 0.2) and p.sorted_rate is None
-
-
 def test_padding_by_width_refuses_bad_shapes_naming_key_and_value() -> None:
     with pytest.raises(ValueError, match="exceeds the padded length 4"):
         PaddingByWidth.from_batches([[5]], [4])  # truncation must not pass silently
@@ -48,8 +43,8 @@ def test_padding_by_width_refuses_bad_shapes_naming_key_and_value() -> None:
         PaddingByWidth(widths=(4,), rates=(1.5,))
     with pytest.raises(ExtraError, match=r"extra\['padding_by_width'\]: expected a mapping, got \[1\]"):
         PaddingByWidth.from_extra({PADDING_BY_WIDTH: [1]})
-    with pytest.raises(ExtraError, match=r"expected \{width: rate\}, got \{'wide': 0.1\}"):
-        PaddingByWidth.from_extra({PADDING_BY_WIDTH: {"wide": 0.1}})
+    with pytest.raises(ExtraError, match=r"expected lists 'widths' and 'rates', got \{'64': 0.2\}"):
+        PaddingByWidth.from_extra({PADDING_BY_WIDTH: {"64": 0.2}})  # an untyped {width: rate} form
     with pytest.raises(ExtraError, match=r"widths: expected positive integers, got \['4'\]"):
         PaddingByWidth.from_extra({PADDING_BY_WIDTH: {"widths": ["4"], "rates": [0.1]}})
 

@@ -128,8 +128,6 @@ class PaddingByWidth:
     def from_extra(cls, extra: Mapping[str, Any]) -> PaddingByWidth | None:
         """Read it back from a record's ``extra``; ``None`` when the key is absent.
 
-        Also reads the earlier untyped form ``{"padding_by_width": {"<width>": rate}}``.
-
         Raises:
             ExtraError: naming the key and the bad value.
         """
@@ -139,12 +137,6 @@ class PaddingByWidth:
         key = PADDING_BY_WIDTH
         if not isinstance(value, Mapping):
             raise ExtraError(f"extra[{key!r}]: expected a mapping, got {value!r}")
-        if "widths" not in value and "rates" not in value:  # the untyped {"<width>": rate} form
-            try:
-                by = {int(w): _rate(f"{key}[{w!r}]", r) for w, r in value.items()}
-            except (TypeError, ValueError) as exc:
-                raise ExtraError(f"extra[{key!r}]: expected {{width: rate}}, got {dict(value)!r}: {exc}") from None
-            return cls(widths=tuple(sorted(by)), rates=tuple(by[w] for w in sorted(by)))
         widths, rates = value.get("widths"), value.get("rates")
         if not isinstance(widths, list) or not isinstance(rates, list):
             raise ExtraError(f"extra[{key!r}]: expected lists 'widths' and 'rates', got {dict(value)!r}")

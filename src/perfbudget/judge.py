@@ -17,9 +17,9 @@ from .budgets.loader import BudgetSet
 from .budgets.schema import Budget, BudgetError
 from .budgets.verdict import Outcome, Verdict, VerdictPolicy, decide
 from .device import DeviceInfo
-from .enums import StrEnum
 from .measure.stats import median, quantile_ci
 from .metrics import MetricName
+from .vocabulary import StrEnum
 
 __all__ = ["AB_PRECISION_ENV", "DEFAULT_AB_PRECISION", "OP_FAMILIES", "REFERENCE_MISMATCH", "STABLE_MACHINE_ENV",
            "Decision", "Judge", "JudgeConfig", "TestOutcome", "ab_precision", "stable_identity"]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .budgets.verdict import Outcome
 from .judge import Decision
 from .results import Record
+from .vocabulary import Outcome
 
 __all__ = ["decision_text", "judged_summary"]
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import shlex
 import warnings
@@ -16,14 +15,16 @@ import pytest
 from .artifacts import ArtifactConfig, parse_kinds
 from .budgets.loader import BudgetSet, load_dir
 from .budgets.update import UpdateReport, apply_updates, git_commit
-from .budgets.verdict import Outcome
-from .device import DeviceInfo, DeviceType, describe
+from .device import DeviceInfo, DeviceType
+from .fileio import lock
 from .judge import AB_PRECISION_ENV, STABLE_MACHINE_ENV, ab_precision, stable_identity
+from .measure.machine import describe
 from .metrics import lookup
 from .preflight import DEFAULT_MAX_LOAD_PER_CORE
 from .results import BudgetRef, Record, Results
+from .vocabulary import Outcome
 
-__all__ = ["PerfSession", "add_options", "flock"]
+__all__ = ["PerfSession", "add_options"]
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -178,10 +179,10 @@ class PerfSession:
         lock_dir = self.rootdir / ".perfbudget"
         lock_dir.mkdir(parents=True, exist_ok=True)
         with contextlib.ExitStack() as stack:
-            stack.enter_context(flock(lock_dir / "timing.lock", fcntl.LOCK_SH if gpu else fcntl.LOCK_EX))
+            stack.enter_context(lock(lock_dir / "timing.lock", shared=bool(gpu)))
             if gpu:
                 safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in gpu)
-                stack.enter_context(flock(lock_dir / f"timing-gpu-{safe}.lock", fcntl.LOCK_EX))
+                stack.enter_context(lock(lock_dir / f"timing-gpu-{safe}.lock"))
             yield
 
     @property
@@ -251,15 +252,3 @@ class PerfSession:
                     device=first.device, unit=info.unit, kind=info.kind, direction=info.direction,
                 ))
         return out
-
-
-@contextlib.contextmanager
-def flock(path: Path, mode: int) -> Iterator[None]:
-    """Hold an advisory ``fcntl`` lock on ``path`` (created when missing) for the block."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, mode)
-        yield
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)

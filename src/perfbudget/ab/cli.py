@@ -15,12 +15,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..budgets.verdict import Outcome
+from ..exitcodes import ExitCode
 from ..judge import DEFAULT_AB_PRECISION
 from ..results import Record
+from ..vocabulary import Outcome
 from .compare import ABInfo
 from .pairs import parse_cpus
-from .run import EXIT_USAGE, ABConfig, ABRun, UsageError, run_ab
+from .run import ABConfig, ABRun, UsageError, run_ab
 from .trees import GitError, repo_root
 
 __all__ = ["add_arguments", "build_parser", "cmd_ab", "main", "register", "summary"]
@@ -39,11 +40,11 @@ lost turn-taking is not used (and re-run once).
   perfbudget ab --base "$BASE_SHA" --merge-base -- perf_tests -k encoder
 """
 
-_EPILOG = """exit codes:
-  0  no check failed (inconclusive checks are shown, not failures)
-  1  a check failed or errored; an inconclusive check under --perf-strict; the head's
+_EPILOG = f"""exit codes:
+  {ExitCode.OK:d}  no check failed (inconclusive checks are shown, not failures)
+  {ExitCode.FAILED:d}  a check failed or errored; an inconclusive check under --perf-strict; the head's
      pytest failed; the base could not run (without --allow-missing-base); no valid pair
-  2  usage error: bad arguments, a base that is not a commit here, not a git checkout
+  {ExitCode.USAGE:d}  usage error: bad arguments, a base that is not a commit here, not a git checkout
 """
 
 
@@ -111,12 +112,12 @@ def cmd_ab(args: argparse.Namespace, out: TextIO) -> int:
                           allow_missing_base=args.allow_missing_base, precision=args.precision or None)
     except (UsageError, GitError, ValueError) as exc:  # ValueError: a bad --cpus
         print(f"perfbudget ab: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     try:
         run = run_ab(config)
     except (UsageError, GitError) as exc:
         print(f"perfbudget ab: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     for problem in run.problems:
         print(f"perfbudget ab: {problem}", file=sys.stderr)
     out.write(summary(run) + "\n")

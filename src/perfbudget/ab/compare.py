@@ -330,7 +330,7 @@ def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_
     ab = ABInfo(compared=True, tolerance=tolerance, tolerance_from=source, sd=rv.sd, mde=rv.mde,
                 confidence=rv.confidence)
     rec = head0.with_(
-        outcome={"fail": "fail", "inconclusive": "inconclusive"}.get(rv.state, "pass"),
+        outcome={"fail": Outcome.FAIL, "inconclusive": Outcome.INCONCLUSIVE}.get(rv.state, Outcome.PASS),
         value=stats.median(head_stats), ci=None, ci_confidence=None,
         n=len(head_xs), cv=stats.cv(head_xs) if len(head_xs) > 1 else None,
         budget=None if budget is None else BudgetRef.of(budget),
@@ -411,7 +411,7 @@ def _merge_exact(head0: Record, used: list[_Used], ctx: _Context, *, base_has_it
             else head0.value < base_value * (1 - tolerance)
         change += f" (tolerance {tolerance:.0%})"
         if worse and outcome in (Outcome.PASS, Outcome.STALE, Outcome.UNBUDGETED):
-            outcome = "fail"
+            outcome = Outcome.FAIL
             change += ": worse than the base beyond its tolerance"
     ab = ABInfo(compared=True, tolerance=tolerance)
     return head0.with_(

@@ -23,22 +23,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..budgets.loader import BudgetSet, load_dir
-from ..budgets.verdict import Outcome
-from ..enums import StrEnum
+from ..exitcodes import ExitCode
+from ..fileio import atomic_write
 from ..judge import AB_PRECISION_ENV, DEFAULT_AB_PRECISION
 from ..recorder import AB_OPERATORS_ENV, OPERATOR_FAMILIES
 from ..results import Results, load_results
+from ..vocabulary import Outcome, StrEnum
 from .compare import Comparison, PairRecords, compare_pairs
 from .pairs import PairRun, SideCommand, one_cpu, pytest_command, run_pair
 from .trees import AB_DIR, GitError, build_shim, head_commit, instrument_dir, prepare_base
 from .verdict import ABPolicy
 
 __all__ = ["ABConfig", "ABRun", "StopReason", "UsageError", "run_ab"]
-
-EXIT_OK = 0
-EXIT_FAIL = 1
-EXIT_USAGE = 2
-
 
 class StopReason(StrEnum):
     """Why the run started no further pair (``meta["ab"]["stopped"]`` in the results)."""
@@ -139,7 +135,7 @@ class ABRun:
     results: Results
     path: Path
     """Where ``results`` was written."""
-    exit_code: int
+    exit_code: ExitCode
     """0: no check failed or errored (inconclusive ones included, unless ``strict``); 1: a
     check failed or errored, a check was inconclusive under ``strict``, the head's pytest
     failed, the base could not run (without ``allow_missing_base``), or no pair was valid;
@@ -319,11 +315,11 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
     bad = any(r.outcome in (Outcome.FAIL, Outcome.ERROR) for r in comparison.records)
     first_head = runs[0].sides["head"].returncode if runs else None
     if first_head == 4 and not comparison.records:
-        code = EXIT_USAGE  # pytest's own usage error: the pytest args are wrong
+        code = ExitCode.USAGE  # pytest's own usage error: the pytest args are wrong
     elif bad or head_failed or missing_base or not comparison.records or (config.strict and comparison.inconclusive):
-        code = EXIT_FAIL
+        code = ExitCode.FAILED
     else:
-        code = EXIT_OK
+        code = ExitCode.OK
     return ABRun(results=results, path=path, exit_code=code, comparison=comparison, pairs=tuple(runs),
                  problems=tuple(problems), stopped=stopped, invalid=invalid)
 
@@ -339,9 +335,7 @@ def _pin_operators(path: Path, pairs: Sequence[PairRecords]) -> None:
                 if family in OPERATOR_FAMILIES and rest.endswith("]") and r.nodeid:
                     ops.setdefault(r.nodeid, {}).setdefault(r.key, set()).add(rest[:-1])
     data = {n: {k: sorted(v) for k, v in keys.items()} for n, keys in ops.items()}
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(data, indent=1, sort_keys=True))
 
 
 def _nodeids(results: Results | None) -> tuple[str, ...]:

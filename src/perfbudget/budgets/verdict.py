@@ -7,48 +7,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..enums import StrEnum
 from ..measure import stats
 from ..metrics import Metric, MetricName, parse_name
+from ..vocabulary import OUTCOMES, Outcome
 from .schema import Budget
 
 __all__ = ["OUTCOMES", "Outcome", "Verdict", "VerdictPolicy", "decide"]
-
-class Outcome(StrEnum):
-    """What became of one check: one vocabulary for verdicts, records, the judge and every report.
-
-    The values are the strings the results file and the reports carry (a ``StrEnum``
-    compares equal to its value).
-    """
-
-    PASS = "pass"
-    """Judged against its budget (or the base) and within it."""
-    STALE = "stale"
-    """Judged, and better than its budget beyond the tolerance: the budget should be tightened."""
-    FAIL = "fail"
-    """Judged, and worse than its budget (or the base) beyond the tolerance."""
-    ADVISORY = "advisory"
-    """A timing or rate check against a stored budget on a machine that is not declared stable
-    for it: judged and shown with the would-be outcome in ``Verdict.advice``, never a failure
-    unless the run is strict."""
-    INCONCLUSIVE = "inconclusive"
-    """A lockstep A/B check whose interval still straddles the tolerance at the last pair (never
-    decided on the point estimate); a failure only under ``--perf-strict``."""
-    UNBUDGETED = "unbudgeted"
-    """Measured, with no budget for it on this device."""
-    NOT_JUDGED = "not_judged"
-    """Measured, and set aside: timing cannot be trusted right now (a busy CPU, a shared GPU, a
-    machine-speed reference far from the budget's)."""
-    UNMEASURABLE = "unmeasurable"
-    """Cannot be measured here (no counter, no GPU), with the reason."""
-    NOT_MEASURED = "not_measured"
-    """Budgeted for this key and device, but no test recorded it."""
-    ERROR = "error"
-    """The budget or the measurement is broken (a bad budget file, bad samples)."""
-
-
-OUTCOMES: tuple[Outcome, ...] = tuple(Outcome)
-"""Every outcome, in declaration order."""
 
 #: Relative slack for exact comparisons of values computed in floating point.
 _EXACT_EPS = 1e-9

@@ -3,6 +3,7 @@
 from perfbudget.measure import (
     compile_health,
     energy,
+    machine,
     memory,
     numerics,
     nvml,
@@ -172,6 +173,7 @@ __all__ = [
     "kernel_records",
     "load_trace",
     "loss_drift",
+    "machine",
     "measure_cpu_peaks",
     "memory",
     "memory_events",

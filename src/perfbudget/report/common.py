@@ -7,10 +7,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..budgets.verdict import Outcome
 from ..extras import FailureArtifacts
 from ..metrics import DEFAULT_TOLERANCE, UnknownMetricError, parse_name
 from ..results import BaseSide, Record
+from ..vocabulary import Outcome
 
 __all__ = [
     "BASE_COLUMNS",

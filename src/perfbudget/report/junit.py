@@ -5,8 +5,8 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 
-from ..budgets.verdict import Outcome
 from ..results import Record, Results
+from ..vocabulary import Outcome
 from .common import (
     REGRESSION_OUTCOMES,
     budget_text,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..budgets.verdict import Outcome
 from ..results import Record, Results
+from ..vocabulary import Outcome
 from .common import (
     BASE_COLUMNS,
     FailingTest,
