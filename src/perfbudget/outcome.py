@@ -42,7 +42,7 @@ def decision_text(
     update_command: str = "",
 ) -> str:
     """The message pytest shows for a failed or skipped perf test (empty for a pass)."""
-    from .report import records_table
+    from .report import move_line, moved_operators, moves_note, records_table
 
     if decision.empty:
         return f"{key}: the test used `perf` but recorded no measurement"
@@ -55,6 +55,12 @@ def decision_text(
             where = f" [{r.budget.where}]" if r.budget is not None and r.budget.source else ""
             lines.append(f"{r.metric}: {r.outcome}: {r.reason}{where}")
             lines.extend(f"    {a}" for a in r.attribution)
+        failed = [r for r in records if r.metric in failing]
+        moves = moved_operators(failed)
+        if moves:
+            note = moves_note(failed)
+            lines.append(f"operators that moved ({note}):" if note else "operators that moved:")
+            lines.extend(f"    {move_line(m)}" for m in moves)
         if decision.not_measured and not decision.failing:
             lines.append("budgets that apply but were not measured (--perf-strict): "
                          + ", ".join(m for m, _ in decision.not_measured))
