@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .measure.operators import OpRow
+from .measure.operators import OpMove, OpRow, moved_operators
 from .measure.padding import PaddingStats, padding_rate_by_width
 
 if TYPE_CHECKING:
@@ -21,10 +21,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FAILURE_ARTIFACTS",
+    "MOVED_OPERATORS",
     "OPERATOR_TABLE",
     "PADDING_BY_WIDTH",
     "ExtraError",
     "FailureArtifacts",
+    "OperatorMoves",
     "OperatorTable",
     "PaddingByWidth",
 ]
@@ -35,6 +37,8 @@ PADDING_BY_WIDTH = "padding_by_width"
 OPERATOR_TABLE = "ops"
 #: Key of :class:`FailureArtifacts` in a record's ``extra``.
 FAILURE_ARTIFACTS = "artifacts"
+#: Key of :class:`OperatorMoves` in a record's ``extra``.
+MOVED_OPERATORS = "moved_ops"
 
 
 class ExtraError(ValueError):
@@ -199,6 +203,70 @@ class OperatorTable:
             ))
         rows.sort(key=lambda r: -r.self_ms if math.isfinite(r.self_ms) else 0.0)
         return cls(rows=tuple(rows))
+
+
+_AGAINST = ("budget", "base", "table")
+
+
+def _optional_number(key: str, x: Any) -> float | None:
+    return None if x is None else _number(key, x)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OperatorMoves:
+    """The operators that moved, kept with a failing record: computed once where the verdicts are
+    (the recorder, or ``perfbudget ab`` against the base commit), rendered by every report.
+
+    Make it with :meth:`of`, which names them by the one rule,
+    :func:`perfbudget.measure.operators.moved_operators`.
+    """
+
+    moves: tuple[OpMove, ...]
+    """The moved operators, in the rule's order (finite numbers only: JSON has no inf)."""
+    note: str = ""
+    """How they were found when not by the test's own checks, e.g. ``"profiled when step_ms failed"``."""
+
+    @classmethod
+    def of(cls, candidates: Iterable[OpMove], *, note: str = "", k: int = 5) -> OperatorMoves:
+        """The ``k`` operators of ``candidates`` that moved, by :func:`~perfbudget.measure.operators.moved_operators`."""
+        return cls(moves=moved_operators(candidates, k=k), note=note)
+
+    def to_extra(self) -> dict[str, Any]:
+        """``{"moved_ops": {"note": ..., "moves": [{"op", "family", "before", "after", ...}, ...]}}``."""
+        return {MOVED_OPERATORS: {"note": self.note, "moves": [
+            {"op": m.op, "family": m.family, "before": m.before, "after": m.after,
+             "against": m.against, "unit": m.unit, "tolerance": m.tolerance, "failing": m.failing,
+             "outcome": m.outcome, "ratio": m.ratio} for m in self.moves]}}
+
+    @classmethod
+    def from_extra(cls, extra: Mapping[str, Any]) -> OperatorMoves | None:
+        """Read it back from a record's ``extra``; ``None`` when the key is absent.
+
+        Raises:
+            ExtraError: naming the key, the move and the bad value.
+        """
+        value = extra.get(MOVED_OPERATORS)
+        if value is None:
+            return None
+        key = MOVED_OPERATORS
+        if not isinstance(value, Mapping) or not isinstance(value.get("moves"), list):
+            raise ExtraError(f"extra[{key!r}]: expected {{'moves': [...], 'note': ...}}, got {value!r}")
+        moves = []
+        for i, m in enumerate(value["moves"]):
+            where = f"{key}.moves[{i}]"
+            if not isinstance(m, Mapping) or not isinstance(m.get("op"), str) or not isinstance(m.get("family"), str):
+                raise ExtraError(f"extra[{where!r}]: expected a mapping with 'op' and 'family', got {m!r}")
+            if m.get("against", "budget") not in _AGAINST:
+                raise ExtraError(f"extra[{where!r}].against: expected one of {_AGAINST}, got {m.get('against')!r}")
+            moves.append(OpMove(
+                op=m["op"], family=m["family"], against=m.get("against", "budget"), unit=str(m.get("unit", "")),
+                before=_optional_number(f"{where}.before", m.get("before")),
+                after=_optional_number(f"{where}.after", m.get("after")),
+                tolerance=_number(f"{where}.tolerance", m.get("tolerance", 0.0)),
+                failing=bool(m.get("failing", False)), outcome=str(m.get("outcome", "")),
+                ratio=_optional_number(f"{where}.ratio", m.get("ratio")),
+            ))
+        return cls(moves=tuple(moves), note=str(value.get("note", "")))
 
 
 # --------------------------------------------------------------------------- artifacts

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .judge import Decision
+from .judge import Decision, TestOutcome
 from .results import Record
 from .vocabulary import Outcome
 
@@ -43,7 +43,7 @@ def decision_text(
     update_command: str = "",
 ) -> str:
     """The message pytest shows for a failed or skipped perf test (empty for a pass)."""
-    from .report import records_table
+    from .report import move_line, moved_operators, moves_note, records_table
 
     if decision.empty:
         return f"{key}: the test used `perf` but recorded no measurement"
@@ -56,6 +56,12 @@ def decision_text(
             where = f" [{r.budget.where}]" if r.budget is not None and r.budget.source else ""
             lines.append(f"{r.metric}: {r.outcome}: {r.reason}{where}")
             lines.extend(f"    {a}" for a in r.attribution)
+        failed = [r for r in records if r.metric in failing]
+        moves = moved_operators(failed)
+        if moves:
+            note = moves_note(failed)
+            lines.append(f"operators that moved ({note}):" if note else "operators that moved:")
+            lines.extend(f"    {move_line(m)}" for m in moves)
         if decision.not_measured and not decision.failing:
             lines.append("budgets that apply but were not measured (--perf-strict): "
                          + ", ".join(m for m, _ in decision.not_measured))
@@ -64,7 +70,7 @@ def decision_text(
             lines.append(f"stale (better than budget): {', '.join(stale)}; ratchet with --update-budgets")
         lines += ["", *judged_summary(decision)]
         return "\n".join(lines)
-    if decision.outcome == "skip":
+    if decision.outcome == TestOutcome.SKIP:
         head = []
         if decision.not_judged:
             names = ", ".join(v.metric for v in decision.not_judged)

@@ -16,12 +16,13 @@ from . import hookspec, xdist
 from .artifacts import artifact_dir, describe_artifacts, write_failure_artifacts
 from .budgets.verdict import VerdictPolicy
 from .device import DeviceType
-from .judge import STABLE_MACHINE_ENV, Judge, JudgeConfig
+from .judge import STABLE_MACHINE_ENV, Judge, JudgeConfig, TestOutcome
 from .outcome import decision_text
 from .preflight import check as preflight_check
 from .recorder import PerfRecorder
 from .results import Record
 from .session import PerfSession, add_options
+from .vocabulary import Outcome
 
 __all__ = ["PLUGIN_NAME", "BudgetSpec", "PerfPlugin"]
 
@@ -245,18 +246,18 @@ class PerfPlugin:
         decision = rec.decision()
         text = decision_text(decision, records, key=rec.key, device_label=rec.device.label,
                              update_command=rec.update_command)
-        if decision.outcome != "pass" or text:
+        if decision.outcome != TestOutcome.PASS or text:
             item.user_properties.append(("perf.outcome", text or str(decision.outcome)))
-        if decision.outcome == "fail":
+        if decision.outcome == TestOutcome.FAIL:
             note = self._failure_artifacts(item, rec, records)
             _fail(text + (f"\n\n{note}" if note else ""))
-        if decision.outcome == "skip":
+        if decision.outcome == TestOutcome.SKIP:
             _skip(text)
 
     def _failure_artifacts(self, item: pytest.Item, rec: PerfRecorder, records: list[Record]) -> str:
         """Re-run the failing step for its artifacts; returns the lines naming them."""
         ps = self.session
-        failed = [r for r in records if r.outcome == "fail"]
+        failed = [r for r in records if r.outcome == Outcome.FAIL]
         if not failed or not ps.artifacts.kinds:
             return ""
         if rec.failure_step is None:
@@ -318,9 +319,9 @@ class PerfPlugin:
         tr.write_line(", ".join(f"{n} {o}" for o, n in sorted(counts.items())))
         if counts.get("stale"):
             tr.write_line("stale budgets: the code got faster or leaner; ratchet them with --update-budgets")
-        advisory = [r for r in ps.records if r.outcome == "advisory"]
+        advisory = [r for r in ps.records if r.outcome == Outcome.ADVISORY]
         if advisory:
-            would_fail = [f"{r.key}.{r.metric}" for r in advisory if r.advice == "fail"]
+            would_fail = [f"{r.key}.{r.metric}" for r in advisory if r.advice == Outcome.FAIL]
             tr.write_line(f"advisory: {len(advisory)} timing check(s) against stored budgets, not gating "
                           f"(gating needs a machine declared stable with {STABLE_MACHINE_ENV} and budgets keyed by "
                           "its identity); judge timing with `perfbudget ab --base <ref>`")

@@ -272,7 +272,7 @@ class Record:
     def measured(self) -> Measured | None:
         """The value the updater may write, or ``None`` for errors, unmeasurable metrics and
         timing set aside on a busy machine (a budget must not be written from it)."""
-        if self.outcome in ("error", "unmeasurable", "not_judged", "not_measured") or self.value is None \
+        if self.outcome in (Outcome.ERROR, Outcome.UNMEASURABLE, Outcome.NOT_JUDGED, Outcome.NOT_MEASURED) or self.value is None \
                 or self.device is None:
             return None
         return measured_value(key=self.key, metric=self.metric, value=self.value, n=self.n, cv=self.cv,

@@ -9,7 +9,7 @@ import pytest
 from perfbudget.ab.compare import ABInfo, PairRecords, compare_pairs
 from perfbudget.budgets.loader import BudgetSet, parse_text
 from perfbudget.device import DeviceInfo
-from perfbudget.extras import ExtraError
+from perfbudget.extras import ExtraError, OperatorMoves
 from perfbudget.results import Record, Results
 
 DEV = DeviceInfo(type="cpu", model="test cpu", count=2, threads=1)
@@ -302,3 +302,18 @@ def test_a_numeric_change_from_the_base_is_shown_and_judged_against_its_toleranc
     assert lost.outcome == "fail" and "worse than the base beyond its tolerance" in lost.reason
     info = ABInfo.from_extra(lost.extra)
     assert info is not None and info.tolerance == 0.25
+
+
+def test_failing_checks_carry_the_operators_that_moved_against_the_base() -> None:
+    head = [rec("step_ms", steps(13.0)), rec("op_self_ms[aten::mm]", steps(6.0)),
+            rec("op_self_ms[aten::relu]", steps(2.0))]
+    base = [rec("step_ms", steps(10.0)), rec("op_self_ms[aten::mm]", steps(4.0)),
+            rec("op_self_ms[aten::relu]", steps(2.0))]
+    records = {r.metric: r for r in compare_pairs([pair(head, base), pair(head, base)], budgets=budgets()).records}
+    assert records["step_ms"].outcome == "fail" and records["op_self_ms[aten::relu]"].outcome == "pass"
+    moved = OperatorMoves.from_extra(records["step_ms"].extra)
+    assert moved is not None
+    (mm,) = moved.moves  # relu did not move: not named
+    assert (mm.op, mm.against, mm.before, mm.after) == ("aten::mm", "base", pytest.approx(4.0), pytest.approx(6.0))
+    assert mm.ratio == pytest.approx(1.5) and mm.failing and mm.outcome == "fail"
+    assert OperatorMoves.from_extra(records["op_self_ms[aten::relu]"].extra) is None

@@ -21,9 +21,10 @@ from typing import Any
 from ..budgets.loader import BudgetSet
 from ..budgets.schema import Budget, BudgetError
 from ..budgets.verdict import Outcome, Verdict, decide
-from ..extras import ExtraError
+from ..extras import ExtraError, OperatorMoves
 from ..judge import OP_FAMILIES
 from ..measure import stats
+from ..measure.operators import OpMove, op_metric
 from ..metrics import Metric, UnknownMetricError, parse_name
 from ..results import BaseSide, BudgetRef, Record, Results
 from .verdict import ABPolicy, RatioVerdict, describe_change, judge_ratios, pair_ratio
@@ -202,8 +203,44 @@ def compare_pairs(
         elif state == "not compared":
             not_compared.append(cid)
     base_only = tuple(dict.fromkeys(c for b in bases for c in b if c not in order))
-    return Comparison(records=records, undecided=tuple(undecided), inconclusive=tuple(inconclusive),
+    return Comparison(records=_with_moved_operators(records), undecided=tuple(undecided), inconclusive=tuple(inconclusive),
                       not_compared=tuple(not_compared), base_only=base_only)
+
+
+def _with_moved_operators(records: list[Record]) -> list[Record]:
+    """Failing records with the operators of their test that moved, against the base commit where
+    compared (else the budget): the head's own list was made against the budgets alone."""
+    by_test: dict[tuple[str, str], list[OpMove]] = {}
+    for r in records:
+        move = _op_move(r)
+        if move is not None:
+            by_test.setdefault((r.nodeid, r.key), []).append(move)
+    out = []
+    for r in records:
+        moved = OperatorMoves.of(by_test.get((r.nodeid, r.key), ()))
+        out.append(r.with_(extra={**r.extra, **moved.to_extra()}) if r.outcome == Outcome.FAIL and moved.moves else r)
+    return out
+
+
+def _op_move(r: Record) -> OpMove | None:
+    """A per-operator record as the move it made: against the base commit when compared with it."""
+    parsed = op_metric(r.metric)
+    info = _metric(r)
+    if parsed is None or info is None or r.value is None or not math.isfinite(r.value):
+        return None
+    base = r.base.value if r.base is not None and r.base.value is not None and math.isfinite(r.base.value) else None
+    budget = r.budget.value if r.budget is not None else None
+    before = base if base is not None else budget
+    if before is None:
+        return None
+    ab = ABInfo.from_extra(r.extra) if base is not None else None
+    tolerance = (ab.tolerance if ab is not None and ab.tolerance is not None
+                 else r.budget.tolerance if r.budget is not None else info.default_tolerance)
+    ratio = r.base.ratio if base is not None and r.base is not None else None
+    return OpMove(op=parsed[1], family=parsed[0], before=before, after=r.value,
+                  against="base" if base is not None else "budget", unit=r.unit, tolerance=tolerance,
+                  failing=r.outcome in (Outcome.FAIL, Outcome.ERROR), outcome=r.outcome,
+                  ratio=ratio if ratio is not None and math.isfinite(ratio) else None)
 
 
 @dataclass(frozen=True, kw_only=True)

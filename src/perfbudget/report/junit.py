@@ -15,11 +15,11 @@ from .common import (
     devices,
     failing_tests,
     fmt_value,
+    move_line,
     moved_operators,
     op_of,
     ordered,
     ratio_text,
-    same_test,
 )
 from .terminal import detail_lines, records_table
 
@@ -74,9 +74,9 @@ def junit_properties(records: Iterable[Record]) -> list[tuple[str, str]]:
             if r.reason:
                 out.append((f"{name}.reason", r.reason))
             if not op_of(r.metric):
-                moves = moved_operators(same_test(recs, r))
+                moves = moved_operators([r])
                 if moves:
-                    out.append((f"{name}.moved", "; ".join(m.line() for m in moves)))
+                    out.append((f"{name}.moved", "; ".join(move_line(m) for m in moves)))
             if r.attribution:
                 out.append((f"{name}.attribution", "; ".join(r.attribution)))
     return out

@@ -22,6 +22,7 @@ from .common import (
     has_base,
     md_cell,
     md_table,
+    move_change_text,
     ordered,
     outcome_counts,
     record_ci_text,
@@ -154,11 +155,11 @@ def _regression(t: FailingTest) -> list[str]:
             lines.append(f"> `{r.metric}`: {md_cell(r.reason)}  ")
     lines.append("")
     if t.moves:
-        lines.append("Top moved operators:")
+        lines.append(f"Top moved operators ({t.moves_note}):" if t.moves_note else "Top moved operators:")
         lines.append("")
         lines.extend(md_table(["operator", "metric", t.moves[0].against, "measured", "change", "verdict"],
-                              ([f"`{m.op}`", m.family, fmt_value(m.reference, m.unit), fmt_value(m.measured, m.unit),
-                                m.change_text, m.outcome] for m in t.moves)))
+                              ([f"`{m.op}`", m.family, fmt_value(m.before, m.unit), fmt_value(m.after, m.unit),
+                                move_change_text(m), m.outcome or "-"] for m in t.moves)))
         lines.append("")
     if t.attribution:
         lines.append("Attribution:")

@@ -22,6 +22,7 @@ from .common import (
     finite,
     fmt_value,
     has_base,
+    move_line,
     ordered,
     outcome_text,
     record_ci_text,
@@ -91,8 +92,8 @@ def detail_lines(t: FailingTest) -> list[str]:
         if r.reason:
             lines.append(f"      {r.reason}")
     if t.moves:
-        lines.append("  operators that moved:")
-        lines.extend(f"      {m.line()}" for m in t.moves)
+        lines.append(f"  operators that moved ({t.moves_note}):" if t.moves_note else "  operators that moved:")
+        lines.extend(f"      {move_line(m)}" for m in t.moves)
     if t.attribution:
         lines.append("  attribution:")
         lines.extend(f"      {a}" for a in t.attribution)
