@@ -19,7 +19,7 @@ from .budgets.verdict import Outcome, Verdict, VerdictPolicy, decide
 from .device import DeviceInfo
 from .measure.stats import median, quantile_ci
 from .metrics import MetricName
-from .vocabulary import StrEnum
+from .vocabulary import RunMode, StrEnum
 
 __all__ = ["AB_PRECISION_ENV", "DEFAULT_AB_PRECISION", "OP_FAMILIES", "REFERENCE_MISMATCH", "STABLE_MACHINE_ENV",
            "Decision", "Judge", "JudgeConfig", "TestOutcome", "ab_precision", "stable_identity"]
@@ -91,8 +91,8 @@ class JudgeConfig:
 
     Attributes:
         strict: stale, unbudgeted, not-judged and not-measured checks fail the test.
-        update: the run writes budgets: budget verdicts do not fail the test.
-        collect: one side of a lockstep A/B run: statistical checks are never judged
+        mode: ``UPDATE``: the run writes budgets: budget verdicts do not fail the test.
+            ``COLLECT``: one side of a lockstep A/B run: statistical checks are never judged
             here (no confirmation, never a failure); the A/B driver judges them on the
             head/base ratio. They sample to ``ab_precision``.
         ab_precision: with ``collect``, the half-width (a fraction) that a check's
@@ -117,8 +117,7 @@ class JudgeConfig:
     """
 
     strict: bool = False
-    update: bool = False
-    collect: bool = False
+    mode: RunMode = RunMode.CHECK
     policy: VerdictPolicy = field(default_factory=VerdictPolicy)
     preflight: tuple[str, ...] = ()
     family_alpha: float = 0.05
@@ -127,6 +126,14 @@ class JudgeConfig:
     ab_precision: float | None = None
     ab_max_batches: int = 4
     ab_max_s: float = 60.0
+
+    @property
+    def update(self) -> bool:
+        return self.mode == RunMode.UPDATE
+
+    @property
+    def collect(self) -> bool:
+        return self.mode == RunMode.COLLECT
 
     def __post_init__(self) -> None:
         if self.ab_precision is not None and not 0 < self.ab_precision < 1:

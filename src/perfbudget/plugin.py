@@ -193,7 +193,7 @@ class PerfPlugin:
         except ValueError as exc:
             _fail(str(exc))
         config = JudgeConfig(
-            strict=ps.strict, update=ps.update, collect=ps.collect, policy=VerdictPolicy(),
+            strict=ps.strict, mode=ps.mode, policy=VerdictPolicy(),
             preflight=preflight_check(spec.device, max_load_per_core=ps.max_load).problems,
             stable_identity=stable, ab_precision=ps.ab_precision,
         )

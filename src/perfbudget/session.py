@@ -22,7 +22,7 @@ from .measure.machine import describe
 from .metrics import lookup
 from .preflight import DEFAULT_MAX_LOAD_PER_CORE
 from .results import BudgetRef, Record, Results
-from .vocabulary import Outcome
+from .vocabulary import Outcome, RunMode
 
 __all__ = ["PerfSession", "add_options"]
 
@@ -68,13 +68,12 @@ class PerfSession:
     rootdir: Path
     budgets_dir: Path
     strict: bool
-    update: bool
+    mode: RunMode
     allow_loosen: bool
     json_path: Path
     threads: int
     max_load: float
     is_worker: bool
-    collect: bool = False
     budgets_dir_arg: str | None = None
     artifacts: ArtifactConfig = field(default_factory=ArtifactConfig)
     html: bool = True
@@ -90,6 +89,14 @@ class PerfSession:
     update_report: UpdateReport | None = None
     _budgets: BudgetSet | None = None
     _devices: dict[str, DeviceInfo] = field(default_factory=dict)
+
+    @property
+    def update(self) -> bool:
+        return self.mode == RunMode.UPDATE
+
+    @property
+    def collect(self) -> bool:
+        return self.mode == RunMode.COLLECT
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> PerfSession:
@@ -125,13 +132,12 @@ class PerfSession:
             rootdir=root,
             budgets_dir=budgets_dir,
             strict=bool(config.getoption("--perf-strict")),
-            update=update,
+            mode=RunMode.COLLECT if collect else RunMode.UPDATE if update else RunMode.CHECK,
             allow_loosen=bool(config.getoption("--allow-loosen")),
             json_path=json_path,
             threads=threads,
             max_load=max_load,
             is_worker=hasattr(config, "workerinput"),
-            collect=collect,
             ab_precision=precision,
             budgets_dir_arg=arg,
             artifacts=ArtifactConfig(kinds=kinds, threads=threads),
@@ -201,7 +207,7 @@ class PerfSession:
         self.records.extend(self.not_measured())
         results = Results(records=self.records, meta={
             "budgets_dir": str(self.budgets_dir), "errors": self.errors,
-            "mode": "collect" if self.collect else "update" if self.update else "check",
+            "mode": str(self.mode),
         })
         self.json_path.parent.mkdir(parents=True, exist_ok=True)
         results.write(self.json_path)  # first: a broken report must not lose measurements

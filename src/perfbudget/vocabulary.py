@@ -7,7 +7,7 @@ from __future__ import annotations
 import enum
 import sys
 
-__all__ = ["OUTCOMES", "Outcome", "StrEnum"]
+__all__ = ["OUTCOMES", "Outcome", "RunMode", "StrEnum"]
 
 if sys.version_info >= (3, 11):
     StrEnum = enum.StrEnum
@@ -58,3 +58,15 @@ class Outcome(StrEnum):
 
 OUTCOMES: tuple[Outcome, ...] = tuple(Outcome)
 """Every outcome, in declaration order."""
+
+
+class RunMode(StrEnum):
+    """What a run does with its measurements (``meta["mode"]`` in the results)."""
+
+    CHECK = "check"
+    """Judge against the budgets (the default)."""
+    UPDATE = "update"
+    """Write budgets (``--update-budgets``): budget verdicts fail nothing."""
+    COLLECT = "collect"
+    """One side of a lockstep A/B run (``--perf-collect``): record samples, judge nothing;
+    ``perfbudget ab`` judges head/base."""

@@ -17,12 +17,13 @@ from perfbudget.judge import DEFAULT_AB_PRECISION, Judge, JudgeConfig, ab_precis
 from perfbudget.metrics import parse_name
 from perfbudget.recorder import AB_OPERATORS_ENV, PerfRecorder, pinned_operators
 from perfbudget.results import Record, Results
+from perfbudget.vocabulary import RunMode
 
 CPU = DeviceInfo(type="cpu", model="test cpu", count=2, threads=1)
 
 
 def _side(tmp_path: Path, precision: float | None, **kw: float) -> Judge:
-    return Judge("k", CPU, load_dir(tmp_path), JudgeConfig(collect=True, ab_precision=precision, **kw))
+    return Judge("k", CPU, load_dir(tmp_path), JudgeConfig(mode=RunMode.COLLECT, ab_precision=precision, **kw))
 
 
 def _batches(sd: float, seed: int = 1) -> tuple[list[float], list[int], object]:
@@ -124,7 +125,7 @@ def test_a_pinned_side_records_exactly_the_pinned_operators(tmp_path: Path, monk
         return (a @ b).relu_().sum()
 
     def ops_recorded(collect: bool) -> set[str]:
-        rec = PerfRecorder(Judge("k", CPU, load_dir(tmp_path), JudgeConfig(collect=collect)), nodeid="t::x")
+        rec = PerfRecorder(Judge("k", CPU, load_dir(tmp_path), JudgeConfig(mode=RunMode.COLLECT if collect else RunMode.CHECK)), nodeid="t::x")
         rec.operators(step, rounds=2, steps=2, families=("op_count",))
         return {r.metric for r in rec.records()}
 
