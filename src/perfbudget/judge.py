@@ -282,8 +282,8 @@ class Judge:
             v = decide(self.key, name, samples, None, policy=self.config.policy)
             return v.with_(outcome=Outcome.ERROR, reason=problem)
         # One side of a lockstep A/B run: both sides share the machine's state, so its load
-        # is no reason to set samples aside, and the ratio is judged raw (normalising by the
-        # reference hid most of a planted slowdown in the experiment).
+        # is no reason to set samples aside, and the ratio is judged raw: normalising by a
+        # reference measured beside each sample would cancel part of a real slowdown too.
         # Stored timing is a verdict only on a machine declared stable, against budgets keyed
         # by its identity; elsewhere it is shown (advisory) and `perfbudget ab` judges timing.
         # An unbudgeted timing metric on such a machine is advisory too: a budget written
