@@ -22,7 +22,7 @@ from .preflight import check as preflight_check
 from .recorder import PerfRecorder
 from .results import Record
 from .session import PerfSession, add_options
-from .vocabulary import Outcome
+from .vocabulary import Outcome, RunMode
 
 __all__ = ["PLUGIN_NAME", "BudgetSpec", "PerfPlugin"]
 
@@ -110,7 +110,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(PerfPlugin(session), PLUGIN_NAME)
     if config.pluginmanager.hasplugin("xdist") and not session.is_worker:
         config.pluginmanager.register(xdist.ControllerHooks(session), _XDIST_NAME)
-    if session.collect:
+    if session.mode == RunMode.COLLECT:
         from .measure import turns
 
         turns.join()
@@ -288,14 +288,14 @@ class PerfPlugin:
             import torch
 
             torch.set_num_threads(self._threads_before)
-        if ps.collect:
+        if ps.mode == RunMode.COLLECT:
             from .measure import turns
 
             turns.leave()
         if ps.is_worker:
             session.config.workeroutput[xdist.WORKER_KEY] = xdist.worker_output(ps)  # type: ignore[attr-defined]
             return
-        if not ps.records and not ps.errors and not ps.update:
+        if not ps.records and not ps.errors and ps.mode != RunMode.UPDATE:
             return
         results = ps.finish()
         if ps.update_report is not None and ps.update_report.errors:

@@ -16,7 +16,7 @@ from .artifacts import ArtifactConfig, parse_kinds
 from .budgets.loader import BudgetSet, load_dir
 from .budgets.update import UpdateReport, apply_updates, git_commit
 from .device import DeviceInfo, DeviceType
-from .fileio import lock
+from .fileio import atomic_write, lock
 from .judge import AB_PRECISION_ENV, STABLE_MACHINE_ENV, ab_precision, stable_identity
 from .measure.machine import describe
 from .metrics import lookup
@@ -89,14 +89,6 @@ class PerfSession:
     update_report: UpdateReport | None = None
     _budgets: BudgetSet | None = None
     _devices: dict[str, DeviceInfo] = field(default_factory=dict)
-
-    @property
-    def update(self) -> bool:
-        return self.mode == RunMode.UPDATE
-
-    @property
-    def collect(self) -> bool:
-        return self.mode == RunMode.COLLECT
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> PerfSession:
@@ -213,14 +205,14 @@ class PerfSession:
         results.write(self.json_path)  # first: a broken report must not lose measurements
         # Reports beside the JSON: results.md (CI step summary), results.html (plots).
         try:
-            self.json_path.with_suffix(".md").write_text(markdown_report(results), encoding="utf-8")
-            if self.html and not self.collect:
+            atomic_write(self.json_path.with_suffix(".md"), markdown_report(results))
+            if self.html and self.mode != RunMode.COLLECT:
                 from .report import write_html
 
                 write_html(results, self.json_path.with_suffix(".html"))
         except Exception as exc:
             warnings.warn(f"perfbudget: reports beside {self.json_path} not written: {exc!r}", stacklevel=1)
-        if self.update:
+        if self.mode == RunMode.UPDATE:
             self.update_report = apply_updates(
                 results.measured(), self.budgets, allow_loosen=self.allow_loosen, commit=git_commit(self.rootdir)
             )

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..extras import OperatorTable, PaddingByWidth
+from ..fileio import atomic_write
 from ..results import Record, Results
 from .common import (
     BASE_COLUMNS,
@@ -467,5 +468,5 @@ def write_html(results: Results | Iterable[Record], path: str | Path, *, title: 
     """Render and write the page; returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_html(results, title=title), encoding="utf-8")
+    atomic_write(path, render_html(results, title=title))
     return path
