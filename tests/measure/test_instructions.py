@@ -51,8 +51,18 @@ ob=(2) /usr/lib/libc.so.6
 fl=(2) memcpy.S
 fn=(3) memcpy
 1 30
+fn=(4) eval
+1 10
+cfn=(5) eval'2
+calls=1 0
+* 25
+fn=(5)
+1 25
+cfn=(3)
+calls=1 0
+* 18446744073709551606
 
-totals: 880
+totals: 915
 """
 
 
@@ -60,13 +70,17 @@ def test_read_dump_totals_self_and_inclusive(tmp_path: Path) -> None:
     path = tmp_path / "callgrind.out.4242.2"
     path.write_text(DUMP, encoding="utf-8")
     dump = ins.read_dump(path)
-    assert dump.total_ir == 880  # `totals:`, not the wrapped-around summary
+    assert dump.total_ir == 915  # `totals:`, not the wrapped-around summary
     assert dump.trigger == "Client Request: perfbudget: step"
     mm, gemm, memcpy = (dump.functions[k] for k in ("at::mm [libtorch_cpu.so]", "gemm [libtorch_cpu.so]",
                                                      "memcpy [libc.so.6]"))
     assert (mm.self_ir, mm.inclusive_ir) == (150, 850)
     assert (gemm.self_ir, gemm.inclusive_ir) == (700, 700)  # its call to itself is not counted twice
     assert (memcpy.self_ir, memcpy.inclusive_ir) == (30, 30)
+    # Recursion levels merged: self adds up; the outer level's inclusive holds the inner one.
+    # The inner level's call carries a negative remainder (printed unsigned by callgrind).
+    evaluate = dump.functions["eval [libc.so.6]"]
+    assert (evaluate.self_ir, evaluate.inclusive_ir) == (35, 35)
     assert ins.read_dump(path, functions=False).functions == {}
 
 
@@ -74,14 +88,22 @@ def test_moved_functions_ranks_by_inclusive_change(tmp_path: Path) -> None:
     before = tmp_path / "a"
     after = tmp_path / "b"
     before.write_text(DUMP, encoding="utf-8")
-    after.write_text(DUMP.replace("* 700", "* 900").replace("15 700", "15 900").replace("1 30", "1 31"),
-                     encoding="utf-8")
+    after.write_text(DUMP.replace("* 700", "* 900").replace("15 700", "15 900").replace("1 30", "1 31")
+                     .replace("totals: 915", "totals: 1116"), encoding="utf-8")
     moved = ins.moved_functions(before, after, k=2)
     # Both moved by 200 inclusive; the tie goes to the one whose own code moved.
     assert [m.function for m in moved] == ["gemm [libtorch_cpu.so]", "at::mm [libtorch_cpu.so]"]
     assert [(m.delta_per_step, m.self_delta_per_step) for m in moved] == [(200, 200), (200, 0)]
     assert ins.moved_functions(before, after, k=3)[2].delta_per_step == 1
+    assert {m.function for m in ins.moved_functions(before, after)} == {
+        "gemm [libtorch_cpu.so]", "at::mm [libtorch_cpu.so]", "memcpy [libc.so.6]"}
     assert ins.moved_functions(before, before) == []
+    # A function whose inclusive count exceeds its dump's total straddled the collection switch.
+    assert ins.read_dump(tmp_path / "a").functions["eval [libc.so.6]"].straddles is False
+    straddling = tmp_path / "c"
+    straddling.write_text(DUMP.replace("* 25\n", "* 2000\n"), encoding="utf-8")
+    assert ins.read_dump(straddling).functions["eval [libc.so.6]"].straddles is True
+    assert "eval [libc.so.6]" not in {m.function for m in ins.moved_functions(before, straddling)}
 
 
 def test_not_under_valgrind_is_unmeasurable_with_the_run_hint() -> None:
@@ -161,8 +183,9 @@ def test_same_step_counts_the_same_and_a_plant_adds_its_cost(probe: dict[str, An
     base, again, planted, alone = (probe[k] for k in ("base", "again", "planted", "plant_alone"))
     for got in (base, again, planted, alone):
         assert got.get("counter") == ins.CALLGRIND_IR, got
-        assert got["steps"] == 20 and got["per_step"] == got["total"] / 20
-    assert abs(again["per_step"] / base["per_step"] - 1) < 0.002
+        assert got["steps"] == 100 and got["per_step"] == got["total"] / 100
+    # The same process, a later heap: glibc's malloc takes other paths (0.1-0.2 % on this step).
+    assert abs(again["per_step"] / base["per_step"] - 1) < 0.005
     added = planted["per_step"] - base["per_step"]
     assert added > 0.1 * base["per_step"]
     assert abs(added / alone["per_step"] - 1) < 0.15  # the plant adds about what it costs alone
@@ -176,9 +199,11 @@ def test_each_count_has_its_own_dump_and_the_plant_names_what_moved(probe: dict[
     base = ins.InstructionCount(**{**probe["base"], "dump": dumps[0]})
     planted = ins.InstructionCount(**{**probe["planted"], "dump": dumps[2]})
     assert ins.read_dump(dumps[2]).trigger == "Client Request: perfbudget: planted"
-    moved = ins.moved_functions(base, planted, k=15)
-    assert moved and all(m.delta_per_step > 0 for m in moved[:3])
-    assert any("matmul" in m.function or "mm" in m.function for m in moved), [m.function for m in moved]
+    moved = ins.moved_functions(base, planted, k=10)
+    names = [m.function for m in moved]
+    assert all(m.delta_per_step > 0 for m in moved), moved  # the plant only adds
+    assert any("THPVariable_matmul" in n for n in names) and any("at::native::matmul" in n for n in names), names
+    assert not any(f.straddles for f in ins.read_dump(dumps[0]).functions.values() if "matmul" in f.function)
 
 
 @pytest.mark.valgrind

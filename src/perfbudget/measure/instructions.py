@@ -125,8 +125,11 @@ def build_helper(cache_dir: Path | None = None) -> ctypes.CDLL | Unmeasurable:
                                        "valgrind/callgrind.h comes with the valgrind package (apt-get install valgrind)")
         os.replace(tmp, lib)
     loaded = ctypes.CDLL(str(lib))
+    # Resolved now, not by the first call (a symbol lookup inside the first measurement).
     loaded.perfbudget_running_on_valgrind.restype = ctypes.c_int
+    loaded.perfbudget_collect_on.restype = None
     loaded.perfbudget_collect_off_dump.argtypes = [ctypes.c_char_p]
+    loaded.perfbudget_collect_off_dump.restype = None
     _helper_cache[lib] = loaded
     return loaded
 
@@ -219,6 +222,11 @@ def _run(step: Callable[[], object], steps: int) -> None:
         step()
 
 
+# The interpreter specialises a loop's bytecode after its first iterations: done here, once, so
+# that no measurement (the first included) counts the specialising.
+_run(lambda: None, 64)
+
+
 def _dump_base() -> Path:
     pattern = os.environ.get(CALLGRIND_OUT_ENV, "callgrind.out.%p")
     return Path(pattern.replace("%p", str(os.getpid())))
@@ -228,7 +236,18 @@ def _dumps(base: Path) -> set[Path]:
     return set(base.parent.glob(f"{base.name}.*"))
 
 
+_calibrated: list[Path] = []
+
+
 def _count_callgrind(step: Callable[[], object], steps: int, label: str) -> InstructionCount | Unmeasurable:
+    if not _calibrated:
+        # The first pass through the requests costs more (the interpreter specialises this
+        # function's calls, ctypes sets up its call path): spent once on an empty step, in a dump
+        # that is deleted, so the first real measurement counts like every later one.
+        _calibrated.append(_dump_base())
+        first = _count_callgrind(lambda: None, 1, "calibration")
+        if isinstance(first, InstructionCount) and first.dump is not None:
+            first.dump.unlink(missing_ok=True)
     base = _dump_base()
     before = _dumps(base)
     helper = build_helper()
@@ -240,9 +259,12 @@ def _count_callgrind(step: Callable[[], object], steps: int, label: str) -> Inst
         _run(step, steps)
         torch._C._valgrind_toggle_and_dump_stats()
     else:
-        helper.perfbudget_collect_on()
-        _run(step, steps)
-        helper.perfbudget_collect_off_dump(f"perfbudget: {label}".encode())
+        # Everything between the two requests is counted: look up and build what they need first.
+        collect_on, collect_off_dump, run = helper.perfbudget_collect_on, helper.perfbudget_collect_off_dump, _run
+        tag = f"perfbudget: {label}".encode()
+        collect_on()
+        run(step, steps)
+        collect_off_dump(tag)
     new = sorted(_dumps(base) - before, key=lambda p: p.stat().st_mtime_ns)
     if not new:
         return Unmeasurable(reason=f"callgrind wrote no dump next to {base} (is the tool callgrind, and is "
@@ -267,7 +289,7 @@ def _count_hardware(counter: HardwareCounter, step: Callable[[], object], steps:
     return InstructionCount(per_step=total / steps, total=total, steps=steps, counter=HARDWARE_INSTRUCTIONS)
 
 
-def instructions(step: Callable[[], object], *, steps: int = 20, warmup: int = 1,
+def instructions(step: Callable[[], object], *, steps: int = 20, warmup: int = 10,
                  counter: Literal["auto", "callgrind", "hardware"] = "auto",
                  label: str = "step") -> InstructionCount | Unmeasurable:
     """Count the instructions of ``steps`` calls of ``step``, after ``warmup`` uncounted calls.
@@ -275,7 +297,9 @@ def instructions(step: Callable[[], object], *, steps: int = 20, warmup: int = 1
     Args:
         step: the work of one step, warm already or warmed by ``warmup``; run on this thread.
         steps: calls counted; the result is per call.
-        warmup: calls made first and not counted (first calls allocate and pick kernels).
+        warmup: calls made first and not counted: first calls allocate and pick kernels, and the
+            interpreter specialises a function's bytecode only after several calls (CPython 3.11
+            quickens a function on its 8th), which would otherwise land in the counted calls.
         counter: ``"callgrind"`` (this process runs under ``valgrind --tool=callgrind --collect-atstart=no``,
             e.g. through ``perfbudget instructions``), ``"hardware"`` (the CPU's instructions counter
             through ``perf_event_open``), or ``"auto"``: callgrind under valgrind, else the hardware counter.
@@ -327,7 +351,10 @@ class FunctionCost:
     """``name [object file]``, as callgrind symbolised it."""
     self_ir: int
     inclusive_ir: int
-    """Self plus every call it made (a recursive function's inner calls are counted again, as callgrind_annotate does)."""
+    """Self plus every call it made (recursion levels merged, so an inner call is not counted twice)."""
+    straddles: bool = False
+    """On the stack when collection switched on or off (the measuring frames): callgrind charges it
+    remainders of calls from outside the dump, so its inclusive count (< 0 or > the total) means nothing."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -341,6 +368,13 @@ class CallgrindDump:
     functions: dict[str, FunctionCost]
 
 
+def _signed(value: int) -> int:
+    # Callgrind prints 64-bit costs unsigned: a call entered before the previous dump and still
+    # running carries a negative remainder into the next one (and so can a later dump's summary).
+    return value - 2**64 if value >= 2**63 else value
+
+
+_RECURSION_LEVEL = re.compile(r"'\d+$")
 _NAMED = re.compile(r"^\((\d+)\)(?: (.*))?$")
 _NAME_KEYS = ("ob", "fl", "fi", "fe", "fn", "cob", "cfi", "cfl", "cfn")
 
@@ -384,7 +418,7 @@ def read_dump(path: str | Path, *, functions: bool = True) -> CallgrindDump:
                     continue
                 fields = line.split()
                 ir_at = positions + ir_index  # events follow the position columns; trailing zeros are left out
-                ir = int(fields[ir_at]) if ir_index >= 0 and len(fields) > ir_at else 0
+                ir = _signed(int(fields[ir_at])) if ir_index >= 0 and len(fields) > ir_at else 0
                 key = f"{fn} [{ob}]"
                 if after_calls:
                     if cfn != fn:  # a function calling itself would count its own cost twice
@@ -418,18 +452,36 @@ def read_dump(path: str | Path, *, functions: bool = True) -> CallgrindDump:
             elif key_name == "totals":
                 total = int(rest.split()[events.index("Ir")]) if "Ir" in events else 0
             elif key_name == "summary" and total is None:
-                # Dumps after the first carry a summary computed by subtraction that can wrap
-                # around; `totals:` (at the end) is the right one and overrides it.
-                value_ir = int(rest.split()[events.index("Ir")]) if "Ir" in events else 0
-                total = value_ir if value_ir < 2**63 else None
+                # Dumps after the first carry a summary computed by subtraction that can be off;
+                # `totals:` (at the end) is the right one and overrides it.
+                value_ir = _signed(int(rest.split()[events.index("Ir")])) if "Ir" in events else 0
+                total = value_ir if value_ir >= 0 else None
             elif key_name == "desc" and rest.startswith("Trigger:"):
                 trigger = rest.removeprefix("Trigger:").strip()
     if total is None:
         total = sum(selfs.values())
-    funcs = {k: FunctionCost(function=k, self_ir=v, inclusive_ir=v + calls.get(k, 0)) for k, v in selfs.items()}
-    for k, v in calls.items():
-        funcs.setdefault(k, FunctionCost(function=k, self_ir=0, inclusive_ir=v))
-    return CallgrindDump(path=path, total_ir=total, trigger=trigger, functions=funcs)
+    return CallgrindDump(path=path, total_ir=total, trigger=trigger, functions=_by_function(selfs, calls, total))
+
+
+def _by_function(selfs: dict[str, int], calls: dict[str, int], total: int) -> dict[str, FunctionCost]:
+    """Merge callgrind's recursion levels (``f'2`` runs inside ``f``): self costs add up, and the
+    outermost level's inclusive cost already holds the inner ones."""
+    levels: dict[str, list[tuple[int, int, int]]] = {}  # name -> (level, self, inclusive)
+    for key in set(selfs) | set(calls):
+        name, _, obj = key.rpartition(" [")
+        m = _RECURSION_LEVEL.search(name)
+        base = f"{name[: m.start()] if m else name} [{obj}"
+        level = int(m.group()[1:]) if m else 1
+        own = selfs.get(key, 0)
+        levels.setdefault(base, []).append((level, own, own + calls.get(key, 0)))
+    out = {}
+    for base, rows in levels.items():
+        rows.sort()
+        inclusive = rows[0][2] if rows[0][0] == 1 else max(r[2] for r in rows)
+        straddles = any(r[2] < 0 or r[2] > total for r in rows)
+        out[base] = FunctionCost(function=base, self_ir=sum(r[1] for r in rows), inclusive_ir=inclusive,
+                                 straddles=straddles)
+    return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -463,11 +515,14 @@ def moved_functions(before: InstructionCount | CallgrindDump | str | Path,
     """The ``k`` functions whose inclusive Ir moved most (by absolute change per step) from ``before`` to ``after``.
 
     Counts are per step when given InstructionCounts (their ``steps``), per dump otherwise.
+    Functions that straddle either dump (the measuring frames) are left out.
     """
     (a, a_steps), (b, b_steps) = _as_dump(before), _as_dump(after)
     moves: list[FunctionMove] = []
     for name in set(a.functions) | set(b.functions):
         fa, fb = a.functions.get(name), b.functions.get(name)
+        if (fa and fa.straddles) or (fb and fb.straddles):
+            continue
         inc_a = fa.inclusive_ir / a_steps if fa else 0.0
         inc_b = fb.inclusive_ir / b_steps if fb else 0.0
         self_a = fa.self_ir / a_steps if fa else 0.0
