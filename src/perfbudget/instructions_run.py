@@ -59,7 +59,8 @@ def callgrind_command(pytest_args: Sequence[str], out_dir: Path, *, python: str 
     importing torch and everything between measurements runs several times faster.
     """
     args = list(pytest_args)
-    if not _has_option(args, "--perf-json"):
+    plugin_off = any(a.endswith("no:perfbudget") for a in args)  # `-p no:perfbudget`: no --perf-json option
+    if not plugin_off and not _has_option(args, "--perf-json"):
         args += ["--perf-json", str(out_dir / "results.json")]
     return [
         valgrind, "--tool=callgrind",

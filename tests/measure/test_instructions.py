@@ -154,6 +154,7 @@ def test_callgrind_command_keeps_the_results_and_starts_uninstrumented(tmp_path:
     assert cmd[-8:] == ["py", "-m", "pytest", "perf_tests", "-k", "tiny", "--perf-json", str(tmp_path / "results.json")]
     assert "--instr-atstart=yes" in callgrind_command([], tmp_path, fast_start=False)
     assert callgrind_command(["--perf-json=r.json"], tmp_path)[-1] == "--perf-json=r.json"
+    assert callgrind_command(["-p", "no:perfbudget"], tmp_path)[-1] == "no:perfbudget"
 
 
 # --------------------------------------------------------------------------- under valgrind (one process)

@@ -15,7 +15,7 @@ import subprocess
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 from perfbudget.measure.unmeasurable import Unmeasurable
 
@@ -41,9 +41,9 @@ __all__ = [
     "running_under_valgrind",
 ]
 
-CALLGRIND_IR = "callgrind Ir"
+CALLGRIND_IR: Final = "callgrind Ir"
 """Instructions executed as callgrind's simulated CPU counts them (event ``Ir``)."""
-HARDWARE_INSTRUCTIONS = "perf instructions:u"
+HARDWARE_INSTRUCTIONS: Final = "perf instructions:u"
 """The CPU's retired-instructions counter (``PERF_COUNT_HW_INSTRUCTIONS``), user space only, this thread."""
 
 Counter = Literal["callgrind Ir", "perf instructions:u"]
@@ -318,6 +318,9 @@ def instructions(step: Callable[[], object], *, steps: int = 20, warmup: int = 1
     if counter not in ("auto", "callgrind", "hardware"):
         raise ValueError(f"counter: expected 'auto', 'callgrind' or 'hardware', got {counter!r}")
     under_valgrind = running_under_valgrind()
+    if counter == "hardware" and under_valgrind:
+        return Unmeasurable(reason="under valgrind the hardware counter would count valgrind's own work; "
+                                   "use counter='callgrind' or run outside valgrind")
     hardware: HardwareCounter | Unmeasurable | None = None
     if counter == "hardware" or (counter == "auto" and not under_valgrind):
         hardware = open_hardware_counter()
@@ -332,7 +335,7 @@ def instructions(step: Callable[[], object], *, steps: int = 20, warmup: int = 1
     gc.collect()
     gc.disable()
     try:
-        if hardware is not None:
+        if isinstance(hardware, HardwareCounter):
             return _count_hardware(hardware, step, steps)
         return _count_callgrind(step, steps, label)
     finally:
