@@ -185,8 +185,9 @@ def test_same_step_counts_the_same_and_a_plant_adds_its_cost(probe: dict[str, An
     for got in (base, again, planted, alone):
         assert got.get("counter") == ins.CALLGRIND_IR, got
         assert got["steps"] == 100 and got["per_step"] == got["total"] / 100
-    # The same process, a later heap: glibc's malloc takes other paths (0.1-0.2 % on this step).
-    assert abs(again["per_step"] / base["per_step"] - 1) < 0.005
+    # The same process, a later heap: glibc's malloc takes other paths (0.09-0.73 % seen on this
+    # small, allocation-heavy step; across processes at the same position counts repeat far closer).
+    assert abs(again["per_step"] / base["per_step"] - 1) < 0.01
     added = planted["per_step"] - base["per_step"]
     assert added > 0.1 * base["per_step"]
     assert abs(added / alone["per_step"] - 1) < 0.15  # the plant adds about what it costs alone
@@ -211,4 +212,5 @@ def test_each_count_has_its_own_dump_and_the_plant_names_what_moved(probe: dict[
 def test_torch_toggles_without_instrumentation_are_unmeasurable(probe: dict[str, Any]) -> None:
     reason = probe["without_helper"]["unmeasurable"]
     assert "counted no instructions" in reason and "no-such-compiler" in reason
+    assert "valgrind's own work" in probe["hardware_under_valgrind"]["unmeasurable"]
     print(f"valgrind probe session: {probe['_wall_s']:.0f} s wall")

@@ -37,6 +37,7 @@ def test_probe(tmp_path: Path, perf: Any) -> None:
     out: dict[str, object] = {"under_valgrind": ins.running_under_valgrind()}
     for name, fn in [("base", step), ("again", step), ("planted", planted), ("plant_alone", plant_alone)]:
         out[name] = _as_json(ins.instructions(fn, steps=100, label=name))
+    out["hardware_under_valgrind"] = _as_json(ins.instructions(step, counter="hardware"))
     # Without the helper, torch's toggles cannot start instrumentation (--instr-atstart=no).
     os.environ[ins.HELPER_CACHE_ENV] = str(tmp_path / "empty-cache")
     os.environ["CC"] = "no-such-compiler"
