@@ -22,6 +22,7 @@ from .device import DeviceInfo
 from .exitcodes import ExitCode
 from .extras import ExtraError
 from .fileio import atomic_write
+from .instructions_run import run_instructions
 from .judge import STABLE_MACHINE_ENV, stable_identity
 from .report import (
     device_label,
@@ -224,6 +225,16 @@ def _render_update(report: UpdateReport) -> str:
     return text + (f"\n{kept} value(s) kept (unchanged or within noise)" if kept else "")
 
 
+# --------------------------------------------------------------------------- instructions
+
+
+def cmd_instructions(args: argparse.Namespace, out: TextIO) -> int:
+    pytest_args = list(args.pytest_args)
+    if pytest_args and pytest_args[0] == "--":
+        pytest_args = pytest_args[1:]
+    return run_instructions(pytest_args, args.out).exit_code
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -279,6 +290,13 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--allow-loosen", action="store_true", help="also write values worse than the budget")
     u.add_argument("--dry-run", action="store_true", help="print the diff, write nothing")
     u.set_defaults(func=cmd_update)
+    i = sub.add_parser("instructions", help="run pytest under callgrind, so perf instruction counts are measured",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_EPILOG)
+    i.add_argument("--out", default=".perfbudget/instructions",
+                   help="folder for callgrind dumps, valgrind logs and the results JSON "
+                        "(default: .perfbudget/instructions)")
+    i.add_argument("pytest_args", nargs="*", metavar="-- PYTEST_ARGS", help="arguments for pytest")
+    i.set_defaults(func=cmd_instructions)
     register_ab(sub)  # perfbudget ab: the lockstep A/B run (its own module)
     return p
 
