@@ -71,3 +71,42 @@ def test_a_failing_step_is_explained_by_profiling_it_against_the_op_budgets(reco
     # Profiled now against its budget, not judged: no verdict of its own.
     assert mm.family == "op_self_ms" and mm.before == 8.0 and mm.after is not None and mm.outcome == ""
     assert "aten::gelu" in {m.op for m in moved.moves}  # budgeted and not run now: -100 %
+
+
+def test_instructions_outside_a_counter_are_unmeasurable_with_how_to_run_them(recorder: PerfRecorder) -> None:
+    a = torch.randn(16, 16)
+    v = recorder.instructions(lambda: a @ a, steps=2, warmup=1)
+    if v.outcome == "unmeasurable":  # no valgrind around this process and no hardware counter (a VM)
+        assert v.metric == "instructions[callgrind]"
+        assert "perfbudget instructions" in v.reason
+    else:  # a machine whose CPU counter opens: counted, and named by its counter
+        assert v.metric == "instructions[hardware]" and v.value is not None and v.value > 0
+
+
+def test_instruction_counts_are_judged_like_exact_values_with_their_tolerance(tmp_path: Path) -> None:
+    from perfbudget.metrics import lookup
+
+    info = lookup("instructions[callgrind]")
+    assert info.kind == "count" and not info.statistical and info.default_tolerance == 0.005
+    (tmp_path / "cpu-me.yaml").write_text(
+        f"schema: 1\ndevice: {{type: cpu, identity: {ME.identity}}}\nbudgets:\n  k:\n"
+        "    instructions[callgrind]: {value: 1000000}\n")
+    judge = Judge("k", ME, load_dir(tmp_path), JudgeConfig())  # gates on any machine of that identity
+    rec = PerfRecorder(judge)
+    assert rec.record("instructions[callgrind]", 1_004_000.0).outcome == "pass"
+    assert rec.record("instructions[callgrind]", 1_006_000.0).outcome == "fail"  # +0.6 %: beyond 0.5 %
+    assert rec.record("instructions[callgrind]", 990_000.0).outcome == "stale"
+
+
+def test_instruction_profiles_round_trip_and_name_the_functions_that_moved() -> None:
+    from perfbudget.extras import ExtraError, InstructionProfile
+
+    before = InstructionProfile.of("callgrind Ir", [("at::mm", 10.0, 900.0), ("gelu", 50.0, 50.0)])
+    after = InstructionProfile.of("callgrind Ir", [("at::mm", 10.0, 1300.0), ("gelu", 50.0, 50.0),
+                                                  ("at::add", 40.0, 40.0)])
+    assert InstructionProfile.from_extra(after.to_extra()) == after
+    lines = after.moved_against(before)
+    assert lines[0].startswith("at::mm: 900 -> 1,300 per step (+400)") and any("at::add" in x for x in lines)
+    assert not any(x.startswith("gelu") for x in lines)
+    with pytest.raises(ExtraError, match="instruction_profile"):
+        InstructionProfile.from_extra({"instruction_profile": {"counter": "x", "functions": [["f", "1", 2]]}})

@@ -21,11 +21,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FAILURE_ARTIFACTS",
+    "INSTRUCTION_PROFILE",
     "MOVED_OPERATORS",
     "OPERATOR_TABLE",
     "PADDING_BY_WIDTH",
     "ExtraError",
     "FailureArtifacts",
+    "InstructionProfile",
     "OperatorMoves",
     "OperatorTable",
     "PaddingByWidth",
@@ -39,6 +41,8 @@ OPERATOR_TABLE = "ops"
 FAILURE_ARTIFACTS = "artifacts"
 #: Key of :class:`OperatorMoves` in a record's ``extra``.
 MOVED_OPERATORS = "moved_ops"
+#: Key of :class:`InstructionProfile` in a record's ``extra``.
+INSTRUCTION_PROFILE = "instruction_profile"
 
 
 class ExtraError(ValueError):
@@ -300,3 +304,64 @@ class FailureArtifacts:
         if not isinstance(value, Mapping) or not all(isinstance(v, str) for v in value.values()):
             raise ExtraError(f"extra[{FAILURE_ARTIFACTS!r}]: expected {{label: path}}, got {value!r}")
         return cls.of(value)
+
+
+# --------------------------------------------------------------------------- instructions
+
+
+@dataclass(frozen=True, kw_only=True)
+class InstructionProfile:
+    """Where a step's instructions go: the heaviest functions of one callgrind dump, per step.
+
+    Kept with every ``instructions[callgrind]`` record, so that two records (a budget run and
+    this one, or a base and a head) can be compared function by function without their dumps.
+    """
+
+    counter: str
+    """The counter of the count the profile belongs to (``callgrind Ir``)."""
+    functions: tuple[tuple[str, float, float], ...]
+    """``(function, self per step, inclusive per step)``, heaviest inclusive first."""
+
+    @classmethod
+    def of(cls, counter: str, functions: Iterable[tuple[str, float, float]], *, k: int = 40) -> InstructionProfile:
+        rows = sorted(((str(f), float(s), float(i)) for f, s, i in functions), key=lambda r: (-r[2], r[0]))
+        return cls(counter=counter, functions=tuple(rows[:k]))
+
+    def to_extra(self) -> dict[str, Any]:
+        """``{"instruction_profile": {"counter": ..., "functions": [[name, self, inclusive], ...]}}``."""
+        return {INSTRUCTION_PROFILE: {"counter": self.counter, "functions": [list(r) for r in self.functions]}}
+
+    @classmethod
+    def from_extra(cls, extra: Mapping[str, Any]) -> InstructionProfile | None:
+        """Read it back from a record's ``extra``; ``None`` when the key is absent.
+
+        Raises:
+            ExtraError: naming the key and the bad value.
+        """
+        value = extra.get(INSTRUCTION_PROFILE)
+        if value is None:
+            return None
+        rows = value.get("functions") if isinstance(value, Mapping) else None
+        ok = isinstance(rows, list) and all(
+            isinstance(r, list) and len(r) == 3 and isinstance(r[0], str)
+            and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in r[1:]) for r in rows)
+        if not ok or not isinstance(value.get("counter"), str):
+            raise ExtraError(f"extra[{INSTRUCTION_PROFILE!r}]: expected {{'counter': str, 'functions': "
+                             f"[[name, self, inclusive], ...]}}, got {value!r}")
+        return cls(counter=value["counter"], functions=tuple((r[0], float(r[1]), float(r[2])) for r in rows or ()))
+
+    def moved_against(self, before: InstructionProfile, k: int = 8) -> list[str]:
+        """Readable lines: the functions whose inclusive instructions per step moved most from ``before``."""
+        a = {f: (s, i) for f, s, i in before.functions}
+        b = {f: (s, i) for f, s, i in self.functions}
+        moves = []
+        for f in set(a) | set(b):
+            ia, ib = a.get(f, (0.0, 0.0))[1], b.get(f, (0.0, 0.0))[1]
+            if ia != ib:
+                moves.append((ib - ia, f, ia, ib))
+        moves.sort(key=lambda m: (-abs(m[0]), m[1]))
+        return [f"{f}: {ia:,.0f} -> {ib:,.0f} per step ({d:+,.0f})" for d, f, ia, ib in moves[:k]]
+
+    def top_lines(self, k: int = 8) -> list[str]:
+        """Readable lines: the heaviest functions by inclusive instructions per step."""
+        return [f"{f}: {i:,.0f} per step inclusive, {s:,.0f} self" for f, s, i in self.functions[:k]]

@@ -17,13 +17,13 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter, itemgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from .budgets.schema import Budget
 from .budgets.verdict import Verdict
-from .extras import OperatorMoves
+from .extras import InstructionProfile, OperatorMoves
 from .judge import Decision, Judge
-from .measure import compile_health, energy, memory, numerics, nvml, occupancy, stats
+from .measure import compile_health, energy, instructions, memory, numerics, nvml, occupancy, stats
 from .measure.measurement import Explanation, Measurement, Passes
 from .measure.operators import (
     OP_METRIC_FAMILIES,
@@ -463,6 +463,42 @@ class PerfRecorder:
             return Explanation(extra=moves.to_extra())
 
         return explain
+
+    # -- instructions ---------------------------------------------------------------------
+
+    def instructions(self, step: Callable[[], Any], *, steps: int = 20, warmup: int = 10,
+                     counter: Literal["auto", "callgrind", "hardware"] = "auto") -> Verdict:
+        """Record ``instructions[callgrind]`` (or ``instructions[hardware]``) per call of ``step``.
+
+        Only the ``steps`` counted calls are counted, after ``warmup`` uncounted ones: set-up,
+        fixtures and warm-up are not. Counted by callgrind when the session runs under it
+        (``perfbudget instructions -- <pytest args>``), else by the CPU's instructions counter
+        where one opens; otherwise the metric is recorded unmeasurable with how to run it.
+        The two counters are different metrics and are never compared with each other. A
+        callgrind count keeps its heaviest functions with the record
+        (:class:`~perfbudget.extras.InstructionProfile`, which two records can be compared by
+        function with), and a failure names them.
+        """
+        got = instructions.instructions(step, steps=steps, warmup=warmup, counter=counter)
+        if isinstance(got, Unmeasurable):
+            return self.unmeasurable(f"instructions[{'hardware' if counter == 'hardware' else 'callgrind'}]",
+                                     got.reason)
+        metric = f"instructions[{'callgrind' if got.dump is not None else 'hardware'}]"
+        extra: dict[str, Any] = {}
+        if got.dump is not None:
+            dump = instructions.read_dump(got.dump)
+            profile = InstructionProfile.of(got.counter, ((f.function, f.self_ir / got.steps, f.inclusive_ir / got.steps)
+                                                          for f in dump.functions.values() if not f.straddles))
+            extra = profile.to_extra()
+
+            def explain() -> Explanation:
+                return Explanation(lines=("heaviest functions (inclusive instructions per step, callgrind):",
+                                          *(f"  {line}" for line in profile.top_lines())))
+        else:
+            def explain() -> Explanation:
+                return Explanation(lines=(f"counted by {got.counter}: no per-function attribution; run under "
+                                          "`perfbudget instructions` for callgrind's",))
+        return self._record(metric, Measurement(samples=got.per_step, extra=extra, explainer=explain))
 
     # -- memory ---------------------------------------------------------------------------
 

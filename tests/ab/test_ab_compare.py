@@ -317,3 +317,18 @@ def test_failing_checks_carry_the_operators_that_moved_against_the_base() -> Non
     assert (mm.op, mm.against, mm.before, mm.after) == ("aten::mm", "base", pytest.approx(4.0), pytest.approx(6.0))
     assert mm.ratio == pytest.approx(1.5) and mm.failing and mm.outcome == "fail"
     assert OperatorMoves.from_extra(records["op_self_ms[aten::relu]"].extra) is None
+
+
+def test_an_instruction_count_is_judged_against_the_base_and_names_the_functions_that_moved() -> None:
+    from perfbudget.extras import InstructionProfile
+
+    def count(value: float, mm: float) -> Record:
+        profile = InstructionProfile.of("callgrind Ir", [("at::native::mm", 10.0, mm), ("gelu", 5.0, 5.0)])
+        return Record(nodeid=NODE, key="enc", metric="instructions[callgrind]", outcome="unbudgeted", value=value,
+                      n=1, device=DEV, kind="count", extra=profile.to_extra())
+
+    same = one([pair([count(1_001_000, 900.0)], [count(1_000_000, 900.0)])])
+    assert same.outcome == "unbudgeted" and "(tolerance 0.5%)" in same.reason and not same.attribution
+    more = one([pair([count(1_020_000, 1300.0)], [count(1_000_000, 900.0)])])
+    assert more.outcome == "fail" and "worse than the base beyond its tolerance" in more.reason
+    assert any("at::native::mm: 900 -> 1,300 per step (+400)" in x for x in more.attribution)

@@ -21,7 +21,7 @@ from typing import Any
 from ..budgets.loader import BudgetSet
 from ..budgets.schema import Budget, BudgetError
 from ..budgets.verdict import Outcome, Verdict, decide
-from ..extras import ExtraError, OperatorMoves
+from ..extras import ExtraError, InstructionProfile, OperatorMoves
 from ..judge import OP_FAMILIES
 from ..measure import stats
 from ..measure.operators import OpMove, op_metric
@@ -439,24 +439,38 @@ def _merge_exact(head0: Record, used: list[_Used], ctx: _Context, *, base_has_it
     outcome = head0.outcome
     info = _metric(head0)
     tolerance = None
-    if info is not None and info.per_isa:
-        # A low-precision numeric result: its change from the base is judged against the same
-        # tolerance as against its budget (a stated bound, not the last digit), so a change of
-        # the numerics path is shown, and only a real loss of precision fails.
+    attribution = head0.attribution
+    if info is not None and (info.per_isa or info.kind == "count"):
+        # A low-precision numeric result or an instruction count: its change from the base is
+        # judged against the same tolerance as against its budget (a stated bound, not the last
+        # digit), so a change of the numerics path is shown, and only a real loss fails.
         tolerance = head0.budget.tolerance if head0.budget is not None else info.default_tolerance
         worse = head0.value > base_value * (1 + tolerance) if info.direction == "lower" \
             else head0.value < base_value * (1 - tolerance)
-        change += f" (tolerance {tolerance:.0%})"
+        change += f" (tolerance {tolerance * 100:g}%)"
         if worse and outcome in (Outcome.PASS, Outcome.STALE, Outcome.UNBUDGETED):
             outcome = Outcome.FAIL
             change += ": worse than the base beyond its tolerance"
+            attribution = (*attribution, *_moved_functions(head0, used))
     ab = ABInfo(compared=True, tolerance=tolerance)
     return head0.with_(
-        outcome=outcome,
+        outcome=outcome, attribution=attribution,
         reason=f"{reason}; vs base: {change}" if reason else f"vs base: {change}",
         base=BaseSide(value=base_value, ratio=ratio, pairs=pairs_with_base),
         extra={**head0.extra, **ab.to_extra()},
     )
+
+
+def _moved_functions(head0: Record, used: list[_Used]) -> list[str]:
+    """The functions whose instructions moved most from the base to the head, from the profiles
+    both sides kept with their counts (none when either lacks one)."""
+    head = InstructionProfile.from_extra(head0.extra)
+    base = next((p for u in used if u.base is not None and _usable(u.base)
+                 and (p := InstructionProfile.from_extra(u.base.extra)) is not None), None)
+    if head is None or base is None:
+        return []
+    return ["functions that moved (inclusive instructions per step, base -> head):",
+            *(f"  {line}" for line in head.moved_against(base))]
 
 
 def _distinct(values: Iterable[float | None]) -> list[float]:

@@ -143,8 +143,8 @@ def git_commit(cwd: str | Path | None = None) -> str | None:
 
 def _round(metric: str, value: float) -> float | int:
     kind = parse_name(metric).metric.kind
-    if kind == "exact":
-        # Exact budgets keep full precision: rounding could put the budget below the value.
+    if kind in ("exact", "count"):
+        # Exact budgets and counts keep full precision: rounding could put the budget below the value.
         return int(value) if float(value).is_integer() else float(value)
     return float(f"{value:.4g}")
 
