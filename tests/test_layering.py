@@ -22,7 +22,7 @@ FLOORS: dict[str, int] = {
     "recorder": 4, "report": 4,
     "outcome": 5, "show": 5, "ab": 5,
     "session": 6,
-    "xdist": 7, "cli": 7, "hookspec": 7, "instructions_run": 6,
+    "xdist": 7, "cli": 7, "hookspec": 7, "instructions_run": 4,
     "plugin": 8,
     ROOT: 9,
 }

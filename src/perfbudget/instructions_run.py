@@ -17,7 +17,7 @@ from .exitcodes import ExitCode
 from .measure.instructions import CALLGRIND_OUT_ENV, INSTALL_HINT, build_helper, dumps_in
 from .measure.unmeasurable import Unmeasurable
 
-__all__ = ["InstructionsRun", "callgrind_command", "run_instructions"]
+__all__ = ["InstructionsRun", "callgrind_command", "callgrind_environment", "run_instructions", "under_callgrind"]
 
 EXIT_NO_VALGRIND = ExitCode.USAGE
 
@@ -63,17 +63,26 @@ def callgrind_command(pytest_args: Sequence[str], out_dir: Path, *, python: str 
     plugin_off = any(a.endswith("no:perfbudget") for a in args)  # `-p no:perfbudget`: no --perf-json option
     if not plugin_off and not _has_option(args, "--perf-json"):
         args += ["--perf-json", str(out_dir / "results.json")]
+    return under_callgrind([python, "-m", "pytest", *args], out_dir, valgrind=valgrind, fast_start=fast_start)
+
+
+def under_callgrind(argv: Sequence[str], out_dir: Path, *, valgrind: str = "valgrind",
+                    fast_start: bool = True) -> list[str]:
+    """``argv`` run under callgrind with collection (and, with ``fast_start``, instrumentation)
+    off until the first ``instructions()`` count; dumps and logs go to ``out_dir``, one per pid.
+    Run it with :func:`callgrind_environment` of the same ``out_dir``."""
     return [
         valgrind, "--tool=callgrind",
         f"--callgrind-out-file={out_dir / 'callgrind.out.%p'}",
         f"--log-file={out_dir / 'valgrind.%p.log'}",
         "--collect-atstart=no",
         f"--instr-atstart={'no' if fast_start else 'yes'}",
-        python, "-m", "pytest", *args,
+        *argv,
     ]
 
 
-def _environment(out_dir: Path, base: Mapping[str, str]) -> dict[str, str]:
+def callgrind_environment(out_dir: Path, base: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a process run by :func:`under_callgrind` with the same ``out_dir``."""
     env = dict(base)
     env[CALLGRIND_OUT_ENV] = str(out_dir / "callgrind.out.%p")
     # One torch thread (callgrind runs threads one at a time anyway; a thread pool only adds
@@ -105,7 +114,7 @@ def run_instructions(pytest_args: Sequence[str], out_dir: str | Path, *, err: Te
     print(f"perfbudget instructions: {shlex.join(cmd)}", file=stream, flush=True)
     before = set(dumps_in(out))
     start = time.monotonic()
-    code = subprocess.run(cmd, env=_environment(out, base_env), check=False).returncode
+    code = subprocess.run(cmd, env=callgrind_environment(out, base_env), check=False).returncode
     wall_s = time.monotonic() - start
     dumps = tuple(sorted(set(dumps_in(out)) - before, key=lambda p: p.stat().st_mtime_ns))
     results = _results_path(pytest_args, out)

@@ -67,6 +67,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", type=float, default=DEFAULT_AB_PRECISION, metavar="FRACTION",
                    help="inside a pair, a statistical check keeps taking turns until its head/base ratio is "
                         "within +-FRACTION (or a per-check cap); 0: one fixed sample set (default 0.01)")
+    p.add_argument("--instructions", action="store_true",
+                   help="run both sides under callgrind, one pair, and compare their perf.instructions counts "
+                        "(select those tests: -- perf_tests -m instructions); implies --min-pairs 1 --max-pairs 1")
     p.add_argument("--allow-missing-base", action="store_true",
                    help="a base that cannot run is not an error: judge the head against the stored budgets")
     p.add_argument("--out", metavar="PATH", help="merged results JSON (default .perfbudget/ab/results.json)")
@@ -105,11 +108,13 @@ def cmd_ab(args: argparse.Namespace, out: TextIO) -> int:
     try:
         cpus = parse_cpus(args.cpus)
         root = repo_root(Path.cwd())
-        config = ABConfig(root=root, base=args.base, merge_base=args.merge_base, min_pairs=args.min_pairs,
-                          max_pairs=args.max_pairs, max_minutes=args.max_minutes, cpus=cpus,
+        pairs = (1, 1) if args.instructions else (args.min_pairs, args.max_pairs)
+        config = ABConfig(root=root, base=args.base, merge_base=args.merge_base, min_pairs=pairs[0],
+                          max_pairs=pairs[1], max_minutes=args.max_minutes, cpus=cpus,
                           out=Path(args.out).resolve() if args.out else None, pytest_args=tuple(pytest_args),
                           strict=args.perf_strict or "--perf-strict" in pytest_args,
-                          allow_missing_base=args.allow_missing_base, precision=args.precision or None)
+                          allow_missing_base=args.allow_missing_base, precision=args.precision or None,
+                          instructions=args.instructions)
     except (UsageError, GitError, ValueError) as exc:  # ValueError: a bad --cpus
         print(f"perfbudget ab: error: {exc}", file=sys.stderr)
         return ExitCode.USAGE

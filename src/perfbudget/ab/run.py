@@ -25,12 +25,15 @@ from pathlib import Path
 from ..budgets.loader import BudgetSet, load_dir
 from ..exitcodes import ExitCode
 from ..fileio import atomic_write
+from ..instructions_run import callgrind_environment, under_callgrind
 from ..judge import AB_PRECISION_ENV, DEFAULT_AB_PRECISION
+from ..measure.instructions import INSTALL_HINT, build_helper
+from ..measure.unmeasurable import Unmeasurable
 from ..recorder import AB_OPERATORS_ENV, OPERATOR_FAMILIES
 from ..results import Results, load_results
 from ..vocabulary import Outcome, StrEnum
 from .compare import Comparison, PairRecords, compare_pairs
-from .pairs import PairRun, SideCommand, one_cpu, pytest_command, run_pair
+from .pairs import PairRun, SideCommand, SideSetup, one_cpu, pytest_command, run_pair
 from .trees import AB_DIR, GitError, build_shim, head_commit, instrument_dir, prepare_base
 from .verdict import ABPolicy
 
@@ -81,6 +84,9 @@ class ABConfig:
         precision: the half-width each statistical check's within-pair ratio samples to
             (``--precision``; see ``JudgeConfig.ab_precision``); ``None`` or 0: one fixed
             sample set per check and side.
+        instructions: both sides run under callgrind (``perfbudget ab --instructions``), one
+            pair, so their ``perf.instructions`` counts are compared (select those tests, e.g.
+            ``-m instructions``).
     """
 
     root: Path
@@ -97,8 +103,12 @@ class ABConfig:
     strict: bool = False
     allow_missing_base: bool = False
     precision: float | None = DEFAULT_AB_PRECISION
+    instructions: bool = False
 
     def __post_init__(self) -> None:
+        if self.instructions and (self.min_pairs, self.max_pairs) != (1, 1):
+            raise UsageError("--instructions: instruction counts repeat exactly, so one pair decides; "
+                             f"got --min-pairs {self.min_pairs} --max-pairs {self.max_pairs} (use 1 and 1)")
         if self.precision is not None and not 0 <= self.precision < 1:
             raise UsageError(f"--precision: expected a fraction in [0, 1) such as 0.01, got {self.precision!r}")
         if self.min_pairs < 1:
@@ -191,12 +201,16 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
     trees = {"base": base.path, "head": root}
     instrument = instrument_dir(root)
     shims = {s: build_shim(workdir / f"shim-{s}", tree=t, instrument=instrument) for s, t in trees.items()}
-    command = command or pytest_command(config.pytest_args)
+    env = dict(os.environ)
+    if command is None:
+        command = pytest_command(config.pytest_args)
+        if config.instructions:
+            command, env = _under_callgrind(command, workdir / "instructions", env)
     cpus = one_cpu() if config.cpus is None else config.cpus
 
     operators_file = workdir / "operators.json"
     operators_file.unlink(missing_ok=True)
-    env = {**os.environ, AB_OPERATORS_ENV: str(operators_file),
+    env = {**env, AB_OPERATORS_ENV: str(operators_file),
            AB_PRECISION_ENV: f"{config.precision:g}" if config.precision else "0"}
     runs: list[PairRun] = []
     records: list[PairRecords] = []  # the valid pairs only
@@ -322,6 +336,26 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
         code = ExitCode.OK
     return ABRun(results=results, path=path, exit_code=code, comparison=comparison, pairs=tuple(runs),
                  problems=tuple(problems), stopped=stopped, invalid=invalid)
+
+
+def _under_callgrind(command: SideCommand, out: Path, env: dict[str, str]) -> tuple[SideCommand, dict[str, str]]:
+    """Each side's pytest run under callgrind, its dumps in ``out`` (one per process).
+
+    Raises:
+        UsageError: valgrind is not installed.
+    """
+    valgrind = shutil.which("valgrind", path=env.get("PATH"))
+    if valgrind is None:
+        raise UsageError(f"--instructions: {INSTALL_HINT}")
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    fast = not isinstance(build_helper(), Unmeasurable)
+
+    def wrapped(setup: SideSetup) -> list[str]:
+        return under_callgrind(list(command(setup)), out, valgrind=valgrind, fast_start=fast)
+
+    return wrapped, callgrind_environment(out, env)
 
 
 def _pin_operators(path: Path, pairs: Sequence[PairRecords]) -> None:
