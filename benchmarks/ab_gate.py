@@ -111,8 +111,10 @@ class Scenario:
         if self.kind == "aa":
             return "A/A, encoder (false alarms)"
         if self.kind == "suite-aa":
-            fixed = " (one fixed sample set per check, `--precision 0`)" if self.precision == 0 else ""
-            return f"A/A, whole suite (false alarms){fixed}"
+            how = (" (one fixed sample set per check, `--precision 0`)" if self.precision == 0 else
+                   f" (sampled to a within-pair precision of ±{self.precision:.0%}, `--precision {self.precision:g}`)"
+                   if self.precision else "")
+            return f"A/A, whole suite (false alarms){how}"
         step = _median_ratio(self.done, "encoder-train.step_ms")
         mm = _median_ratio(self.done, "encoder-train.op_self_ms[aten::mm]")
         planted = (f"step spins +{self.frac:.0%} of its own time" if self.kind == "step"
@@ -296,7 +298,8 @@ def main() -> int:
     ap.add_argument("--aa", type=int, default=20, help="A/A runs")
     ap.add_argument("--plant", action="append", default=[], metavar="KIND:FRAC:RUNS",
                     help="a planted regression: step:0.10:10 or op:0.10:10")
-    ap.add_argument("--suite-aa", type=int, default=0, help="A/A runs of the whole suite")
+    ap.add_argument("--suite-aa", type=int, default=0,
+                    help="A/A runs of the whole suite sampled to a within-pair precision (--precision 0.01)")
     ap.add_argument("--suite-aa-fixed", type=int, default=0,
                     help="A/A runs of the whole suite with one fixed sample set per check (--precision 0), to "
                          "compare the per-pair sd with --suite-aa's")
@@ -307,7 +310,7 @@ def main() -> int:
     command = " ".join(["python benchmarks/ab_gate.py", *sys.argv[1:]])
     scenarios = [Scenario("A/A", "aa", 0.0, args.aa)]
     if args.suite_aa:
-        scenarios.append(Scenario("A/A suite", "suite-aa", 0.0, args.suite_aa))
+        scenarios.append(Scenario("A/A suite, precision", "suite-aa", 0.0, args.suite_aa, precision=0.01))
     if args.suite_aa_fixed:
         scenarios.append(Scenario("A/A suite, fixed", "suite-aa", 0.0, args.suite_aa_fixed, precision=0.0))
     for spec in args.plant:

@@ -53,7 +53,7 @@ def stable_identity(declared: str, device: DeviceInfo) -> str | None:
 #: Environment variable ``perfbudget ab`` sets for its sides: the within-pair precision each
 #: statistical check samples to (see :attr:`JudgeConfig.ab_precision`).
 AB_PRECISION_ENV = "PERFBUDGET_AB_PRECISION"
-#: Target half-width of a check's within-pair head/base ratio: +-1 %.
+#: Target half-width of a check's within-pair head/base ratio when one is asked for: +-1 %.
 DEFAULT_AB_PRECISION = 0.01
 
 

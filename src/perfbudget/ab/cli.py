@@ -64,9 +64,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--perf-strict", action="store_true",
                    help="an inconclusive check (its CI still straddles the tolerance after the last pair) fails "
                         "the run (also when --perf-strict is among the pytest args)")
-    p.add_argument("--precision", type=float, default=DEFAULT_AB_PRECISION, metavar="FRACTION",
+    p.add_argument("--precision", type=float, nargs="?", const=DEFAULT_AB_PRECISION, default=0.0,
+                   metavar="FRACTION",
                    help="inside a pair, a statistical check keeps taking turns until its head/base ratio is "
-                        "within +-FRACTION (or a per-check cap); 0: one fixed sample set (default 0.01)")
+                        f"within +-FRACTION (or a per-check cap); alone: {DEFAULT_AB_PRECISION:g}. Off by default "
+                        "(one fixed sample set per check): it costs a multiple of a pair's time "
+                        "(benchmarks/ab-precision-cpu.md)")
     p.add_argument("--instructions", action="store_true",
                    help="run both sides under callgrind, one pair, and compare their perf.instructions counts "
                         "(select those tests: -- perf_tests -m instructions); implies --min-pairs 1 --max-pairs 1")

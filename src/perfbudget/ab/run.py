@@ -26,7 +26,7 @@ from ..budgets.loader import BudgetSet, load_dir
 from ..exitcodes import ExitCode
 from ..fileio import atomic_write
 from ..instructions_run import callgrind_environment, under_callgrind
-from ..judge import AB_PRECISION_ENV, DEFAULT_AB_PRECISION
+from ..judge import AB_PRECISION_ENV
 from ..measure.instructions import INSTALL_HINT, build_helper
 from ..measure.unmeasurable import Unmeasurable
 from ..recorder import AB_OPERATORS_ENV, OPERATOR_FAMILIES
@@ -102,7 +102,7 @@ class ABConfig:
     policy: ABPolicy = field(default_factory=ABPolicy)
     strict: bool = False
     allow_missing_base: bool = False
-    precision: float | None = DEFAULT_AB_PRECISION
+    precision: float | None = None
     instructions: bool = False
 
     def __post_init__(self) -> None:
