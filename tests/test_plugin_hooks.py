@@ -230,7 +230,7 @@ def test_the_readme_conftest_records_padding_and_posts_the_results(
     found = [b for b in blocks if b.startswith("# conftest.py")]
     assert len(found) == 1, "the README holds one conftest example (starting '# conftest.py')"
     pytester.makeconftest(found[0])
-    pytester.makepyfile(test_loader=LOADER_TESTS)
+    pytester.makepyfile(test_readme_loader=LOADER_TESTS)  # a basename no other test module has
     url, posted = dashboard
     monkeypatch.setenv("PERF_DASHBOARD_URL", url)
     run(pytester, "--update-budgets").assert_outcomes(passed=1)
