@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .measure.instructions import moves_between
 from .measure.operators import OpMove, OpRow, moved_operators
 from .measure.padding import PaddingStats, padding_rate_by_width
 
@@ -352,15 +353,12 @@ class InstructionProfile:
 
     def moved_against(self, before: InstructionProfile, k: int = 8) -> list[str]:
         """Readable lines: the functions whose inclusive instructions per step moved most from ``before``."""
-        a = {f: (s, i) for f, s, i in before.functions}
-        b = {f: (s, i) for f, s, i in self.functions}
-        moves = []
-        for f in set(a) | set(b):
-            ia, ib = a.get(f, (0.0, 0.0))[1], b.get(f, (0.0, 0.0))[1]
-            if ia != ib:
-                moves.append((ib - ia, f, ia, ib))
-        moves.sort(key=lambda m: (-abs(m[0]), m[1]))
-        return [f"{f}: {ia:,.0f} -> {ib:,.0f} per step ({d:+,.0f})" for d, f, ia, ib in moves[:k]]
+        every = len(before.functions) + len(self.functions)
+        moves = [m for m in moves_between({f: (s, i) for f, s, i in before.functions},
+                                          {f: (s, i) for f, s, i in self.functions}, every)
+                 if m.delta_per_step][:k]
+        return [f"{m.function}: {m.before_per_step:,.0f} -> {m.after_per_step:,.0f} per step "
+                f"({m.delta_per_step:+,.0f})" for m in moves]
 
     def top_lines(self, k: int = 8) -> list[str]:
         """Readable lines: the heaviest functions by inclusive instructions per step."""

@@ -59,13 +59,13 @@ DEFAULT_AB_PRECISION = 0.01
 
 def ab_precision(value: str | None) -> float | None:
     """The precision a side samples to, read from :data:`AB_PRECISION_ENV`'s value
-    (unset or empty: :data:`DEFAULT_AB_PRECISION`; ``0``: one fixed sample set).
+    (unset, empty or ``0``: ``None``, one fixed sample set, as ``perfbudget ab`` defaults to).
 
     Raises:
         ValueError: naming the variable and the value, for anything but a fraction in [0, 1).
     """
     if value is None or not value.strip():
-        return DEFAULT_AB_PRECISION
+        return None
     try:
         x = float(value)
     except ValueError:

@@ -79,8 +79,8 @@ def test_exact_checks_are_not_resampled(tmp_path: Path) -> None:
     assert not called and v.value == 123.0
 
 
-@pytest.mark.parametrize(("value", "want"), [(None, DEFAULT_AB_PRECISION), ("", DEFAULT_AB_PRECISION),
-                                             ("0.02", 0.02), ("0", None)])
+@pytest.mark.parametrize(("value", "want"), [(None, None), ("", None), ("0.02", 0.02),
+                                             (str(DEFAULT_AB_PRECISION), DEFAULT_AB_PRECISION), ("0", None)])
 def test_precision_setting(value: str | None, want: float | None) -> None:
     assert ab_precision(value) == want
 

@@ -12,7 +12,7 @@ import re
 import shutil
 import struct
 import subprocess
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
@@ -36,6 +36,7 @@ __all__ = [
     "dumps_in",
     "instructions",
     "moved_functions",
+    "moves_between",
     "open_hardware_counter",
     "read_dump",
     "running_under_valgrind",
@@ -521,15 +522,22 @@ def moved_functions(before: InstructionCount | CallgrindDump | str | Path,
     Functions that straddle either dump (the measuring frames) are left out.
     """
     (a, a_steps), (b, b_steps) = _as_dump(before), _as_dump(after)
+    straddling = {n for d in (a, b) for n, f in d.functions.items() if f.straddles}
+
+    def per_step(d: CallgrindDump, steps: int) -> dict[str, tuple[float, float]]:
+        return {n: (f.self_ir / steps, f.inclusive_ir / steps) for n, f in d.functions.items() if n not in straddling}
+
+    return moves_between(per_step(a, a_steps), per_step(b, b_steps), k)
+
+
+def moves_between(before: Mapping[str, tuple[float, float]], after: Mapping[str, tuple[float, float]],
+                  k: int = 10) -> list[FunctionMove]:
+    """The ``k`` functions whose inclusive count moved most from ``before`` to ``after``, each given
+    as ``{function: (self, inclusive)}`` per step (absent: 0); the one ranking every report uses."""
     moves: list[FunctionMove] = []
-    for name in set(a.functions) | set(b.functions):
-        fa, fb = a.functions.get(name), b.functions.get(name)
-        if (fa and fa.straddles) or (fb and fb.straddles):
-            continue
-        inc_a = fa.inclusive_ir / a_steps if fa else 0.0
-        inc_b = fb.inclusive_ir / b_steps if fb else 0.0
-        self_a = fa.self_ir / a_steps if fa else 0.0
-        self_b = fb.self_ir / b_steps if fb else 0.0
+    for name in set(before) | set(after):
+        self_a, inc_a = before.get(name, (0.0, 0.0))
+        self_b, inc_b = after.get(name, (0.0, 0.0))
         if inc_a != inc_b or self_a != self_b:
             moves.append(FunctionMove(function=name, before_per_step=inc_a, after_per_step=inc_b,
                                       self_delta_per_step=self_b - self_a))
