@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -98,6 +99,8 @@ class Scenario:
     frac: float
     runs: int
     done: list[dict] = field(default_factory=list)
+    precision: float | None = None
+    """``perfbudget ab --precision`` (``None``: its default)."""
 
     @property
     def tests(self) -> tuple[str, ...]:
@@ -108,7 +111,10 @@ class Scenario:
         if self.kind == "aa":
             return "A/A, encoder (false alarms)"
         if self.kind == "suite-aa":
-            return "A/A, whole suite (false alarms)"
+            how = (" (one fixed sample set per check, `--precision 0`)" if self.precision == 0 else
+                   f" (sampled to a within-pair precision of ±{self.precision:.0%}, `--precision {self.precision:g}`)"
+                   if self.precision else "")
+            return f"A/A, whole suite (false alarms){how}"
         step = _median_ratio(self.done, "encoder-train.step_ms")
         mm = _median_ratio(self.done, "encoder-train.op_self_ms[aten::mm]")
         planted = (f"step spins +{self.frac:.0%} of its own time" if self.kind == "step"
@@ -152,11 +158,13 @@ def plant(clone: Path, base: str, kind: str, frac: float) -> str:
     return sh("git", "rev-parse", "HEAD", cwd=clone).strip()
 
 
-def ab_run(clone: Path, base: str, out: Path, max_pairs: int, tests: tuple[str, ...] = TESTS) -> dict:
+def ab_run(clone: Path, base: str, out: Path, max_pairs: int, tests: tuple[str, ...] = TESTS,
+           precision: float | None = None) -> dict:
     start = time.perf_counter()
+    extra = [] if precision is None else ["--precision", f"{precision:g}"]
     got = subprocess.run(
         [sys.executable, "-m", "perfbudget.cli", "ab", "--base", base, "--max-pairs", str(max_pairs),
-         "--out", str(out), "--", *tests],
+         "--out", str(out), *extra, "--", *tests],
         cwd=clone, text=True, capture_output=True,
         env={**os.environ, "PYTHONPATH": str(clone / "src")},
     )
@@ -218,28 +226,38 @@ def table(scenarios: list[Scenario], plain_s: dict[str, float], command: str) ->
         lines.append(f"| {s.label()} | {len(runs)}{err} | {any_fail}/{len(runs)} | {timing_fail}/{len(runs)} | "
                      f"{incon}/{len(runs)} | {n_fail} / {n_incon} / {n_checks} | {invalid} | {pairs:g} | {wall:.0f} | "
                      f"{cost} |")
-    suite = next((s for s in scenarios if s.kind == "suite-aa" and s.done), None)
-    if suite is not None:
+    for suite in (s for s in scenarios if s.kind == "suite-aa" and s.done):
         walls = [r["wall_s"] for r in suite.done]
-        lines += ["", f"Whole-suite A/A wall time: {', '.join(f'{w:.0f} s' for w in walls)} "
+        lines += ["", f"{suite.label()}: wall time {', '.join(f'{w:.0f} s' for w in walls)} "
                       f"(target {SUITE_TARGET_S:.0f} s); tests run per pair: "
                       + "; ".join(str(r.get("tests_per_pair")) for r in suite.done) + " (None: every selected test)."]
-    lines += ["", "Per-check per-pair sd of ln(head/base) in the A/A runs (median over runs; pooled with the "
-                  "prior as the verdict uses it), and the smallest change each run could resolve (median MDE):", ""]
-    lines += ["| check | runs | per-pair sd | median MDE | median pairs |", "|---|---|---|---|---|"]
-    per_sd: dict[str, list[tuple[float, float | None, int]]] = defaultdict(list)
-    for s in scenarios:
-        if s.kind not in ("aa", "suite-aa"):
-            continue
+    lines += ["", "Per-check per-pair sd of ln(head/base) in the A/A runs, per scenario (median over runs; the raw "
+                  "sd of the pair ratios, and the pooled sd the verdict uses, with the prior), the smallest change "
+                  "each run could resolve (median MDE) and the pairs it got:", ""]
+    aa = [s for s in scenarios if s.kind in ("aa", "suite-aa") and s.done]
+    lines += ["| check | " + " | ".join(f"{s.name}: raw sd / pooled sd / MDE / pairs" for s in aa) + " |",
+              "|---|" + "---|" * len(aa)]
+    per_sd: dict[str, dict[str, list[tuple[float | None, float, float | None, int]]]] = defaultdict(dict)
+    for s in aa:
         for r in s.done:
             for k, c in r.get("checks", {}).items():
                 if c.get("sd") is not None:
-                    per_sd[k].append((c["sd"], c.get("mde"), c.get("pairs") or 0))
-    for k, xs in sorted(per_sd.items()):
-        mdes = [m for _, m, _ in xs if m is not None]
-        lines.append(f"| `{k}` | {len(xs)} | {statistics.median(x for x, _, _ in xs):.1%} | "
-                     f"{'+' + format(statistics.median(mdes), '.1%') if mdes else '-'} | "
-                     f"{statistics.median(p for _, _, p in xs):g} |")
+                    per_sd[k].setdefault(s.name, []).append(
+                        (_raw_sd(c.get("pair_ratios") or []), c["sd"], c.get("mde"), c.get("pairs") or 0))
+    for k, by in sorted(per_sd.items()):
+        cells = []
+        for s in aa:
+            xs = by.get(s.name, [])
+            if not xs:
+                cells.append("-")
+                continue
+            raw = [x for x, _, _, _ in xs if x is not None]
+            mdes = [m for _, _, m, _ in xs if m is not None]
+            cells.append(f"{format(statistics.median(raw), '.1%') if raw else '-'} / "
+                         f"{statistics.median(x for _, x, _, _ in xs):.1%} / "
+                         f"{'+' + format(statistics.median(mdes), '.1%') if mdes else '-'} / "
+                         f"{statistics.median(p for _, _, _, p in xs):g}")
+        lines.append(f"| `{k}` | " + " | ".join(cells) + " |")
     lines += ["", "Per-check ratios (head/base, one value per run):", ""]
     for s in scenarios:
         per: dict[str, list[str]] = defaultdict(list)
@@ -255,6 +273,12 @@ def table(scenarios: list[Scenario], plain_s: dict[str, float], command: str) ->
               "failing, or any timing check failing); `failing / inconclusive / timing checks` counts every timing "
               "check of every run."]
     return "\n".join(lines) + "\n"
+
+
+def _raw_sd(ratios: list[float]) -> float | None:
+    """The sample sd of ln(ratio) over a run's pairs (``None``: fewer than two)."""
+    logs = [math.log(x) for x in ratios if x and x > 0]
+    return statistics.stdev(logs) if len(logs) >= 2 else None
 
 
 def platform_line() -> str:
@@ -274,7 +298,11 @@ def main() -> int:
     ap.add_argument("--aa", type=int, default=20, help="A/A runs")
     ap.add_argument("--plant", action="append", default=[], metavar="KIND:FRAC:RUNS",
                     help="a planted regression: step:0.10:10 or op:0.10:10")
-    ap.add_argument("--suite-aa", type=int, default=0, help="A/A runs of the whole suite")
+    ap.add_argument("--suite-aa", type=int, default=0,
+                    help="A/A runs of the whole suite sampled to a within-pair precision (--precision 0.01)")
+    ap.add_argument("--suite-aa-fixed", type=int, default=0,
+                    help="A/A runs of the whole suite with one fixed sample set per check (--precision 0), to "
+                         "compare the per-pair sd with --suite-aa's")
     ap.add_argument("--max-pairs", type=int, default=6)
     ap.add_argument("--minutes", type=float, default=80.0, help="stop starting runs after this long")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "ab-gate-cpu.md")
@@ -282,7 +310,9 @@ def main() -> int:
     command = " ".join(["python benchmarks/ab_gate.py", *sys.argv[1:]])
     scenarios = [Scenario("A/A", "aa", 0.0, args.aa)]
     if args.suite_aa:
-        scenarios.append(Scenario("A/A suite", "suite-aa", 0.0, args.suite_aa))
+        scenarios.append(Scenario("A/A suite, precision", "suite-aa", 0.0, args.suite_aa, precision=0.01))
+    if args.suite_aa_fixed:
+        scenarios.append(Scenario("A/A suite, fixed", "suite-aa", 0.0, args.suite_aa_fixed, precision=0.0))
     for spec in args.plant:
         kind, frac, runs = spec.split(":")
         if kind not in ("step", "op"):
@@ -311,7 +341,7 @@ def main() -> int:
                 commits[(s.kind, s.frac)] = plant(clone, base, s.kind, s.frac)
             head = commits[(s.kind, s.frac)]
         sh("git", "checkout", "-q", "--detach", head, cwd=clone)
-        got = ab_run(clone, base, tmp / f"run-{i}.json", args.max_pairs, s.tests)
+        got = ab_run(clone, base, tmp / f"run-{i}.json", args.max_pairs, s.tests, s.precision)
         s.done.append(got)
         i += 1
         print(f"ab-gate: {s.name} run {len(s.done)}/{s.runs}: {got.get('pairs')} pairs, {got['wall_s']:.0f} s, "

@@ -79,7 +79,7 @@ def apply_floors(aa: Scenario) -> None:
     """Widen tolerances to the between-run noise the A/A runs measured (never narrow them)."""
     from perfbudget.budgets import load_dir
     from perfbudget.budgets.update import widen_tolerances
-    from perfbudget.device import describe
+    from perfbudget.measure.machine import describe
 
     floors = {}
     for name, ratios in aa.ratios.items():

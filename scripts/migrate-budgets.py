@@ -35,7 +35,8 @@ from typing import Any
 import yaml
 
 from perfbudget.budgets import load_dir
-from perfbudget.budgets.update import _atomic_write, _locked, render_doc
+from perfbudget.budgets.update import render_doc
+from perfbudget.fileio import atomic_write, lock
 from perfbudget.metrics import UnknownMetricError, parse_name
 
 UNIDENTIFIED = "unidentified"
@@ -84,7 +85,7 @@ def _merge_into(path: Path, device: dict[str, Any], moved: dict[str, dict[str, A
             plan.append(f"  {key}.{metric} -> {path}")
     if not dry_run:
         path.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_write(path, render_doc(data))
+        atomic_write(path, render_doc(data))
 
 
 def migrate(root: Path, *, dry_run: bool = False) -> list[str]:
@@ -94,7 +95,7 @@ def migrate(root: Path, *, dry_run: bool = False) -> list[str]:
     if broken:
         raise ValueError("budget files that cannot be loaded (fix them first):\n" + "\n".join(f"  {e}" for e in broken))
     plan: list[str] = []
-    with _locked(root):
+    with lock(root):
         for f in budgets.files:
             data = _doc(f.path)
             sel = data["device"]
@@ -106,7 +107,7 @@ def migrate(root: Path, *, dry_run: bool = False) -> list[str]:
                                       **({"threads": sel["threads"]} if "threads" in sel else {})}
                     plan.append(f"{f.path}: keyed by the model name {sel['model']!r}; re-keyed to identity {ident}")
                     if not dry_run:
-                        _atomic_write(f.path, render_doc(data))
+                        atomic_write(f.path, render_doc(data))
                 else:
                     dest = root / UNIDENTIFIED / f.path.name
                     plan.append(f"{f.path}: keyed by the model name {sel['model']!r}, which several machine kinds "
@@ -141,7 +142,7 @@ def migrate(root: Path, *, dry_run: bool = False) -> list[str]:
             for dest, entries in moved.items():
                 _merge_into(dest, devices[dest], entries, plan, dry_run)
             if not dry_run:
-                _atomic_write(f.path, render_doc(data))
+                atomic_write(f.path, render_doc(data))
     return plan
 
 
@@ -155,7 +156,7 @@ def rekey(path: Path, identity: str, root: Path, *, dry_run: bool = False) -> li
     if dest.exists():
         raise ValueError(f"{dest} exists: merge by hand")
     if not dry_run:
-        _atomic_write(dest, render_doc(data))
+        atomic_write(dest, render_doc(data))
         path.unlink()
     return [f"{path}: keyed by identity {identity} -> {dest}"]
 

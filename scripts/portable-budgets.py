@@ -54,8 +54,9 @@ from typing import Any
 from perfbudget.budgets import Budget, BudgetFile, BudgetSet, decide, load_dir, parse_text
 
 # The updater's file handling: one lock per folder, deterministic rendering, atomic replace.
-from perfbudget.budgets.update import _atomic_write, _locked, _raw_doc, render_doc
+from perfbudget.budgets.update import _raw_doc, render_doc
 from perfbudget.device import DeviceInfo
+from perfbudget.fileio import atomic_write, lock
 from perfbudget.metrics import parse_name
 
 SAFETY = 2.0
@@ -339,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print("\n".join(bad), file=sys.stderr)
         return 2
-    with _locked(args.budgets):
+    with lock(args.budgets):
         result = plan(budgets, measured, args.safety)
         texts = render(budgets, result)
         after = BudgetSet(root=budgets.root, files=[
@@ -363,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         # Write the portable file first: a crash in between leaves an entry in both files
         # (the model file's still wins, and a rerun finishes the move), never in none.
         for path in sorted(texts, key=lambda p: p.name != "cpu.yaml"):
-            _atomic_write(path, texts[path][1])
+            atomic_write(path, texts[path][1])
             print(f"wrote {path}")
     return 0
 

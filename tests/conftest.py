@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from perfbudget.device import describe
 from perfbudget.judge import STABLE_MACHINE_ENV
+from perfbudget.measure.machine import describe
 
 
 @pytest.fixture

@@ -81,6 +81,17 @@ def test_chrome_trace_is_a_perfetto_readable_json_with_the_steps_operators(tmp_p
     assert sum(1 for n in names if str(n).startswith("ProfilerStep#")) == 2
 
 
+def test_chrome_trace_reruns_the_step_with_the_timers_thread_pinning(tmp_path: Path) -> None:
+    seen: list[int] = []
+    before = torch.get_num_threads()
+    art = chrome_trace(lambda: seen.append(torch.get_num_threads()), tmp_path / "trace.json", steps=2, threads=1)
+    assert art.path is not None and seen == [1, 1, 1] and torch.get_num_threads() == before
+    # The timers' own checks apply: a thread count they refuse, or a device they do not know.
+    assert "threads must be >= 1" in chrome_trace(tiny_step, tmp_path / "z.json", threads=0).note
+    bad = chrome_trace(tiny_step, tmp_path / "d.json", device="tpu")  # type: ignore[arg-type]
+    assert bad.path is None and "device must be 'cpu' or 'cuda', got 'tpu'" in bad.note
+
+
 def test_chrome_trace_of_a_raising_step_is_a_note_not_an_exception(tmp_path: Path) -> None:
     def boom() -> None:
         raise RuntimeError("shape mismatch")

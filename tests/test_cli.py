@@ -15,6 +15,7 @@ import pytest
 from perfbudget.budgets.loader import load_dir
 from perfbudget.cli import EXIT_INPUT, EXIT_OK, EXIT_REGRESSION, diff_results, explain_budgets, main
 from perfbudget.device import DeviceInfo
+from perfbudget.exitcodes import ExitCode
 from perfbudget.results import load_results
 
 DATA = Path(__file__).parent / "data" / "results"
@@ -42,6 +43,15 @@ def budgets(tmp_path: Path) -> Path:
     (root / "nvidia-h100.yaml").write_text("schema: 1\ndevice: {type: cuda, model: H100}\nbudgets:\n"
                                            "  encoder-train:\n    step_ms: 9.5\n")
     return root
+
+
+def test_exit_codes_are_the_documented_ones_for_every_command() -> None:
+    assert [(c.name, int(c)) for c in ExitCode] == [("OK", 0), ("FAILED", 1), ("USAGE", 2)]
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    assert "Exit codes: `0` ok; `1` regressions found" in readme and "`2` usage or input error" in readme
+    assert "Exit codes: 0 no check" in readme and "2 usage error." in readme  # perfbudget ab
+    assert (EXIT_OK, EXIT_REGRESSION, EXIT_INPUT) == (ExitCode.OK, ExitCode.FAILED, ExitCode.USAGE)
+    assert run("ab", "--base", "HEAD", "--cpus", "nonsense")[0] == ExitCode.USAGE  # the A/B command's own exit
 
 
 # --------------------------------------------------------------------------- report
@@ -90,7 +100,7 @@ def test_input_errors_name_the_file_and_exit_2(tmp_path: Path, capsys: pytest.Ca
     bad = tmp_path / "bad.json"
     bad.write_text('{"schema": 7, "records": []}')
     assert run("report", str(bad))[0] == EXIT_INPUT
-    assert f"{bad}: schema: expected 1, got 7" in capsys.readouterr().err
+    assert f"{bad}: results schema 7 is newer than this perfbudget reads (schema 1)" in capsys.readouterr().err
     bad.write_text("{not json")
     assert run("merge", str(bad), "-o", str(tmp_path / "m.json"))[0] == EXIT_INPUT
     assert f"{bad}: cannot read results" in capsys.readouterr().err

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from perfbudget.extras import (
     FAILURE_ARTIFACTS,
+    MOVED_OPERATORS,
     OPERATOR_TABLE,
     PADDING_BY_WIDTH,
     ExtraError,
     FailureArtifacts,
+    OperatorMoves,
     OperatorTable,
     PaddingByWidth,
 )
@@ -30,11 +34,6 @@ def test_padding_by_width_groups_batches_by_their_padded_width() -> None:
     assert PaddingByWidth.from_stats(stats).rates == (0.25,)
 
 
-def test_padding_by_width_reads_the_earlier_untyped_form() -> None:
-    p = PaddingByWidth.from_extra({PADDING_BY_WIDTH: {"64": 0.2, "32": 0.1}})
-    assert p is not None and p.widths == (32, 64) and p.rates == (0.1, 0.2) and p.sorted_rate is None
-
-
 def test_padding_by_width_refuses_bad_shapes_naming_key_and_value() -> None:
     with pytest.raises(ValueError, match="exceeds the padded length 4"):
         PaddingByWidth.from_batches([[5]], [4])  # truncation must not pass silently
@@ -48,8 +47,8 @@ def test_padding_by_width_refuses_bad_shapes_naming_key_and_value() -> None:
         PaddingByWidth(widths=(4,), rates=(1.5,))
     with pytest.raises(ExtraError, match=r"extra\['padding_by_width'\]: expected a mapping, got \[1\]"):
         PaddingByWidth.from_extra({PADDING_BY_WIDTH: [1]})
-    with pytest.raises(ExtraError, match=r"expected \{width: rate\}, got \{'wide': 0.1\}"):
-        PaddingByWidth.from_extra({PADDING_BY_WIDTH: {"wide": 0.1}})
+    with pytest.raises(ExtraError, match=r"expected lists 'widths' and 'rates', got \{'64': 0.2\}"):
+        PaddingByWidth.from_extra({PADDING_BY_WIDTH: {"64": 0.2}})  # an untyped {width: rate} form
     with pytest.raises(ExtraError, match=r"widths: expected positive integers, got \['4'\]"):
         PaddingByWidth.from_extra({PADDING_BY_WIDTH: {"widths": ["4"], "rates": [0.1]}})
 
@@ -78,3 +77,30 @@ def test_failure_artifacts_round_trip() -> None:
     assert FailureArtifacts.from_extra(art.to_extra()) == art
     with pytest.raises(ExtraError, match=r"extra\['artifacts'\]: expected \{label: path\}, got \['x'\]"):
         FailureArtifacts.from_extra({FAILURE_ARTIFACTS: ["x"]})
+
+
+def test_operator_moves_of_a_table_diff_round_trip_through_json() -> None:
+    def row(name: str, self_ms: float) -> OpRow:
+        return OpRow(name=name, calls=1.0, self_ms=self_ms, total_ms=self_ms, flops=0.0, share=0.0)
+
+    base = OpTable(rows=(row("aten::mm", 4.0), row("aten::gone", 1.0)), steps=1, device="cpu")
+    new = OpTable(rows=(row("aten::mm", 6.0), row("aten::new", 0.5)), steps=1, device="cpu")
+    moved = OperatorMoves(moves=base.diff(new).moves(), note="base table vs this run")
+    extra = moved.to_extra()
+    assert [m["op"] for m in extra[MOVED_OPERATORS]["moves"]] == ["aten::mm", "aten::gone", "aten::new"]
+    assert extra[MOVED_OPERATORS]["moves"][1]["after"] is None  # gone: JSON null, not a number
+    back = OperatorMoves.from_extra(json.loads(json.dumps(extra)))
+    assert back == moved and OperatorMoves.from_extra({}) is None
+    # The rule keeps what moved, at most k: the noise never reaches the record.
+    assert OperatorMoves.of(moved.moves, k=1).moves == moved.moves[:1]
+
+
+def test_operator_moves_refuse_bad_shapes_naming_key_and_value() -> None:
+    with pytest.raises(ExtraError, match=r"extra\['moved_ops'\]: expected \{'moves': \[...\], 'note': ...\}"):
+        OperatorMoves.from_extra({MOVED_OPERATORS: ["aten::mm"]})
+    with pytest.raises(ExtraError, match=r"extra\['moved_ops.moves\[0\]'\]: expected a mapping with 'op' and 'family'"):
+        OperatorMoves.from_extra({MOVED_OPERATORS: {"moves": [{"op": "aten::mm"}]}})
+    with pytest.raises(ExtraError, match=r"moved_ops.moves\[0\].before'\]: expected a number, got '8'"):
+        OperatorMoves.from_extra({MOVED_OPERATORS: {"moves": [{"op": "aten::mm", "family": "op_self_ms", "before": "8"}]}})
+    with pytest.raises(ExtraError, match=r"against: expected one of .*got 'yesterday'"):
+        OperatorMoves.from_extra({MOVED_OPERATORS: {"moves": [{"op": "a", "family": "op_count", "against": "yesterday"}]}})

@@ -1,4 +1,5 @@
-"""The instrument never imports the library it measures; the library never imports the instrument."""
+"""The instrument's layering: every module on a floor, imports only run down, no cycle, no pytest below the
+recorder; the instrument never imports the library it measures, nor the library the instrument."""
 
 from __future__ import annotations
 
@@ -8,63 +9,167 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parent.parent / "src"
+ROOT = "perfbudget"
+
+#: Each first-level module or package of ``src/perfbudget`` and its floor: it imports only from
+#: lower floors (measure <- budgets <- judge <- recorder <- plugin/cli, reports reading records).
+#: ``perfbudget`` is the package root, which re-exports the public API and so sits on top.
+FLOORS: dict[str, int] = {
+    "device": 0, "metrics": 0, "fileio": 0, "exitcodes": 0, "vocabulary": 0,  # data and files, nothing of ours below
+    "measure": 1,
+    "budgets": 2, "artifacts": 2, "extras": 2, "pinning": 2, "preflight": 2,
+    "judge": 3, "results": 3,
+    "recorder": 4, "report": 4,
+    "outcome": 5, "show": 5, "ab": 5,
+    "session": 6,
+    "xdist": 7, "cli": 7, "hookspec": 7, "instructions_run": 4,
+    "plugin": 8,
+    ROOT: 9,
+}
+
+#: Lower modules a module still may not use: reports read records, they never judge.
+NEVER: dict[str, set[str]] = {"report": {"budgets", "judge", "recorder"}}
+
+#: Floors up to this one are the instrument proper, callable from a notebook: they never import pytest.
+PYTEST_FREE_UP_TO = FLOORS["judge"]
 
 
-def _imported_top_levels(package: str) -> dict[str, set[str]]:
-    """Top-level module names each file of ``src/<package>`` imports (absolute imports only)."""
-    out: dict[str, set[str]] = {}
+def _modules(package: str) -> dict[str, tuple[Path, bool]]:
+    """Dotted name -> (file, is a package ``__init__``) for every module under ``src/<package>``."""
+    out = {}
     for path in sorted((SRC / package).rglob("*.py")):
-        names: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
-            if isinstance(node, ast.Import):
-                names |= {a.name.split(".")[0] for a in node.names}
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names.add(node.module.split(".")[0])
-        out[str(path.relative_to(SRC))] = names
+        parts = path.relative_to(SRC).with_suffix("").parts
+        is_pkg = parts[-1] == "__init__"
+        out[".".join(parts[:-1] if is_pkg else parts)] = (path, is_pkg)
     return out
+
+
+def imports_of(source: str, importer: str, *, is_pkg: bool, known: set[str] | frozenset[str]) -> set[str]:
+    """Dotted names of what ``source`` (the module ``importer``) imports, anywhere in it (functions too).
+
+    ``from X import y`` counts as ``X.y`` when that is a module in ``known``, else as ``X``;
+    relative imports are resolved against ``importer``.
+    """
+    here = importer.split(".") if is_pkg else importer.split(".")[:-1]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here[: len(here) - node.level + 1]
+                module = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                module = node.module or ""
+            for a in node.names:
+                sub = f"{module}.{a.name}"
+                out.add(sub if sub in known else module)
+    return out
+
+
+MODULES = _modules(ROOT)
+GRAPH: dict[str, set[str]] = {
+    name: imports_of(path.read_text(encoding="utf-8"), name, is_pkg=is_pkg, known=frozenset(MODULES))
+    for name, (path, is_pkg) in MODULES.items()
+}
+
+
+def _floor_of(dotted: str) -> str:
+    parts = dotted.split(".")
+    return parts[1] if len(parts) > 1 else ROOT
+
+
+def test_the_import_scanner_sees_every_form() -> None:
+    known = {"perfbudget.results", "perfbudget.metrics", "perfbudget.device", "perfbudget.fileio",
+             "perfbudget.measure.nvml", "perfbudget.measure.stats"}
+    top = """
+from . import results
+from perfbudget import device, Record
+import perfbudget.fileio
+def later():
+    from .measure import nvml
+"""
+    assert imports_of(top, "perfbudget.session", is_pkg=False, known=known) == {
+        "perfbudget.results", "perfbudget.device", "perfbudget", "perfbudget.fileio", "perfbudget.measure.nvml"}
+    inner = "from .. import metrics\nfrom . import stats\nfrom ..measure.nvml import gpu_count\n"
+    assert imports_of(inner, "perfbudget.measure.timing", is_pkg=False, known=known) == {
+        "perfbudget.metrics", "perfbudget.measure.stats", "perfbudget.measure.nvml"}
+    assert imports_of("from . import stats", "perfbudget.measure", is_pkg=True, known=known) == {
+        "perfbudget.measure.stats"}
+
+
+def test_every_module_has_a_floor() -> None:
+    present = {_floor_of(m) for m in MODULES}
+    assert present - set(FLOORS) == set(), "give these modules a floor in FLOORS"
+    assert set(FLOORS) - present == set(), "these FLOORS entries name no module"
+
+
+@pytest.mark.parametrize("floor", sorted(FLOORS))
+def test_no_module_imports_one_on_its_floor_or_above(floor: str) -> None:
+    bad = sorted(
+        f"{name} imports {target}"
+        for name, targets in GRAPH.items() if _floor_of(name) == floor
+        for target in targets if target.split(".")[0] == ROOT and (other := _floor_of(target)) != floor
+        and other in FLOORS and (FLOORS[other] >= FLOORS[floor] or other in NEVER.get(floor, set()))
+    )
+    assert not bad, f"perfbudget/{floor} (floor {FLOORS[floor]}) reaches up or sideways: {bad}"
+
+
+def test_no_import_cycle_between_modules() -> None:
+    # Importing ``a.b.c`` first runs the packages ``a`` and ``a.b``, so an import depends on the
+    # target's parent packages too (unless the importer is inside them, already running).
+    deps: dict[str, set[str]] = {}
+    for name, targets in GRAPH.items():
+        deps[name] = set()
+        for target in targets:
+            if target not in MODULES:
+                continue
+            parts = target.split(".")
+            parents = {".".join(parts[:i]) for i in range(1, len(parts))}
+            deps[name] |= {target} | {p for p in parents if p in MODULES and not f"{name}.".startswith(f"{p}.")}
+        deps[name].discard(name)
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(deps[node]):
+            if state.get(nxt) == 1:
+                cycles.append([*path[path.index(nxt):], nxt])
+            elif nxt not in state:
+                visit(nxt)
+        path.pop()
+        state[node] = 2
+
+    for node in sorted(deps):
+        if node not in state:
+            visit(node)
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def _top_levels(package: str) -> dict[str, set[str]]:
+    """Top-level names each module of ``src/<package>`` imports (absolute imports, functions too)."""
+    mods = _modules(package)
+    return {name: {t.split(".")[0] for t in imports_of(path.read_text(encoding="utf-8"), name, is_pkg=is_pkg,
+                                                         known=frozenset(mods))}
+            for name, (path, is_pkg) in mods.items()}
 
 
 @pytest.mark.parametrize(("package", "forbidden"), [
     ("perfbudget", "torchlevers"),
     ("torchlevers", "perfbudget"),
     ("torchlevers", "pytest"),
+    ("torchlevers", "_pytest"),
 ])
 def test_package_does_not_import(package: str, forbidden: str) -> None:
-    offenders = [f for f, names in _imported_top_levels(package).items() if forbidden in names]
+    offenders = [m for m, names in _top_levels(package).items() if forbidden in names]
     assert not offenders, f"{package} must not import {forbidden}: {offenders}"
 
 
-def _perfbudget_imports(rel: str) -> set[str]:
-    """perfbudget submodules (first level) that a file or folder of ``src/perfbudget`` imports."""
-    root = SRC / "perfbudget"
-    paths = sorted((root / rel).rglob("*.py")) if (root / rel).is_dir() else [root / f"{rel}.py"]
-    out: set[str] = set()
-    for path in paths:
-        pkg = path.relative_to(SRC).with_suffix("").parts[:-1]
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom):
-                if node.level:
-                    parts = [*pkg[: len(pkg) - node.level + 1], *(node.module or "").split(".")]
-                else:
-                    parts = (node.module or "").split(".")
-                if len(parts) > 1 and parts[0] == "perfbudget" and parts[1]:
-                    out.add(parts[1])
-            elif isinstance(node, ast.Import):
-                out |= {a.name.split(".")[1] for a in node.names if a.name.startswith("perfbudget.")}
-    return out
-
-
-#: measure <- budgets <- judge <- recorder <- plugin/cli; reports read records only.
-FLOORS = {
-    "measure": {"budgets", "judge", "recorder", "plugin", "session", "xdist", "report", "cli", "ab", "results"},
-    "budgets": {"judge", "recorder", "plugin", "session", "xdist", "report", "cli", "ab", "results"},
-    "judge": {"recorder", "plugin", "session", "xdist", "report", "cli", "ab"},
-    "recorder": {"plugin", "session", "xdist", "report", "cli", "ab", "outcome"},
-    "report": {"judge", "recorder", "plugin", "session", "xdist", "cli", "ab", "budgets"},
-}
-
-
-@pytest.mark.parametrize("floor", sorted(FLOORS))
-def test_no_module_imports_one_above_it(floor: str) -> None:
-    above = _perfbudget_imports(floor) & FLOORS[floor]
-    assert not above, f"perfbudget/{floor} imports {sorted(above)}, which sit above it"
+def test_the_instrument_below_the_recorder_never_imports_pytest() -> None:
+    offenders = sorted(m for m, names in _top_levels(ROOT).items()
+                       if FLOORS[_floor_of(m)] <= PYTEST_FREE_UP_TO and names & {"pytest", "_pytest"})
+    assert not offenders, f"measure, budgets, judge and the modules below the recorder import pytest: {offenders}"
+    assert {"measure", "budgets", "judge"} <= {f for f, n in FLOORS.items() if n <= PYTEST_FREE_UP_TO}

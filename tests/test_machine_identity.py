@@ -18,11 +18,11 @@ from perfbudget.device import (
     Selector,
     cpu_id,
     cpu_isa,
-    describe,
     device_file_stem,
     isa_class,
 )
 from perfbudget.judge import Judge, JudgeConfig
+from perfbudget.measure.machine import describe
 from perfbudget.metrics import parse_name
 
 ROOT = Path(__file__).parents[1]

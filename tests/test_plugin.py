@@ -223,3 +223,42 @@ def test_budgets_dir_option(project: pytest.Pytester, tmp_path: Path) -> None:
     assert len(list(where.glob("*.yaml"))) == 2 and not (project.path / "budgets").exists()
     r = run(project, "-rs")
     r.stdout.fnmatch_lines(["*unbudgeted*"])
+
+
+def test_skips_and_failures_name_the_tests_location_not_the_plugins(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_where="""
+import pytest
+
+def test_unbudgeted(perf):
+    perf.record("flops", 1)
+
+def test_misspelt(perf):
+    perf.record("stepms", 1.0)
+
+@pytest.mark.gpu
+def test_gpu(perf):
+    perf.record("flops", 1)
+
+@pytest.mark.budget("lonely")
+def test_marked_without_perf():
+    pass
+""")
+    where = str(pytester.path / "test_where.py")
+    # Lines of each test's definition (its first decorator), as pytest reports a skipif mark.
+    expected = {"test_unbudgeted": 3, "test_misspelt": 6, "test_gpu": 9, "test_marked_without_perf": 13}
+    for args in [(), ("-n", "2")]:  # under xdist each report comes from its worker
+        r = run(pytester, "-rs", "--tb=line", *args)
+        r.assert_outcomes(failed=1, skipped=2, errors=1)
+        seen = {}
+        for rep in r.reprec.getreports("pytest_runtest_logreport"):  # type: ignore[attr-defined]
+            if rep.passed:
+                continue
+            path, lineno = rep.longrepr[:2] if rep.skipped else (rep.longrepr.reprcrash.path,
+                                                                  rep.longrepr.reprcrash.lineno)
+            seen[rep.nodeid.split("::")[-1]] = (path, lineno)
+        assert seen == {name: (where, line) for name, line in expected.items()}, args
+        # Each line on its own: under xdist the summary lists the skips in the order the workers finished.
+        r.stdout.fnmatch_lines(["SKIPPED [[]1[]] test_where.py:3: unbudgeted: *"])
+        r.stdout.fnmatch_lines(["SKIPPED [[]1[]] test_where.py:9: needs a CUDA GPU*"])
+        r.stdout.fnmatch_lines([f"{where}:6: Failed: perf budget check failed: misspelt on cpu*"])
+        assert "plugin.py" not in r.stdout.str()

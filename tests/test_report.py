@@ -19,7 +19,8 @@ import torch
 
 from perfbudget.artifacts import chrome_trace
 from perfbudget.device import DeviceInfo
-from perfbudget.extras import PaddingByWidth
+from perfbudget.extras import OperatorMoves, PaddingByWidth
+from perfbudget.measure.operators import OpMove
 from perfbudget.measure.padding import padding_rate, sorted_batching_padding_rate
 from perfbudget.report import (
     failing_tests,
@@ -27,6 +28,7 @@ from perfbudget.report import (
     junit_properties,
     junit_xml,
     markdown_report,
+    move_line,
     moved_operators,
     records_table,
     render_html,
@@ -83,17 +85,38 @@ def test_fmt_value_and_records_table_keep_their_shape() -> None:
 
 
 def test_moved_operators_are_those_beyond_tolerance_failing_first() -> None:
-    recs = [
-        rec("op_self_ms[aten::mm]", 12.0, 8.0, "fail"),
-        rec("op_self_ms[aten::gelu]", 3.02, 3.0, "pass"),  # +0.7 %: noise, not a move
-        rec("op_self_ms[aten::add]", 0.5, 0.8, "stale"),  # -37.5 %: moved (better)
-        rec("op_count[aten::mm]", 7, 6, "fail", tol=0.0, unit="1"),
-        rec("step_ms", 41.0, 38.0, "fail"),
-    ]
-    moves = moved_operators(recs)
-    assert [(m.op, m.family) for m in moves] == [("aten::mm", "op_self_ms"), ("aten::mm", "op_count"),
-                                                 ("aten::add", "op_self_ms")]
-    assert moves[0].line() == "aten::mm op_self_ms: 12 ms vs budget 8 ms (+50.0%, fail)"
+    def check(op: str, before: float, after: float, outcome: str, *, family: str = "op_self_ms",
+              tol: float = 0.05, unit: str = "ms") -> OpMove:
+        return OpMove(op=op, family=family, before=before, after=after, unit=unit, tolerance=tol,
+                      failing=outcome == "fail", outcome=outcome)
+
+    moved = OperatorMoves.of([
+        check("aten::mm", 8.0, 12.0, "fail"),
+        check("aten::gelu", 3.0, 3.02, "pass"),  # +0.7 %: noise, not a move
+        check("aten::add", 0.8, 0.5, "stale"),  # -37.5 %: moved (better)
+        check("aten::mm", 6, 7, "fail", family="op_count", tol=0.0, unit="1"),
+    ])
+    assert [(m.op, m.family) for m in moved.moves] == [("aten::mm", "op_self_ms"), ("aten::mm", "op_count"),
+                                                       ("aten::add", "op_self_ms")]
+    # The reports render what the failing records carry, each operator once, never recomputed.
+    recs = [rec("step_ms", 41.0, 38.0, "fail", extra=moved.to_extra()),
+            rec("op_self_ms[aten::mm]", 12.0, 8.0, "fail", extra=moved.to_extra()),
+            rec("op_self_ms[aten::gelu]", 3.02, 3.0, "pass")]
+    assert moved_operators(recs) == list(moved.moves)
+    assert move_line(moved.moves[0]) == "aten::mm op_self_ms: 12 ms vs budget 8 ms (+50.0%, fail)"
+    (t,) = failing_tests(recs)
+    assert t.moves == list(moved.moves) and t.attribution == []
+    assert "aten::add op_self_ms: 0.5 ms vs budget 0.8 ms (-37.5%, stale)" in terminal_report(recs)
+    assert "| `aten::mm` | op_count | 6 | 7 | +16.7% | fail |" in markdown_report(recs)
+
+
+def test_moves_without_a_reference_or_a_measurement_read_as_such() -> None:
+    new = OpMove(op="aten::bmm", family="op_self_ms", before=None, after=2.0, unit="ms", against="base")
+    unbudgeted = OpMove(op="aten::bmm", family="op_self_ms", before=None, after=2.0, unit="ms")
+    gone = OpMove(op="aten::mm", family="op_self_ms", before=1.5, after=None, unit="ms", against="base")
+    assert move_line(new) == "aten::bmm op_self_ms: 2 ms (new)"
+    assert move_line(unbudgeted) == "aten::bmm op_self_ms: 2 ms (not budgeted)"
+    assert move_line(gone) == "aten::mm op_self_ms: was 1.5 ms (gone)"
 
 
 # --------------------------------------------------------------------------- the sample regression
@@ -279,9 +302,7 @@ def test_padding_plot_has_data_for_what_the_padding_perf_test_records() -> None:
     page = render_html([back])
     assert ">padding by width<" in page
 
-    # What the test wrote before the typed extra still draws, and the key the report once read does not.
-    old = record.with_(extra={"padding_by_width": {str(w): r for w, r in padding.rate_by_width.items()}})
-    assert plot_padding([old]) is not None
+    # The key the report once read draws nothing.
     assert plot_padding([record.with_(extra={"padding_by_bucket": {"a": 0.1}})]) is None
 
 
@@ -340,7 +361,8 @@ def test_planted_regression_shows_in_every_report_with_trace_and_flame_graph(pyt
     r.assert_outcomes(passed=1, failed=1)
     r.stdout.fnmatch_lines([
         "*perf budget check failed: mlp on cpu*",
-        "*op_self_ms[[]aten::mm[]]: 0.303 ms vs budget 0.1 ms*",
+        "operators that moved:",
+        "*aten::mm op_self_ms: 0.303 ms vs budget 0.1 ms (+203.0%, fail)",
         "failure artifacts:",
         "*chrome trace: *test_planted.py__test_mlp_step/trace.json*",
         "*flame graph: *",
@@ -418,3 +440,17 @@ def test_perfbudget_merge_of_two_shards_gives_the_unsharded_report(pytester: pyt
         assert main(["report", str(full), "-f", fmt, "-o", f"f.{fmt}"]) == 1
         assert (pytester.path / f"m.{fmt}").read_text() == (pytester.path / f"f.{fmt}").read_text()
     shutil.rmtree(pytester.path / "shards")
+
+
+def test_every_outcome_has_its_place_in_every_report() -> None:
+    from perfbudget.budgets.verdict import OUTCOMES, Outcome
+    from perfbudget.report.common import OUTCOME_ORDER, outcome_text
+    from perfbudget.report.html import _COLOR
+    from perfbudget.report.markdown import ICON
+
+    for table in (OUTCOME_ORDER, ICON, _COLOR):
+        assert set(table) == set(OUTCOMES), table
+    assert sorted(OUTCOME_ORDER.values()) == list(range(len(OUTCOMES)))
+    assert f"{Outcome.NOT_JUDGED}" == "not_judged" and Outcome("not_judged") is Outcome.NOT_JUDGED
+    r = Record(nodeid="t", key="k", metric="step_ms", outcome=Outcome.NOT_JUDGED, value=1.0)
+    assert outcome_text(r) == "NOT JUDGED"

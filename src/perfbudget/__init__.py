@@ -12,16 +12,19 @@ from .budgets import (
     decide,
     load_dir,
 )
-from .device import DeviceInfo, describe
-from .judge import Decision, Judge, JudgeConfig
+from .device import DeviceInfo
+from .judge import Decision, Judge, JudgeConfig, TestOutcome
+from .measure.machine import describe
 from .metrics import METRICS, Metric, parse_name
 from .recorder import PerfRecorder
 from .results import BaseSide, BudgetRef, Record, Results, load_results, merge_results
+from .vocabulary import OUTCOMES, Outcome
 
 __version__ = "0.1.0"
 
 __all__ = [
     "METRICS",
+    "OUTCOMES",
     "BaseSide",
     "Budget",
     "BudgetError",
@@ -33,9 +36,11 @@ __all__ = [
     "JudgeConfig",
     "Measured",
     "Metric",
+    "Outcome",
     "PerfRecorder",
     "Record",
     "Results",
+    "TestOutcome",
     "UpdateReport",
     "Verdict",
     "VerdictPolicy",

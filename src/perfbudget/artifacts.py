@@ -1,4 +1,8 @@
-"""Failure artifacts of a failing step: a chrome trace, a py-spy flame graph, a CUDA memory snapshot."""
+"""Failure artifacts of a failing step: a chrome trace, a py-spy flame graph, a CUDA memory snapshot.
+
+They re-run the step the way ``measure`` times it (its thread pinning and device sync), so this
+module sits above ``measure``.
+"""
 
 from __future__ import annotations
 
@@ -11,10 +15,14 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+
+from .device import DeviceType
+from .measure.sync import device_sync
+from .measure.timing import pinned_threads
 
 __all__ = [
     "ALL_KINDS",
@@ -122,34 +130,14 @@ def artifact_dir(root: str | os.PathLike[str], nodeid: str) -> Path:
     return Path(root) / name
 
 
-@contextlib.contextmanager
-def _threads(n: int | None) -> Iterator[None]:
-    if n is None:
-        yield
-        return
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        import torch
-
-        torch.cuda.synchronize()
-
-
-def chrome_trace(step: Step, path: str | os.PathLike[str], *, steps: int = 3, device: str = "cpu",
+def chrome_trace(step: Step, path: str | os.PathLike[str], *, steps: int = 3, device: DeviceType = "cpu",
                  threads: int | None = 1) -> Artifact:
     """Profile one warm-up and ``steps`` calls of ``step`` and write a chrome trace.
 
     The trace opens in ui.perfetto.dev or chrome://tracing; shapes are recorded so
-    each operator shows what it ran on.
+    each operator shows what it ran on. Threads are pinned and the device synchronised
+    after each step as the timers do (``measure.timing.pinned_threads``,
+    ``measure.sync.device_sync``), so the trace shows the step as it was measured.
 
     Returns:
         The artifact, or one with a note when profiling failed (never raises for the step).
@@ -162,11 +150,12 @@ def chrome_trace(step: Step, path: str | os.PathLike[str], *, steps: int = 3, de
     if device == "cuda" and torch.cuda.is_available():
         activities.append(ProfilerActivity.CUDA)
     try:
-        with _threads(threads), profile(activities=activities, record_shapes=True,
-                                        schedule=schedule(wait=0, warmup=1, active=steps, repeat=1)) as prof:
+        sync = device_sync(device)
+        with pinned_threads(threads), profile(activities=activities, record_shapes=True,
+                                              schedule=schedule(wait=0, warmup=1, active=steps, repeat=1)) as prof:
             for _ in range(steps + 1):
                 step()
-                _sync(device)
+                sync()
                 prof.step()
         path.parent.mkdir(parents=True, exist_ok=True)
         prof.export_chrome_trace(str(path))
@@ -238,7 +227,7 @@ def flame_graph(
     deadline = clock() + seconds + grace_s
     calls = 0
     step_error = ""
-    with _threads(threads):
+    with pinned_threads(threads):
         while proc.poll() is None and clock() < deadline:
             try:
                 step()
@@ -279,7 +268,7 @@ def cuda_memory_snapshot(step: Step, path: str | os.PathLike[str], *, memory: An
         if not torch.cuda.is_available():
             return Artifact(kind="memory", path=None, note="no CUDA device")
         memory = memory or torch.cuda.memory
-        synchronize = synchronize or torch.cuda.synchronize
+        synchronize = synchronize or device_sync("cuda")
     path = Path(path)
     try:
         memory._record_memory_history(max_entries=max_entries)
@@ -302,7 +291,7 @@ def write_failure_artifacts(
     step: Step,
     folder: str | os.PathLike[str],
     *,
-    device: str = "cpu",
+    device: DeviceType = "cpu",
     memory_failure: bool = False,
     config: ArtifactConfig | None = None,
     flame: Callable[..., Artifact] = flame_graph,

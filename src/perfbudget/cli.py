@@ -19,7 +19,10 @@ from .ab.cli import register as register_ab
 from .budgets.loader import load_dir
 from .budgets.update import UpdateReport, apply_updates, git_commit
 from .device import DeviceInfo
+from .exitcodes import ExitCode
 from .extras import ExtraError
+from .fileio import atomic_write
+from .instructions_run import run_instructions
 from .judge import STABLE_MACHINE_ENV, stable_identity
 from .report import (
     device_label,
@@ -34,16 +37,17 @@ from .report import (
 from .results import Results, load_results, merge_results
 from .show import explain_budgets
 
-__all__ = ["EXIT_INPUT", "EXIT_OK", "EXIT_REGRESSION", "diff_results", "explain_budgets", "main"]
+__all__ = ["EXIT_INPUT", "EXIT_OK", "EXIT_REGRESSION", "ExitCode", "diff_results", "explain_budgets", "main"]
 
-EXIT_OK = 0
-EXIT_REGRESSION = 1
-EXIT_INPUT = 2
+# The names this module has always exported, for callers of ``main``.
+EXIT_OK = ExitCode.OK
+EXIT_REGRESSION = ExitCode.FAILED
+EXIT_INPUT = ExitCode.USAGE
 
-_EPILOG = """exit codes:
-  0  ok
-  1  regressions found (report, diff) or measured values refused by the ratchet (update)
-  2  usage or input error: unreadable or invalid results/budget files, bad arguments
+_EPILOG = f"""exit codes:
+  {ExitCode.OK:d}  ok
+  {ExitCode.FAILED:d}  regressions found (report, diff) or measured values refused by the ratchet (update)
+  {ExitCode.USAGE:d}  usage or input error: unreadable or invalid results/budget files, bad arguments
 """
 
 
@@ -83,8 +87,7 @@ def _emit(text: str, output: str | None, out: TextIO) -> None:
         return
     path = Path(output)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+        atomic_write(path, text)  # CI reads these files: never a half-written report
     except OSError as exc:
         raise InputError(f"{path}: cannot write: {exc.strerror or exc}") from None
 
@@ -116,7 +119,7 @@ def cmd_report(args: argparse.Namespace, out: TextIO) -> int:
     _emit(text, args.output, out)
     if args.output not in (None, "-"):
         print(f"perfbudget: wrote {fmt} report of {len(results.records)} records to {args.output}", file=sys.stderr)
-    return EXIT_REGRESSION if _has_regressions(results) and not args.exit_zero else EXIT_OK
+    return ExitCode.FAILED if _has_regressions(results) and not args.exit_zero else ExitCode.OK
 
 
 def cmd_merge(args: argparse.Namespace, out: TextIO) -> int:
@@ -130,7 +133,7 @@ def cmd_merge(args: argparse.Namespace, out: TextIO) -> int:
         raise InputError(f"{args.output}: cannot write: {exc.strerror or exc}") from None
     counts = ", ".join(f"{n} {o}" for o, n in sorted(merged.counts().items()))
     out.write(f"merged {len(parts)} file(s), {len(merged.records)} records ({counts or 'none'}) into {args.output}\n")
-    return EXIT_OK
+    return ExitCode.OK
 
 
 # --------------------------------------------------------------------------- diff
@@ -145,7 +148,7 @@ def cmd_diff(args: argparse.Namespace, out: TextIO) -> int:
     except ExtraError as exc:
         raise InputError(f"{args.base} or {args.new}: {exc}") from None
     out.write(text)
-    return EXIT_REGRESSION if any(c.status == "worse" for c in changes) else EXIT_OK
+    return ExitCode.FAILED if any(c.status == "worse" for c in changes) else ExitCode.OK
 
 
 # --------------------------------------------------------------------------- show
@@ -162,7 +165,7 @@ def _devices_for_show(args: argparse.Namespace) -> list[DeviceInfo]:
         if not seen:
             raise InputError(f"{args.from_results}: no records, so no device to show budgets for")
         return [seen[k] for k in sorted(seen)]
-    from .device import describe
+    from .measure.machine import describe
 
     try:
         return [describe(args.device, threads=args.threads)]
@@ -179,7 +182,7 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
     if args.identity:
         for info in devices:
             out.write(f"{info.identity or 'unknown'}\n")
-        return EXIT_OK
+        return ExitCode.OK
     for i, info in enumerate(devices):
         try:
             stable = not args.from_results and stable_identity(os.environ.get(STABLE_MACHINE_ENV, ""), info) is not None
@@ -188,7 +191,7 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
         text, bad = explain_budgets(budgets, info, key=args.key, stable=stable)
         out.write(("\n" if i else "") + text + "\n")
         broken = broken or bad
-    return EXIT_INPUT if broken else EXIT_OK
+    return ExitCode.USAGE if broken else ExitCode.OK
 
 
 # --------------------------------------------------------------------------- update
@@ -212,14 +215,24 @@ def cmd_update(args: argparse.Namespace, out: TextIO) -> int:
                                commit=git_commit(Path.cwd()))
         out.write(_render_update(report) + "\n")
     if report.errors:
-        return EXIT_INPUT
-    return EXIT_REGRESSION if any(c.action == "refused" for c in report.changes) else EXIT_OK
+        return ExitCode.USAGE
+    return ExitCode.FAILED if any(c.action == "refused" for c in report.changes) else ExitCode.OK
 
 
 def _render_update(report: UpdateReport) -> str:
     text = report.render()
     kept = sum(1 for c in report.changes if c.action == "kept")
     return text + (f"\n{kept} value(s) kept (unchanged or within noise)" if kept else "")
+
+
+# --------------------------------------------------------------------------- instructions
+
+
+def cmd_instructions(args: argparse.Namespace, out: TextIO) -> int:
+    pytest_args = list(args.pytest_args)
+    if pytest_args and pytest_args[0] == "--":
+        pytest_args = pytest_args[1:]
+    return run_instructions(pytest_args, args.out).exit_code
 
 
 # --------------------------------------------------------------------------- main
@@ -277,6 +290,13 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--allow-loosen", action="store_true", help="also write values worse than the budget")
     u.add_argument("--dry-run", action="store_true", help="print the diff, write nothing")
     u.set_defaults(func=cmd_update)
+    i = sub.add_parser("instructions", help="run pytest under callgrind, so perf instruction counts are measured",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_EPILOG)
+    i.add_argument("--out", default=".perfbudget/instructions",
+                   help="folder for callgrind dumps, valgrind logs and the results JSON "
+                        "(default: .perfbudget/instructions)")
+    i.add_argument("pytest_args", nargs="*", metavar="-- PYTEST_ARGS", help="arguments for pytest")
+    i.set_defaults(func=cmd_instructions)
     register_ab(sub)  # perfbudget ab: the lockstep A/B run (its own module)
     return p
 
@@ -293,9 +313,9 @@ def main(argv: Iterable[str] | None = None, *, out: TextIO | None = None) -> int
         return int(args.func(args, stream))
     except InputError as exc:
         print(f"perfbudget {args.command}: error: {exc}", file=sys.stderr)
-        return EXIT_INPUT
+        return ExitCode.USAGE
     except BrokenPipeError:  # `perfbudget report ... | head`
-        return EXIT_OK
+        return ExitCode.OK
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
-"""What machine a measurement ran on, and how budget files select machines."""
+"""What machine a measurement ran on, and how budget files select machines (data and parsing; probing
+the machine for a :class:`DeviceInfo` is ``measure.machine.describe``)."""
 
 from __future__ import annotations
 
-import os
 import platform
 import re
 from dataclasses import asdict, dataclass, fields
@@ -21,7 +21,6 @@ __all__ = [
     "cpu_id",
     "cpu_isa",
     "cpu_model_name",
-    "describe",
     "device_file_stem",
     "isa_class",
 ]
@@ -227,94 +226,6 @@ def isa_class(isa: str) -> str:
     if "avx2" in feats:
         return "avx2"
     return "default"
-
-
-def _torch_isa() -> str | None:
-    import torch
-
-    try:
-        caps = dict(torch.cpu.get_capabilities())
-        capability = str(torch.backends.cpu.get_cpu_capability())
-    except Exception:  # an older torch, or a platform without cpuinfo: the ISA stays unknown
-        return None
-    return cpu_isa(caps, capability)
-
-
-def _nvml_driver() -> str | None:
-    from .measure import nvml
-
-    got = nvml.driver_version()
-    return got if isinstance(got, str) else None  # NVML absent or broken: the field stays unknown
-
-
-def _nvml_max_sm_clock() -> int | None:
-    from .measure import nvml
-
-    getter = getattr(nvml, "max_sm_clock_mhz", None)
-    got = getter() if getter is not None else None
-    return got if isinstance(got, int) else None
-
-
-def describe(type: DeviceType = "cpu", *, threads: int | None = 1) -> DeviceInfo:
-    """Describe this machine's ``cpu`` or ``cuda`` device.
-
-    Args:
-        type: which device the measurements run on.
-        threads: torch threads the timers pin (recorded for ``cpu``).
-
-    Raises:
-        RuntimeError: ``type="cuda"`` on a machine without CUDA.
-    """
-    import torch
-
-    try:
-        import triton
-
-        triton_version: str | None = str(triton.__version__)
-    except Exception:
-        triton_version = None
-    cpu = cpu_model_name()
-    ident = cpu_id()
-    isa = _torch_isa()
-    if type == "cpu":
-        return DeviceInfo(
-            type="cpu",
-            model=cpu,
-            count=os.cpu_count() or 1,
-            torch=str(torch.__version__),
-            triton=triton_version,
-            cpu_model=cpu,
-            threads=threads,
-            vendor=ident.vendor,
-            cpuid=ident.text,
-            isa=isa,
-            isa_class=isa_class(isa) if isa else None,
-        )
-    if not torch.cuda.is_available():
-        raise RuntimeError("CUDA is not available on this machine")
-    # The device the measurements run on: torch's current one (one per xdist worker, each
-    # pinned with CUDA_VISIBLE_DEVICES), named by CUDA itself, so no NVML index is involved.
-    index = torch.cuda.current_device()
-    major, minor = torch.cuda.get_device_capability(index)
-    props = torch.cuda.get_device_properties(index)
-    return DeviceInfo(
-        type="cuda",
-        model=torch.cuda.get_device_name(index),
-        count=torch.cuda.device_count(),
-        compute_capability=f"{major}.{minor}",
-        driver=_nvml_driver(),
-        cuda=str(torch.version.cuda) if torch.version.cuda else None,
-        torch=str(torch.__version__),
-        triton=triton_version,
-        cpu_model=cpu,
-        threads=None,
-        vendor="NVIDIA",
-        cpuid=ident.text,
-        isa=isa,
-        isa_class=f"sm{major}{minor}",
-        memory_gib=round(props.total_memory / 2**30),
-        sm_clock_mhz=_nvml_max_sm_clock(),
-    )
 
 
 def device_file_stem(info: DeviceInfo) -> str:

@@ -13,7 +13,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .measure.operators import OpRow
+from .measure.instructions import moves_between
+from .measure.operators import OpMove, OpRow, moved_operators
 from .measure.padding import PaddingStats, padding_rate_by_width
 
 if TYPE_CHECKING:
@@ -21,10 +22,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FAILURE_ARTIFACTS",
+    "INSTRUCTION_PROFILE",
+    "MOVED_OPERATORS",
     "OPERATOR_TABLE",
     "PADDING_BY_WIDTH",
     "ExtraError",
     "FailureArtifacts",
+    "InstructionProfile",
+    "OperatorMoves",
     "OperatorTable",
     "PaddingByWidth",
 ]
@@ -35,6 +40,10 @@ PADDING_BY_WIDTH = "padding_by_width"
 OPERATOR_TABLE = "ops"
 #: Key of :class:`FailureArtifacts` in a record's ``extra``.
 FAILURE_ARTIFACTS = "artifacts"
+#: Key of :class:`OperatorMoves` in a record's ``extra``.
+MOVED_OPERATORS = "moved_ops"
+#: Key of :class:`InstructionProfile` in a record's ``extra``.
+INSTRUCTION_PROFILE = "instruction_profile"
 
 
 class ExtraError(ValueError):
@@ -128,8 +137,6 @@ class PaddingByWidth:
     def from_extra(cls, extra: Mapping[str, Any]) -> PaddingByWidth | None:
         """Read it back from a record's ``extra``; ``None`` when the key is absent.
 
-        Also reads the earlier untyped form ``{"padding_by_width": {"<width>": rate}}``.
-
         Raises:
             ExtraError: naming the key and the bad value.
         """
@@ -139,12 +146,6 @@ class PaddingByWidth:
         key = PADDING_BY_WIDTH
         if not isinstance(value, Mapping):
             raise ExtraError(f"extra[{key!r}]: expected a mapping, got {value!r}")
-        if "widths" not in value and "rates" not in value:  # the untyped {"<width>": rate} form
-            try:
-                by = {int(w): _rate(f"{key}[{w!r}]", r) for w, r in value.items()}
-            except (TypeError, ValueError) as exc:
-                raise ExtraError(f"extra[{key!r}]: expected {{width: rate}}, got {dict(value)!r}: {exc}") from None
-            return cls(widths=tuple(sorted(by)), rates=tuple(by[w] for w in sorted(by)))
         widths, rates = value.get("widths"), value.get("rates")
         if not isinstance(widths, list) or not isinstance(rates, list):
             raise ExtraError(f"extra[{key!r}]: expected lists 'widths' and 'rates', got {dict(value)!r}")
@@ -209,6 +210,70 @@ class OperatorTable:
         return cls(rows=tuple(rows))
 
 
+_AGAINST = ("budget", "base", "table")
+
+
+def _optional_number(key: str, x: Any) -> float | None:
+    return None if x is None else _number(key, x)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OperatorMoves:
+    """The operators that moved, kept with a failing record: computed once where the verdicts are
+    (the recorder, or ``perfbudget ab`` against the base commit), rendered by every report.
+
+    Make it with :meth:`of`, which names them by the one rule,
+    :func:`perfbudget.measure.operators.moved_operators`.
+    """
+
+    moves: tuple[OpMove, ...]
+    """The moved operators, in the rule's order (finite numbers only: JSON has no inf)."""
+    note: str = ""
+    """How they were found when not by the test's own checks, e.g. ``"profiled when step_ms failed"``."""
+
+    @classmethod
+    def of(cls, candidates: Iterable[OpMove], *, note: str = "", k: int = 5) -> OperatorMoves:
+        """The ``k`` operators of ``candidates`` that moved, by :func:`~perfbudget.measure.operators.moved_operators`."""
+        return cls(moves=moved_operators(candidates, k=k), note=note)
+
+    def to_extra(self) -> dict[str, Any]:
+        """``{"moved_ops": {"note": ..., "moves": [{"op", "family", "before", "after", ...}, ...]}}``."""
+        return {MOVED_OPERATORS: {"note": self.note, "moves": [
+            {"op": m.op, "family": m.family, "before": m.before, "after": m.after,
+             "against": m.against, "unit": m.unit, "tolerance": m.tolerance, "failing": m.failing,
+             "outcome": m.outcome, "ratio": m.ratio} for m in self.moves]}}
+
+    @classmethod
+    def from_extra(cls, extra: Mapping[str, Any]) -> OperatorMoves | None:
+        """Read it back from a record's ``extra``; ``None`` when the key is absent.
+
+        Raises:
+            ExtraError: naming the key, the move and the bad value.
+        """
+        value = extra.get(MOVED_OPERATORS)
+        if value is None:
+            return None
+        key = MOVED_OPERATORS
+        if not isinstance(value, Mapping) or not isinstance(value.get("moves"), list):
+            raise ExtraError(f"extra[{key!r}]: expected {{'moves': [...], 'note': ...}}, got {value!r}")
+        moves = []
+        for i, m in enumerate(value["moves"]):
+            where = f"{key}.moves[{i}]"
+            if not isinstance(m, Mapping) or not isinstance(m.get("op"), str) or not isinstance(m.get("family"), str):
+                raise ExtraError(f"extra[{where!r}]: expected a mapping with 'op' and 'family', got {m!r}")
+            if m.get("against", "budget") not in _AGAINST:
+                raise ExtraError(f"extra[{where!r}].against: expected one of {_AGAINST}, got {m.get('against')!r}")
+            moves.append(OpMove(
+                op=m["op"], family=m["family"], against=m.get("against", "budget"), unit=str(m.get("unit", "")),
+                before=_optional_number(f"{where}.before", m.get("before")),
+                after=_optional_number(f"{where}.after", m.get("after")),
+                tolerance=_number(f"{where}.tolerance", m.get("tolerance", 0.0)),
+                failing=bool(m.get("failing", False)), outcome=str(m.get("outcome", "")),
+                ratio=_optional_number(f"{where}.ratio", m.get("ratio")),
+            ))
+        return cls(moves=tuple(moves), note=str(value.get("note", "")))
+
+
 # --------------------------------------------------------------------------- artifacts
 
 
@@ -240,3 +305,61 @@ class FailureArtifacts:
         if not isinstance(value, Mapping) or not all(isinstance(v, str) for v in value.values()):
             raise ExtraError(f"extra[{FAILURE_ARTIFACTS!r}]: expected {{label: path}}, got {value!r}")
         return cls.of(value)
+
+
+# --------------------------------------------------------------------------- instructions
+
+
+@dataclass(frozen=True, kw_only=True)
+class InstructionProfile:
+    """Where a step's instructions go: the heaviest functions of one callgrind dump, per step.
+
+    Kept with every ``instructions[callgrind]`` record, so that two records (a budget run and
+    this one, or a base and a head) can be compared function by function without their dumps.
+    """
+
+    counter: str
+    """The counter of the count the profile belongs to (``callgrind Ir``)."""
+    functions: tuple[tuple[str, float, float], ...]
+    """``(function, self per step, inclusive per step)``, heaviest inclusive first."""
+
+    @classmethod
+    def of(cls, counter: str, functions: Iterable[tuple[str, float, float]], *, k: int = 40) -> InstructionProfile:
+        rows = sorted(((str(f), float(s), float(i)) for f, s, i in functions), key=lambda r: (-r[2], r[0]))
+        return cls(counter=counter, functions=tuple(rows[:k]))
+
+    def to_extra(self) -> dict[str, Any]:
+        """``{"instruction_profile": {"counter": ..., "functions": [[name, self, inclusive], ...]}}``."""
+        return {INSTRUCTION_PROFILE: {"counter": self.counter, "functions": [list(r) for r in self.functions]}}
+
+    @classmethod
+    def from_extra(cls, extra: Mapping[str, Any]) -> InstructionProfile | None:
+        """Read it back from a record's ``extra``; ``None`` when the key is absent.
+
+        Raises:
+            ExtraError: naming the key and the bad value.
+        """
+        value = extra.get(INSTRUCTION_PROFILE)
+        if value is None:
+            return None
+        rows = value.get("functions") if isinstance(value, Mapping) else None
+        ok = isinstance(rows, list) and all(
+            isinstance(r, list) and len(r) == 3 and isinstance(r[0], str)
+            and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in r[1:]) for r in rows)
+        if not ok or not isinstance(value.get("counter"), str):
+            raise ExtraError(f"extra[{INSTRUCTION_PROFILE!r}]: expected {{'counter': str, 'functions': "
+                             f"[[name, self, inclusive], ...]}}, got {value!r}")
+        return cls(counter=value["counter"], functions=tuple((r[0], float(r[1]), float(r[2])) for r in rows or ()))
+
+    def moved_against(self, before: InstructionProfile, k: int = 8) -> list[str]:
+        """Readable lines: the functions whose inclusive instructions per step moved most from ``before``."""
+        every = len(before.functions) + len(self.functions)
+        moves = [m for m in moves_between({f: (s, i) for f, s, i in before.functions},
+                                          {f: (s, i) for f, s, i in self.functions}, every)
+                 if m.delta_per_step][:k]
+        return [f"{m.function}: {m.before_per_step:,.0f} -> {m.after_per_step:,.0f} per step "
+                f"({m.delta_per_step:+,.0f})" for m in moves]
+
+    def top_lines(self, k: int = 8) -> list[str]:
+        """Readable lines: the heaviest functions by inclusive instructions per step."""
+        return [f"{f}: {i:,.0f} per step inclusive, {s:,.0f} self" for f, s, i in self.functions[:k]]

@@ -7,19 +7,22 @@ renders nothing: the report turns a decision into text.
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from .budgets.loader import BudgetSet
 from .budgets.schema import Budget, BudgetError
-from .budgets.verdict import Verdict, VerdictPolicy, decide
+from .budgets.verdict import Outcome, Verdict, VerdictPolicy, decide
 from .device import DeviceInfo
-from .measure.stats import median
+from .measure.stats import median, quantile_ci
 from .metrics import MetricName
+from .vocabulary import RunMode, StrEnum
 
-__all__ = ["OP_FAMILIES", "REFERENCE_MISMATCH", "STABLE_MACHINE_ENV", "Decision", "Judge", "JudgeConfig",
-           "stable_identity"]
+__all__ = ["AB_PRECISION_ENV", "DEFAULT_AB_PRECISION", "OP_FAMILIES", "REFERENCE_MISMATCH", "STABLE_MACHINE_ENV",
+           "Decision", "Judge", "JudgeConfig", "TestOutcome", "ab_precision", "stable_identity"]
 
 #: Environment variable a self-hosted runner sets to declare itself stable: this machine's
 #: identity (``perfbudget show --identity``), or ``yes`` for whatever identity it has.
@@ -47,6 +50,32 @@ def stable_identity(declared: str, device: DeviceInfo) -> str | None:
                      f"but this {device.type} device is {ident}: fix the declaration (or the runner) before "
                      "stored timing budgets may gate")
 
+#: Environment variable ``perfbudget ab`` sets for its sides: the within-pair precision each
+#: statistical check samples to (see :attr:`JudgeConfig.ab_precision`).
+AB_PRECISION_ENV = "PERFBUDGET_AB_PRECISION"
+#: Target half-width of a check's within-pair head/base ratio when one is asked for: +-1 %.
+DEFAULT_AB_PRECISION = 0.01
+
+
+def ab_precision(value: str | None) -> float | None:
+    """The precision a side samples to, read from :data:`AB_PRECISION_ENV`'s value
+    (unset, empty or ``0``: ``None``, one fixed sample set, as ``perfbudget ab`` defaults to).
+
+    Raises:
+        ValueError: naming the variable and the value, for anything but a fraction in [0, 1).
+    """
+    if value is None or not value.strip():
+        return None
+    try:
+        x = float(value)
+    except ValueError:
+        x = math.nan
+    if not 0 <= x < 1:
+        raise ValueError(f"{AB_PRECISION_ENV}={value!r}: expected a fraction in [0, 1) such as 0.01 (+-1 %), "
+                         "or 0 for one fixed sample set per check")
+    return x or None
+
+
 #: Families whose many per-operator checks share one false-alarm budget (Bonferroni).
 OP_FAMILIES = ("op_self_ms", "op_share")
 #: Beyond this relative change of the machine-speed reference against the budget's, the
@@ -62,10 +91,19 @@ class JudgeConfig:
 
     Attributes:
         strict: stale, unbudgeted, not-judged and not-measured checks fail the test.
-        update: the run writes budgets: budget verdicts do not fail the test.
-        collect: one side of a lockstep A/B run: statistical checks take one fixed
-            sample set (no extra rounds, no confirmation) and never fail the test; the
-            A/B driver judges them on the head/base ratio.
+        mode: ``UPDATE``: the run writes budgets: budget verdicts do not fail the test.
+            ``COLLECT``: one side of a lockstep A/B run: statistical checks are never judged
+            here (no confirmation, never a failure); the A/B driver judges them on the
+            head/base ratio. They sample to ``ab_precision``.
+        ab_precision: with ``collect``, the half-width (a fraction) that a check's
+            within-pair head/base ratio should reach: a check keeps taking fresh batches
+            (each one in turns with the other side) while the CI of its own median is wider
+            than ``ab_precision / sqrt(2)`` (each side carries half the ratio's variance),
+            up to ``ab_max_batches`` extra batches or ``ab_max_s`` seconds. Noisy checks get
+            more samples, quiet ones none. ``None``: one fixed sample set.
+        ab_max_batches: see ``ab_precision``.
+        ab_max_s: see ``ab_precision`` (wall time of the extra batches, the other side's
+            turns included).
         policy: statistical settings.
         preflight: reasons timing cannot be trusted right now (busy CPU, shared or
             throttled GPU): statistical checks are then not judged.
@@ -79,22 +117,45 @@ class JudgeConfig:
     """
 
     strict: bool = False
-    update: bool = False
-    collect: bool = False
+    mode: RunMode = RunMode.CHECK
     policy: VerdictPolicy = field(default_factory=VerdictPolicy)
     preflight: tuple[str, ...] = ()
     family_alpha: float = 0.05
     reference_mismatch: float = REFERENCE_MISMATCH
     stable_identity: str | None = None
+    ab_precision: float | None = None
+    ab_max_batches: int = 4
+    ab_max_s: float = 60.0
+
+    @property
+    def update(self) -> bool:
+        return self.mode == RunMode.UPDATE
+
+    @property
+    def collect(self) -> bool:
+        return self.mode == RunMode.COLLECT
 
     def __post_init__(self) -> None:
+        if self.ab_precision is not None and not 0 < self.ab_precision < 1:
+            raise ValueError(f"ab_precision must be in (0, 1) or None, got {self.ab_precision!r}")
+        if self.ab_max_batches < 0 or self.ab_max_s < 0:
+            raise ValueError(f"ab_max_batches and ab_max_s must be >= 0, got {self.ab_max_batches!r}, "
+                             f"{self.ab_max_s!r}")
         if not 0 < self.family_alpha < 1:
             raise ValueError(f"family_alpha must be in (0, 1), got {self.family_alpha!r}")
         if self.reference_mismatch <= 0:
             raise ValueError(f"reference_mismatch must be > 0, got {self.reference_mismatch!r}")
 
 
-Outcome = Literal["pass", "skip", "fail"]
+class TestOutcome(StrEnum):
+    """What a test's verdicts mean for the test (pytest's own outcome follows it)."""
+
+    __test__ = False  # not a test class, whatever pytest's name pattern says
+
+    PASS = "pass"
+    SKIP = "skip"
+    """Nothing failed, but something was not judged."""
+    FAIL = "fail"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,7 +176,7 @@ class Decision:
         empty: the test used ``perf`` but recorded nothing.
     """
 
-    outcome: Outcome
+    outcome: TestOutcome
     failing: tuple[Verdict, ...] = ()
     judged: tuple[Verdict, ...] = ()
     advisory: tuple[Verdict, ...] = ()
@@ -201,6 +262,8 @@ class Judge:
         """
         metric = name.full
         if self.config.collect:
+            if name.metric.statistical:
+                samples = self._to_precision(samples, more, paired=reference is not None)
             more = None
         problem = ""
         budget = None
@@ -217,10 +280,10 @@ class Judge:
         if problem:
             # Keep what was measured, so a broken budget file loses no data.
             v = decide(self.key, name, samples, None, policy=self.config.policy)
-            return v.with_(outcome="error", reason=problem)
+            return v.with_(outcome=Outcome.ERROR, reason=problem)
         # One side of a lockstep A/B run: both sides share the machine's state, so its load
-        # is no reason to set samples aside, and the ratio is judged raw (normalising by the
-        # reference hid most of a planted slowdown in the experiment).
+        # is no reason to set samples aside, and the ratio is judged raw: normalising by a
+        # reference measured beside each sample would cancel part of a real slowdown too.
         # Stored timing is a verdict only on a machine declared stable, against budgets keyed
         # by its identity; elsewhere it is shown (advisory) and `perfbudget ab` judges timing.
         # An unbudgeted timing metric on such a machine is advisory too: a budget written
@@ -242,14 +305,30 @@ class Judge:
         v = decide(self.key, name, samples, budget, more=more, policy=self.policy_for(name))
         if ref_ms is not None:
             v = v.with_(ref_ms=ref_ms)
-        if advisory and v.outcome in ("pass", "stale", "fail"):
-            v = v.with_(outcome="advisory", advice=v.outcome,
+        if advisory and v.outcome in (Outcome.PASS, Outcome.STALE, Outcome.FAIL):
+            v = v.with_(outcome=Outcome.ADVISORY, advice=v.outcome,
                         reason=f"advisory (would {'be ' if v.outcome != 'fail' else ''}{v.outcome}): {v.reason}; "
                                f"{self._why_advisory(budget)}")
-        elif advisory and v.outcome == "unbudgeted":
-            v = v.with_(outcome="advisory", advice="",
+        elif advisory and v.outcome == Outcome.UNBUDGETED:
+            v = v.with_(outcome=Outcome.ADVISORY, advice="",
                         reason=f"advisory: no stored budget for it on this machine; {self._why_advisory(None)}")
         return v
+
+    def _to_precision(self, samples: Samples, more: Callable[[], Any] | None, *, paired: bool) -> Samples:
+        """One A/B side's samples of a statistical check, extended by fresh batches while the
+        CI of their median is wider than the side's share of :attr:`JudgeConfig.ab_precision`."""
+        cfg = self.config
+        if cfg.ab_precision is None or more is None or isinstance(samples, (int, float)):
+            return samples
+        target = cfg.ab_precision / math.sqrt(2)
+        xs = list(samples)
+        t0 = time.monotonic()
+        for _ in range(cfg.ab_max_batches):
+            if _half_width(xs, cfg.policy.confidence) <= target or time.monotonic() - t0 > cfg.ab_max_s:
+                break
+            fresh = more()
+            xs += list(fresh[0] if paired else fresh)
+        return xs
 
     def gates(self, budget: Budget) -> bool:
         """Whether a stored timing budget may fail a test here: the machine is declared stable
@@ -279,7 +358,7 @@ class Judge:
         if abs(change) <= self.config.reference_mismatch:
             return ""
         return (
-            f"preflight: the machine-speed reference ran {now:.3g} ms here vs {prov.ref_ms:.3g} ms when the "
+            f"the machine-speed reference ran {now:.3g} ms here vs {prov.ref_ms:.3g} ms when the "
             f"budget was measured ({change:+.0%}): a different or busier machine than the budget describes"
         )
 
@@ -289,34 +368,33 @@ class Judge:
         """What the recorded verdicts mean for the test."""
         cfg = self.config
         if not verdicts:
-            return Decision(outcome="fail", empty=True)
-        by = {o: tuple(v for v in verdicts if v.outcome == o)
-              for o in ("pass", "stale", "fail", "advisory", "inconclusive", "unbudgeted", "unmeasurable", "error")}
-        not_judged = tuple(v for v in by["unmeasurable"] if v.reason.startswith("preflight:"))
-        unmeasurable = tuple(v for v in by["unmeasurable"] if v not in not_judged)
+            return Decision(outcome=TestOutcome.FAIL, empty=True)
+        by = {o: tuple(v for v in verdicts if v.outcome == o) for o in Outcome}
+        not_judged = by[Outcome.NOT_JUDGED]
+        unmeasurable = by[Outcome.UNMEASURABLE]
         recorded = {v.metric for v in verdicts}
         not_measured = tuple(
             (m, "budgeted for this key on this device, but the test did not record it")
             for m in sorted(self.budgeted()) if m not in recorded and self._owned_by_test(m, recorded)
         )
-        failing = list(by["error"])
+        failing = list(by[Outcome.ERROR])
         if not cfg.update and not cfg.collect:
-            failing += by["fail"]
+            failing += by[Outcome.FAIL]
             if cfg.strict:
-                failing += [*by["stale"], *by["unbudgeted"], *not_judged, *by["inconclusive"],
-                            *(v for v in by["advisory"] if v.advice == "fail")]
-        judged = (*by["pass"], *by["stale"], *by["fail"], *by["inconclusive"])
+                failing += [*by[Outcome.STALE], *by[Outcome.UNBUDGETED], *not_judged, *by[Outcome.INCONCLUSIVE],
+                            *(v for v in by[Outcome.ADVISORY] if v.advice == Outcome.FAIL)]
+        judged = (*by[Outcome.PASS], *by[Outcome.STALE], *by[Outcome.FAIL], *by[Outcome.INCONCLUSIVE])
         kw: dict[str, Any] = dict(
-            judged=judged, advisory=by["advisory"], not_judged=not_judged, unbudgeted=by["unbudgeted"], unmeasurable=unmeasurable,
+            judged=judged, advisory=by[Outcome.ADVISORY], not_judged=not_judged, unbudgeted=by[Outcome.UNBUDGETED], unmeasurable=unmeasurable,
             not_measured=not_measured,
         )
         if failing or (cfg.strict and not cfg.update and not_measured):
-            return Decision(outcome="fail", failing=tuple(failing), **kw)
+            return Decision(outcome=TestOutcome.FAIL, failing=tuple(failing), **kw)
         if cfg.update or cfg.collect:
-            return Decision(outcome="pass", **kw)
-        something_missing = (not_judged or by["unbudgeted"] or by["inconclusive"]
+            return Decision(outcome=TestOutcome.PASS, **kw)
+        something_missing = (not_judged or by[Outcome.UNBUDGETED] or by[Outcome.INCONCLUSIVE]
                              or (unmeasurable and len(unmeasurable) == len(verdicts)))
-        return Decision(outcome="skip" if something_missing else "pass", **kw)
+        return Decision(outcome=TestOutcome.SKIP if something_missing else TestOutcome.PASS, **kw)
 
     @staticmethod
     def _owned_by_test(metric: str, recorded: set[str]) -> bool:
@@ -330,12 +408,23 @@ class Judge:
         return any(r.split("[", 1)[0] == family for r in recorded)
 
 
+def _half_width(xs: Sequence[float], confidence: float) -> float:
+    """Relative half-width of the distribution-free CI of the median of ``xs`` (inf: too few)."""
+    if len(xs) < 2:
+        return math.inf
+    lo, hi, coverage = quantile_ci(xs, 0.5, confidence)
+    mid = median(xs)
+    if coverage < confidence or mid == 0:
+        return math.inf
+    return (hi - lo) / 2 / abs(mid)
+
+
 def _not_judged(v: Verdict, budget: Budget | None, reason: str) -> Verdict:
     """A statistical verdict set aside (busy machine, another machine): kept as measured;
     bad samples stay an error."""
-    if v.outcome == "error":
+    if v.outcome == Outcome.ERROR:
         return v.with_(budget=budget)
-    return v.with_(outcome="unmeasurable", budget=budget, reason=reason)
+    return v.with_(outcome=Outcome.NOT_JUDGED, budget=budget, reason=reason)
 
 
 def _normalised(

@@ -19,9 +19,9 @@ __all__ = [
     "parse_name",
 ]
 
-Kind = Literal["exact", "bytes", "timing", "rate", "energy"]
+Kind = Literal["exact", "count", "bytes", "timing", "rate", "energy"]
 Direction = Literal["lower", "higher"]
-KINDS: tuple[Kind, ...] = ("exact", "bytes", "timing", "rate", "energy")
+KINDS: tuple[Kind, ...] = ("exact", "count", "bytes", "timing", "rate", "energy")
 
 #: Relative worsening of a low-precision numeric result (``loss_drift``, ``max_abs_error``)
 #: that fails its budget: a quarter. Smaller moves follow from changing the kernel path
@@ -32,6 +32,10 @@ NUMERIC_TOLERANCE = 0.25
 #: Default relative tolerance per kind, used when a budget gives none.
 DEFAULT_TOLERANCE: dict[Kind, float] = {
     "exact": 0.0,
+    # Instruction counts of one step repeat to within a few hundredths of a percent across
+    # processes and a few tenths within one (benchmarks/instructions-cpu.md): half a percent
+    # keeps clear of both and still sees an extra small op per step.
+    "count": 0.005,
     "bytes": 0.02,
     "timing": 0.05,
     "rate": 0.05,
@@ -116,6 +120,10 @@ _REGISTRY: tuple[Metric, ...] = (
     _m("kernel_count", "1", "lower", "exact", "GPU kernels launched per step"),
     _m("theoretical_occupancy", "1", "higher", "exact", "theoretical SM occupancy of a kernel", arg="kernel"),
     _m("ratio", "1", "lower", "exact", "a deterministic ratio where lower is better", arg="what", portable=True),
+    # count: deterministic counters of the work done, judged like exact values with a tolerance;
+    # they depend on the kernels' ISA path, so they are filed per machine identity.
+    _m("instructions", "1", "lower", "count", "instructions per step, by the counter named in brackets "
+       "(callgrind: valgrind's Ir; hardware: the CPU's user-space instructions counter)", arg="counter"),
     # bytes: allocator peaks
     _m("peak_allocated_mib", "MiB", "lower", "bytes", "peak allocated memory of a phase", arg="phase",
        portable_types=("cpu",)),

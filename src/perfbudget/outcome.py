@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .judge import Decision
+from .judge import Decision, TestOutcome
 from .results import Record
+from .vocabulary import Outcome
 
 __all__ = ["decision_text", "judged_summary"]
 
@@ -42,11 +43,11 @@ def decision_text(
     update_command: str = "",
 ) -> str:
     """The message pytest shows for a failed or skipped perf test (empty for a pass)."""
-    from .report import records_table
+    from .report import move_line, moved_operators, moves_note, records_table
 
     if decision.empty:
         return f"{key}: the test used `perf` but recorded no measurement"
-    if decision.outcome == "fail":
+    if decision.outcome == Outcome.FAIL:
         lines = [f"perf budget check failed: {key} on {device_label}", "", records_table(list(records)), ""]
         failing = {v.metric for v in decision.failing}
         for r in records:
@@ -55,20 +56,26 @@ def decision_text(
             where = f" [{r.budget.where}]" if r.budget is not None and r.budget.source else ""
             lines.append(f"{r.metric}: {r.outcome}: {r.reason}{where}")
             lines.extend(f"    {a}" for a in r.attribution)
+        failed = [r for r in records if r.metric in failing]
+        moves = moved_operators(failed)
+        if moves:
+            note = moves_note(failed)
+            lines.append(f"operators that moved ({note}):" if note else "operators that moved:")
+            lines.extend(f"    {move_line(m)}" for m in moves)
         if decision.not_measured and not decision.failing:
             lines.append("budgets that apply but were not measured (--perf-strict): "
                          + ", ".join(m for m, _ in decision.not_measured))
-        stale = [v.metric for v in decision.judged if v.outcome == "stale"]
+        stale = [v.metric for v in decision.judged if v.outcome == Outcome.STALE]
         if stale:
             lines.append(f"stale (better than budget): {', '.join(stale)}; ratchet with --update-budgets")
         lines += ["", *judged_summary(decision)]
         return "\n".join(lines)
-    if decision.outcome == "skip":
+    if decision.outcome == TestOutcome.SKIP:
         head = []
         if decision.not_judged:
             names = ", ".join(v.metric for v in decision.not_judged)
             head.append(f"timing checks of {key} not judged ({names}): {decision.not_judged[0].reason}")
-        inconclusive = [v for v in decision.judged if v.outcome == "inconclusive"]
+        inconclusive = [v for v in decision.judged if v.outcome == Outcome.INCONCLUSIVE]
         if inconclusive:
             head.append("inconclusive: " + "; ".join(f"{v.metric}: {v.reason}" for v in inconclusive))
         if decision.unbudgeted:

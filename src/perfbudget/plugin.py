@@ -1,33 +1,57 @@
-"""pytest glue for perfbudget: options, markers, the ``perf`` fixture, hooks. Logic lives elsewhere."""
+"""pytest glue for perfbudget: options, markers, hook specifications, and the plugin object whose hooks
+hold the run's state (the ``perf`` fixture among them). Logic lives elsewhere."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
-from . import xdist
+from . import hookspec, xdist
 from .artifacts import artifact_dir, describe_artifacts, write_failure_artifacts
 from .budgets.verdict import VerdictPolicy
 from .device import DeviceType
-from .judge import STABLE_MACHINE_ENV, Judge, JudgeConfig
+from .judge import STABLE_MACHINE_ENV, Judge, JudgeConfig, TestOutcome
 from .outcome import decision_text
 from .preflight import check as preflight_check
 from .recorder import PerfRecorder
 from .results import Record
 from .session import PerfSession, add_options
+from .vocabulary import Outcome, RunMode
 
-__all__ = ["BudgetSpec"]
+__all__ = ["PLUGIN_NAME", "BudgetSpec", "PerfPlugin"]
 
-_SESSION = pytest.StashKey[PerfSession]()
+#: Name the run's :class:`PerfPlugin` is registered under:
+#: ``config.pluginmanager.get_plugin(PLUGIN_NAME).session`` is the run's state.
+PLUGIN_NAME = "perfbudget-session"
+_XDIST_NAME = "perfbudget-xdist"
+
 _SPEC = pytest.StashKey["BudgetSpec"]()
 _RECORDER = pytest.StashKey[PerfRecorder]()
-_THREADS = pytest.StashKey[int]()
 #: pytest's own outcome exceptions (skip, fail, xfail, exit): not faults of the measurement.
 _OUTCOMES = (pytest.skip.Exception, pytest.fail.Exception, pytest.xfail.Exception, pytest.exit.Exception)
+
+
+#: Set on the skip and fail exceptions perfbudget raises for a test, so that its report names
+#: the test's location: raised in this module's hooks, their tracebacks end here.
+_AT_TEST = "_perfbudget_at_test"
+
+
+def _skip(reason: str) -> NoReturn:
+    exc = pytest.skip.Exception(reason)
+    setattr(exc, _AT_TEST, True)
+    raise exc
+
+
+def _fail(reason: str) -> NoReturn:
+    exc = pytest.fail.Exception(reason, pytrace=False)
+    setattr(exc, _AT_TEST, True)
+    raise exc
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,6 +83,10 @@ class BudgetSpec:
         return cls(key=key, device=device, uses_perf=uses_perf)
 
 
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    pluginmanager.add_hookspecs(hookspec)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     add_options(parser)
 
@@ -76,209 +104,249 @@ def pytest_configure(config: pytest.Config) -> None:
         "perf test, because compiling leaves the process changed",
     )
     session = PerfSession.from_config(config)
-    config.stash[_SESSION] = session
     gpu = getattr(config, "workerinput", {}).get(xdist.GPU_KEY)
     if gpu is not None:
         xdist.pin_worker(session, gpu)
+    config.pluginmanager.register(PerfPlugin(session), PLUGIN_NAME)
     if config.pluginmanager.hasplugin("xdist") and not session.is_worker:
-        config.pluginmanager.register(xdist.ControllerHooks(session), "perfbudget-xdist")
-    if session.collect:
+        config.pluginmanager.register(xdist.ControllerHooks(session), _XDIST_NAME)
+    if session.mode == RunMode.COLLECT:
         from .measure import turns
 
         turns.join()
 
 
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for name in (_XDIST_NAME, PLUGIN_NAME):
+        plugin = config.pluginmanager.get_plugin(name)
+        if plugin is not None:
+            config.pluginmanager.unregister(plugin, name)
+
+
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    # Called before pytest_configure (xdist sizes the pool in pytest_cmdline_main): a module hook.
     return xdist.auto_num_workers(config)
 
 
-def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Perf tests: compiling ones last; one torch thread for the run; inductor's caches kept.
+class PerfPlugin:
+    """The run's perfbudget hooks and the ``perf`` fixture, over the run's :class:`PerfSession`.
 
-    Compiling leaves the process changed (allocator state, worker threads, a ~10-40 %
-    slower eager step measured here), which would shift every eager timing measured after
-    it and make budgets depend on test selection. Warming up (and compiling) at the timing
-    thread count keeps inductor's thread-specialised kernels and dynamo's guards identical
-    to the measured runs.
+    Registered in ``pytest_configure`` under :data:`PLUGIN_NAME`, unregistered in
+    ``pytest_unconfigure``.
     """
-    perf_items = [i for i in items if "perf" in getattr(i, "fixturenames", ())]
-    if not perf_items:
-        return
-    items.sort(key=lambda i: i.get_closest_marker("compiles") is not None)
-    ps = config.stash[_SESSION]
-    import torch
 
-    config.stash[_THREADS] = torch.get_num_threads()
-    torch.set_num_threads(ps.threads)
-    if ps.inductor_dir and any(i.get_closest_marker("compiles") is not None for i in perf_items):
-        from .measure.compile_health import inductor_dirs
+    def __init__(self, session: PerfSession) -> None:
+        self.session = session
+        self._threads_before: int | None = None
+        """torch's thread count before the run set it, restored at the end."""
 
-        inductor_dirs(Path(ps.rootdir) / ps.inductor_dir)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        """Perf tests: compiling ones last; one torch thread for the run; inductor's caches kept.
 
-
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    spec = BudgetSpec.of(item)
-    if item.get_closest_marker("budget") is not None and not spec.uses_perf:
-        pytest.fail(f"{item.nodeid}: @pytest.mark.budget({spec.key!r}) on a test that does not use the `perf` "
-                    "fixture: nothing would be judged; request `perf` or drop the marker", pytrace=False)
-    item.stash[_SPEC] = spec
-    if spec.uses_perf:
-        broken = item.config.stash[_SESSION].budgets.file_errors
-        if broken:
-            # A file that cannot be loaded would otherwise judge nothing it holds, on any device.
-            lines = "\n".join(f"  {e}" for e in broken)
-            pytest.fail(f"budget files that cannot be loaded (every perf test fails until they are fixed):\n{lines}",
-                        pytrace=False)
-    if spec.device == "cuda":
+        Compiling leaves the process changed (allocator state, worker threads, a slower eager
+        step), which would shift every eager timing measured after it and make budgets depend
+        on test selection. Warming up (and compiling) at the timing thread count keeps
+        inductor's thread-specialised kernels and dynamo's guards identical to the measured runs.
+        """
+        perf_items = [i for i in items if "perf" in getattr(i, "fixturenames", ())]
+        if not perf_items:
+            return
+        items.sort(key=lambda i: i.get_closest_marker("compiles") is not None)
+        ps = self.session
         import torch
 
-        if not torch.cuda.is_available():
-            pytest.skip("needs a CUDA GPU: torch.cuda.is_available() is False on this machine")
+        self._threads_before = torch.get_num_threads()
+        torch.set_num_threads(ps.threads)
+        if ps.inductor_dir and any(i.get_closest_marker("compiles") is not None for i in perf_items):
+            from .measure.compile_health import inductor_dirs
 
+            inductor_dirs(Path(ps.rootdir) / ps.inductor_dir)
 
-@pytest.fixture
-def perf(request: pytest.FixtureRequest) -> PerfRecorder:
-    """Measure under the test's budget key: ``perf.step(...)``, ``perf.operators(...)``,
-    ``perf.memory(...)``, ``perf.record("flops", n)`` (see :class:`perfbudget.PerfRecorder`)."""
-    ps = request.config.stash[_SESSION]
-    item = request.node
-    spec = item.stash.get(_SPEC, None) or BudgetSpec.of(item)
-    try:
-        stable = ps.stable_identity(spec.device)
-    except ValueError as exc:
-        pytest.fail(str(exc), pytrace=False)
-    config = JudgeConfig(
-        strict=ps.strict, update=ps.update, collect=ps.collect, policy=VerdictPolicy(),
-        preflight=preflight_check(spec.device, max_load_per_core=ps.max_load).problems,
-        stable_identity=stable,
-    )
-    rec = PerfRecorder(Judge(spec.key, ps.device(spec.device), ps.budgets, config), nodeid=item.nodeid,
-                       update_command=ps.update_command(item.nodeid), threads=ps.threads)
-    item.stash[_RECORDER] = rec
-    return rec
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        spec = BudgetSpec.of(item)
+        if item.get_closest_marker("budget") is not None and not spec.uses_perf:
+            _fail(f"{item.nodeid}: @pytest.mark.budget({spec.key!r}) on a test that does not use the `perf` "
+                  "fixture: nothing would be judged; request `perf` or drop the marker")
+        item.stash[_SPEC] = spec
+        if spec.uses_perf:
+            broken = self.session.budgets.file_errors
+            if broken:
+                # A file that cannot be loaded would otherwise judge nothing it holds, on any device.
+                lines = "\n".join(f"  {e}" for e in broken)
+                _fail(f"budget files that cannot be loaded (every perf test fails until they are fixed):\n{lines}")
+        if spec.device == "cuda":
+            import torch
 
+            if not torch.cuda.is_available():
+                _skip("needs a CUDA GPU: torch.cuda.is_available() is False on this machine")
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, Any]:
-    if "perf" not in getattr(item, "fixturenames", ()):
-        return (yield)
-    ps = item.config.stash[_SESSION]
-    gpu = ps.pinned_gpu if item.get_closest_marker("gpu") is not None else None
-    with ps.exclusive(gpu):
-        return (yield)
+    @pytest.fixture
+    def perf(self, request: pytest.FixtureRequest) -> PerfRecorder:
+        """Measure under the test's budget key: ``perf.step(...)``, ``perf.operators(...)``,
+        ``perf.memory(...)``, ``perf.record("flops", n)`` (see :class:`perfbudget.PerfRecorder`)."""
+        ps = self.session
+        item = request.node
+        spec = item.stash.get(_SPEC, None) or BudgetSpec.of(item)
+        try:
+            stable = ps.stable_identity(spec.device)
+        except ValueError as exc:
+            _fail(str(exc))
+        config = JudgeConfig(
+            strict=ps.strict, mode=ps.mode, policy=VerdictPolicy(),
+            preflight=preflight_check(spec.device, max_load_per_core=ps.max_load).problems,
+            stable_identity=stable, ab_precision=ps.ab_precision,
+        )
+        rec = PerfRecorder(Judge(spec.key, ps.device(spec.device), ps.budgets, config), nodeid=item.nodeid,
+                           update_command=ps.update_command(item.nodeid), threads=ps.threads)
+        item.stash[_RECORDER] = rec
+        return rec
 
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_protocol(self, item: pytest.Item) -> Generator[None, Any, Any]:
+        if "perf" not in getattr(item, "fixturenames", ()):
+            return (yield)
+        gpu = self.session.pinned_gpu if item.get_closest_marker("gpu") is not None else None
+        with self.session.exclusive(gpu):
+            return (yield)
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
-    raised: BaseException | None = None
-    ps = item.config.stash[_SESSION]
-    records: list[Record] = []
-    try:
-        result = yield
-    except BaseException as exc:
-        raised = exc
-        raise
-    finally:
-        rec = item.stash.get(_RECORDER, None)
-        if rec is not None and raised is not None and not isinstance(raised, _OUTCOMES):
-            # A fault mid-measurement (profiler, NVML, out of memory): the test fails with its
-            # own traceback; the results file still lists it with what it measured before.
-            first = str(raised).strip().splitlines()[0] if str(raised).strip() else ""
-            ps.errors.append({"nodeid": item.nodeid, "key": rec.key, "error": f"{type(raised).__name__}: {first}"[:500]})
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, Any, Any]:
+        raised: BaseException | None = None
+        ps = self.session
+        records: list[Record] = []
+        try:
+            result = yield
+            rec = item.stash.get(_RECORDER, None)
+            if rec is not None:
+                item.ihook.pytest_perfbudget_measured(item=item, perf=rec)
+        except BaseException as exc:
+            raised = exc
+            raise
+        finally:
+            rec = item.stash.get(_RECORDER, None)
+            if rec is not None and raised is not None and not isinstance(raised, _OUTCOMES):
+                # A fault mid-measurement (profiler, NVML, out of memory): the test fails with its
+                # own traceback; the results file still lists it with what it measured before.
+                first = str(raised).strip().splitlines()[0] if str(raised).strip() else ""
+                ps.errors.append({"nodeid": item.nodeid, "key": rec.key,
+                                  "error": f"{type(raised).__name__}: {first}"[:500]})
+            if rec is not None:
+                records = rec.records()
+                ps.records.extend(records)
+                from .report import junit_properties
+
+                item.user_properties.extend(junit_properties(records))
         if rec is not None:
-            records = rec.records()
-            ps.records.extend(records)
-            from .report import junit_properties
+            self._decide(item, rec, records)
+        return result
 
-            item.user_properties.extend(junit_properties(records))
-    if rec is not None:
+    def _decide(self, item: pytest.Item, rec: PerfRecorder, records: list[Record]) -> None:
+        """Apply the recorder's decision to the test: pass, skip or fail with the text."""
         decision = rec.decision()
         text = decision_text(decision, records, key=rec.key, device_label=rec.device.label,
                              update_command=rec.update_command)
-        if decision.outcome != "pass" or text:
-            item.user_properties.append(("perf.outcome", text or decision.outcome))
-        if decision.outcome == "fail":
-            note = _failure_artifacts(item, rec, records)
-            pytest.fail(text + (f"\n\n{note}" if note else ""), pytrace=False)
-        if decision.outcome == "skip":
-            pytest.skip(text)
-    return result
+        if decision.outcome != TestOutcome.PASS or text:
+            item.user_properties.append(("perf.outcome", text or str(decision.outcome)))
+        if decision.outcome == TestOutcome.FAIL:
+            note = self._failure_artifacts(item, rec, records)
+            _fail(text + (f"\n\n{note}" if note else ""))
+        if decision.outcome == TestOutcome.SKIP:
+            _skip(text)
+
+    def _failure_artifacts(self, item: pytest.Item, rec: PerfRecorder, records: list[Record]) -> str:
+        """Re-run the failing step for its artifacts; returns the lines naming them."""
+        ps = self.session
+        failed = [r for r in records if r.outcome == Outcome.FAIL]
+        if not failed or not ps.artifacts.kinds:
+            return ""
+        if rec.failure_step is None:
+            return "failure artifacts: none (call perf.on_failure(step) to get a chrome trace and a flame graph)"
+        written = write_failure_artifacts(
+            rec.failure_step,
+            artifact_dir(ps.artifacts_dir, item.nodeid),
+            device=rec.device.type,
+            memory_failure=any(r.metric.startswith("peak_allocated_mib") for r in failed),
+            config=ps.artifacts,
+        )
+        paths = {a.label: str(a.path) for a in written if a.path is not None}
+        for r in failed:
+            r.extra["artifacts"] = paths
+        item.user_properties.extend((f"perf.artifact.{a.kind}", str(a.path)) for a in written if a.path is not None)
+        return describe_artifacts(written)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+        report = yield
+        if call.excinfo is not None and getattr(call.excinfo.value, _AT_TEST, False):
+            _at_test_location(report, item)
+        return report
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        ps = self.session
+        if self._threads_before is not None:
+            import torch
+
+            torch.set_num_threads(self._threads_before)
+        if ps.mode == RunMode.COLLECT:
+            from .measure import turns
+
+            turns.leave()
+        if ps.is_worker:
+            session.config.workeroutput[xdist.WORKER_KEY] = xdist.worker_output(ps)  # type: ignore[attr-defined]
+            return
+        if not ps.records and not ps.errors and ps.mode != RunMode.UPDATE:
+            return
+        results = ps.finish()
+        if ps.update_report is not None and ps.update_report.errors:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        session.config.hook.pytest_perfbudget_results(config=session.config, results=results, path=ps.json_path)
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        ps = self.session
+        if ps.is_worker or not (ps.records or ps.errors):
+            return
+        from .report import records_table
+
+        tr = terminalreporter
+        tr.write_sep("=", "perf budgets")
+        for e in ps.errors:
+            tr.write_line(f"ERROR {e['nodeid']} ({e['key']}): {e['error']}")
+        tr.write_line(records_table(ps.records, with_key=True))
+        counts: dict[str, int] = {}
+        for r in ps.records:
+            counts[r.outcome] = counts.get(r.outcome, 0) + 1
+        tr.write_line(", ".join(f"{n} {o}" for o, n in sorted(counts.items())))
+        if counts.get("stale"):
+            tr.write_line("stale budgets: the code got faster or leaner; ratchet them with --update-budgets")
+        advisory = [r for r in ps.records if r.outcome == Outcome.ADVISORY]
+        if advisory:
+            would_fail = [f"{r.key}.{r.metric}" for r in advisory if r.advice == Outcome.FAIL]
+            tr.write_line(f"advisory: {len(advisory)} timing check(s) against stored budgets, not gating "
+                          f"(gating needs a machine declared stable with {STABLE_MACHINE_ENV} and budgets keyed by "
+                          "its identity); judge timing with `perfbudget ab --base <ref>`")
+            if would_fail:
+                tr.write_line(f"advisory, beyond the budget here: {', '.join(would_fail)}")
+        tr.write_line(f"results: {ps.json_path}")
+        if ps.update_report is not None:
+            tr.write_sep("-", "budget update")
+            tr.write_line(ps.update_report.render())
 
 
-def _failure_artifacts(item: pytest.Item, rec: PerfRecorder, records: list[Record]) -> str:
-    """Re-run the failing step for its artifacts; returns the lines naming them."""
-    ps = item.config.stash[_SESSION]
-    failed = [r for r in records if r.outcome == "fail"]
-    if not failed or not ps.artifacts.kinds:
-        return ""
-    if rec.failure_step is None:
-        return "failure artifacts: none (call perf.on_failure(step) to get a chrome trace and a flame graph)"
-    written = write_failure_artifacts(
-        rec.failure_step,
-        artifact_dir(ps.artifacts_dir, item.nodeid),
-        device=rec.device.type,
-        memory_failure=any(r.metric.startswith("peak_allocated_mib") for r in failed),
-        config=ps.artifacts,
-    )
-    paths = {a.label: str(a.path) for a in written if a.path is not None}
-    for r in failed:
-        r.extra["artifacts"] = paths
-    item.user_properties.extend((f"perf.artifact.{a.kind}", str(a.path)) for a in written if a.path is not None)
-    return describe_artifacts(written)
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    ps = session.config.stash.get(_SESSION, None)
-    if ps is None:
+def _at_test_location(report: pytest.TestReport, item: pytest.Item) -> None:
+    """Point a skip or failure perfbudget raised at the test's definition, as pytest does for a
+    ``skipif`` mark: raised in this module's hooks, its traceback ends here, not in the test."""
+    path, lineno = item.reportinfo()[:2]
+    if lineno is None:
         return
-    threads = session.config.stash.get(_THREADS, None)
-    if threads is not None:
-        import torch
-
-        torch.set_num_threads(threads)
-    if ps.collect:
-        from .measure import turns
-
-        turns.leave()
-    if ps.is_worker:
-        session.config.workeroutput[xdist.WORKER_KEY] = xdist.worker_output(ps)  # type: ignore[attr-defined]
-        return
-    if not ps.records and not ps.errors and not ps.update:
-        return
-    ps.finish()
-    if ps.update_report is not None and ps.update_report.errors:
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
-
-
-def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    ps = config.stash.get(_SESSION, None)
-    if ps is None or ps.is_worker or not (ps.records or ps.errors):
-        return
-    from .report import records_table
-
-    tr = terminalreporter
-    tr.write_sep("=", "perf budgets")
-    for e in ps.errors:
-        tr.write_line(f"ERROR {e['nodeid']} ({e['key']}): {e['error']}")
-    tr.write_line(records_table(ps.records, with_key=True))
-    counts: dict[str, int] = {}
-    for r in ps.records:
-        counts[r.outcome] = counts.get(r.outcome, 0) + 1
-    tr.write_line(", ".join(f"{n} {o}" for o, n in sorted(counts.items())))
-    if counts.get("stale"):
-        tr.write_line("stale budgets: the code got faster or leaner; ratchet them with --update-budgets")
-    advisory = [r for r in ps.records if r.outcome == "advisory"]
-    if advisory:
-        would_fail = [f"{r.key}.{r.metric}" for r in advisory if r.advice == "fail"]
-        tr.write_line(f"advisory: {len(advisory)} timing check(s) against stored budgets, not gating "
-                      f"(gating needs a machine declared stable with {STABLE_MACHINE_ENV} and budgets keyed by its "
-                      "identity); judge timing with `perfbudget ab --base <ref>`")
-        if would_fail:
-            tr.write_line(f"advisory, beyond the budget here: {', '.join(would_fail)}")
-    tr.write_line(f"results: {ps.json_path}")
-    if ps.update_report is not None:
-        tr.write_sep("-", "budget update")
-        tr.write_line(ps.update_report.render())
-
-
+    where = os.fspath(path), lineno + 1
+    longrepr: Any = report.longrepr
+    if report.skipped and isinstance(longrepr, tuple):
+        report.longrepr = (*where, longrepr[2])
+    elif report.failed and getattr(longrepr, "chain", None):
+        # The crash line (``--tb=line``, the short summary, xdist's copy of the report) is the
+        # last link of the chain; the message itself is unchanged.
+        *rest, (traceback, crash, description) = longrepr.chain
+        if crash is not None:
+            crash = dataclasses.replace(crash, path=where[0], lineno=where[1])
+        report.longrepr = type(longrepr)([*rest, (traceback, crash, description)])

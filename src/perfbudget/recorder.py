@@ -1,24 +1,48 @@
 """What a test measured, collected under its budget key: the public measuring API behind ``perf``.
 
-Every method measures through :mod:`perfbudget.measure` (whose timers take turns in a
-lockstep A/B run), hands the samples to the :class:`~perfbudget.judge.Judge` and keeps
-the verdict. Usable without pytest: ``PerfRecorder(Judge(key, device, budgets))``.
+Every method builds a :class:`~perfbudget.measure.measurement.Measurement` through
+:mod:`perfbudget.measure` (whose timers take turns in a lockstep A/B run) and records it: the
+:class:`~perfbudget.judge.Judge` decides and the verdict is kept. Usable without pytest:
+``PerfRecorder(Judge(key, device, budgets))``.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import json
+import math
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from operator import attrgetter, itemgetter
+from pathlib import Path
+from typing import Any, Literal
 
+from .budgets.schema import Budget
 from .budgets.verdict import Verdict
-from .judge import OP_FAMILIES, Decision, Judge
-from .measure import stats
+from .extras import InstructionProfile, OperatorMoves
+from .judge import Decision, Judge
+from .measure import compile_health, energy, instructions, memory, numerics, nvml, occupancy, stats
+from .measure.measurement import Explanation, Measurement, Passes
+from .measure.operators import (
+    OP_METRIC_FAMILIES,
+    OpMove,
+    OpRounds,
+    count_flops,
+    op_metric,
+    profile_rounds,
+    profile_steps,
+)
+from .measure.reference import machine_reference
+from .measure.timing import bench, bench_paired, time_streams
+from .measure.unmeasurable import Unmeasurable
 from .metrics import UnknownMetricError, parse_name
 from .results import Record
+from .vocabulary import Outcome
 
-__all__ = ["NEW_OP_SHARE_CHECK", "NEW_OP_SHARE_UPDATE", "OP_ROUNDS", "PerfRecorder", "ServeRound"]
+__all__ = ["AB_OPERATORS_ENV", "NEW_OP_SHARE_CHECK", "NEW_OP_SHARE_UPDATE", "OPERATOR_FAMILIES", "OP_ROUNDS", "PerfRecorder", "ServeRound",
+           "pinned_operators"]
 
 #: Profiled rounds behind each per-operator sample set (one sample per round).
 OP_ROUNDS = 16
@@ -27,8 +51,38 @@ NEW_OP_SHARE_UPDATE = 0.05
 #: ...and a new operator must pass this share before a check run calls it unbudgeted.
 #: The gap keeps an operator hovering at 5 % from flipping between runs.
 NEW_OP_SHARE_CHECK = 0.07
-#: Per-operator families whose budgets name the operators a test must record.
-_OP_BUDGET_FAMILIES = ("op_self_ms", "op_share", "op_count")
+#: The per-operator families: their budgets name the operators a test must record.
+OPERATOR_FAMILIES = OP_METRIC_FAMILIES
+#: A failing step is explained by the operators above this share of it, with the budgeted ones.
+_EXPLAIN_MIN_SHARE = 0.02
+_SERVE_METRICS = ("ttft_ms", "token_ms", "e2e_ms_p50", "e2e_ms_p90", "tokens_per_s")
+
+#: Set by ``perfbudget ab`` for its sides after the first pair: a JSON file
+#: ``{nodeid: {key: [operator, ...]}}`` naming the operators each test records from then on.
+AB_OPERATORS_ENV = "PERFBUDGET_AB_OPERATORS"
+
+
+def pinned_operators(path: str, nodeid: str, key: str) -> tuple[str, ...] | None:
+    """The operators a lockstep A/B run pins for ``nodeid``'s ``key`` (``None``: not pinned).
+
+    Raises:
+        ValueError: the file cannot be read or is not of the form above (naming the file).
+    """
+    if not path:
+        return None
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{AB_OPERATORS_ENV}={path}: cannot be read: {exc}") from None
+    ops = data.get(nodeid, {}).get(key) if isinstance(data, dict) and isinstance(data.get(nodeid, {}), dict) else None
+    if ops is None:
+        return None
+    if not isinstance(ops, list) or not all(isinstance(o, str) for o in ops):
+        raise ValueError(f"{AB_OPERATORS_ENV}={path}: [{nodeid!r}][{key!r}]: expected a list of operator names, "
+                         f"got {ops!r}")
+    return tuple(ops)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,6 +91,27 @@ class ServeRound:
 
     samples: dict[str, tuple[list[float], list[float]]]
     """metric -> (samples, paired machine-speed reference times)."""
+
+
+@dataclass(frozen=True)
+class _Timed:
+    """One timed batch: samples and, when timed alternately with a reference, its times."""
+
+    samples_ms: list[float]
+    ref_ms: list[float] | None = None
+
+
+_samples_ms = attrgetter("samples_ms")
+_ref_ms = attrgetter("ref_ms")
+
+
+def _itself(xs: list[float]) -> list[float]:
+    return xs
+
+
+def _explainer(explain: Callable[[], Sequence[str]] | None) -> Callable[[], Explanation] | None:
+    """A caller's ``explain`` (attribution lines) as a measurement's explainer."""
+    return None if explain is None else lambda: Explanation(lines=tuple(explain()))
 
 
 class PerfRecorder:
@@ -88,6 +163,11 @@ class PerfRecorder:
             raise TypeError(f"on_failure expects a zero-argument callable, got {step!r}")
         self.failure_step = step
 
+    def _fails_with(self, step: Callable[[], Any]) -> None:
+        """The first timed step is the one re-run for failure artifacts, unless :meth:`on_failure` chose."""
+        if self.failure_step is None:
+            self.failure_step = step
+
     # -- the primitive --------------------------------------------------------------------
 
     def record(
@@ -118,28 +198,33 @@ class PerfRecorder:
         Returns:
             The verdict; its outcome is also applied to the test when it ends.
         """
+        return self._record(metric, Measurement(samples=samples, reference=reference, fresh=more,
+                                                explainer=_explainer(explain), attribution=tuple(attribution),
+                                                extra=extra or {}))
+
+    def unmeasurable(self, metric: str, reason: str) -> Verdict:
+        """Note that ``metric`` cannot be measured here (e.g. no energy counter), with why."""
+        return self._keep(Verdict(key=self.key, metric=metric, outcome=Outcome.UNMEASURABLE, reason=reason), {})
+
+    def _record(self, metric: str, m: Measurement) -> Verdict:
+        """Judge a measurement of ``metric`` and keep the verdict, explained when it fails."""
         try:
             name = parse_name(metric)
         except UnknownMetricError as exc:
-            return self._keep(Verdict(key=self.key, metric=str(metric), outcome="error", reason=str(exc)), extra)
-        v = self.judge.judge(name, samples, more=more, reference=reference)
-        if explain is not None and v.outcome == "fail":
-            try:
-                attribution = (*attribution, *explain())
-            except Exception as exc:  # attribution must never hide the verdict itself
-                attribution = (*attribution, f"attribution failed: {type(exc).__name__}: {exc}")
+            return self._keep(Verdict(key=self.key, metric=str(metric), outcome=Outcome.ERROR, reason=str(exc)), m.extra)
+        v = self.judge.judge(name, m.samples, more=m.more if m.repeatable else None, reference=m.reference)
+        attribution, extra = m.attribution, dict(m.extra)
+        if v.outcome == Outcome.FAIL:
+            why = m.explain()
+            attribution, extra = (*attribution, *why.lines), {**extra, **why.extra}
         if attribution:
             v = v.with_(attribution=tuple(attribution))
         return self._keep(v, extra)
 
-    def unmeasurable(self, metric: str, reason: str) -> Verdict:
-        """Note that ``metric`` cannot be measured here (e.g. no energy counter), with why."""
-        return self._keep(Verdict(key=self.key, metric=metric, outcome="unmeasurable", reason=reason), None)
-
-    def _keep(self, v: Verdict, extra: dict[str, Any] | None) -> Verdict:
+    def _keep(self, v: Verdict, extra: Mapping[str, Any]) -> Verdict:
         self.verdicts.append(v)
         if extra:
-            self.extras[v.metric] = extra
+            self.extras[v.metric] = dict(extra)
         return v
 
     # -- timing ---------------------------------------------------------------------------
@@ -165,22 +250,9 @@ class PerfRecorder:
             explain: attribution lines computed only on failure (see :meth:`record`).
             bench_kwargs: passed to the bench (``warmup_ms``, ``min_samples``, ``max_ms``...).
         """
-        from .measure.timing import bench
-
-        bench_kwargs.setdefault("device", self._dev)
-        bench_kwargs.setdefault("threads", self._timing_threads())
-        if self.failure_step is None:
-            self.failure_step = fn
-        ref = self._reference(reference)
-        if ref is None:
-
-            def sample() -> list[float]:
-                return list(bench(fn, **bench_kwargs).samples_ms)
-
-            return self.record(metric, sample(), more=sample, explain=explain)
-        pair = self._paired(fn, ref, **bench_kwargs)
-        first, refs = pair()
-        return self.record(metric, first, reference=refs, more=pair, explain=explain)
+        self._fails_with(fn)
+        passes = Passes(self._timer(fn, reference, **bench_kwargs))
+        return self._record(metric, passes.measurement(_samples_ms, reference=_ref_ms, explain=_explainer(explain)))
 
     def step(
         self,
@@ -198,10 +270,10 @@ class PerfRecorder:
         Unprofiled samples (CUDA events on a GPU). A failing step time is explained by
         profiling the step against the key's ``op_self_ms`` budgets (which operators moved).
 
-        Reference normalisation is opt-in (``reference=True``): measured on these VMs, it
-        absorbed 25-45 % of a planted +10 % step slowdown against stored budgets and most of
-        it in lockstep, while the machines that keep stored budgets (a pinned runner of one
-        SKU) drift little; a drifting machine should use ``perfbudget ab`` instead.
+        Reference normalisation is opt-in (``reference=True``): it absorbs part of a real
+        slowdown along with the machine's drift, while the machines that keep stored budgets
+        (a pinned runner of one SKU) drift little; a drifting machine should use
+        ``perfbudget ab`` instead.
 
         Args:
             step: one full step (zero-argument callable).
@@ -211,37 +283,19 @@ class PerfRecorder:
             min_samples, max_ms, warmup_ms: as in :func:`~perfbudget.measure.timing.bench`.
 
         Returns:
-            The ``(step_ms, throughput_samples_per_s)`` verdicts.
+            The ``(step_ms, throughput_samples_per_s)`` verdicts; both read the same timed batches.
         """
         if samples_per_step < 1:
             raise ValueError(f"samples_per_step must be >= 1, got {samples_per_step!r}")
-        if self.failure_step is None:
-            self.failure_step = step
-        kw = dict(min_samples=min_samples, max_ms=max_ms, warmup_ms=warmup_ms)
+        self._fails_with(step)
+        passes = Passes(self._timer(step, reference, min_samples=min_samples, max_ms=max_ms, warmup_ms=warmup_ms))
 
-        def rate(ms: Sequence[float]) -> list[float]:
-            return [samples_per_step * 1e3 / x for x in ms]
+        def rate(t: _Timed) -> list[float]:
+            return [samples_per_step * 1e3 / x for x in t.samples_ms]
 
-        explain = self._explain_operators(step) if explain_operators else None
-        ref = self._reference(reference)
-        if ref is None:
-            from .measure.timing import bench
-
-            def sample() -> list[float]:
-                return list(bench(step, device=self._dev, threads=self._timing_threads(), **kw).samples_ms)  # type: ignore[arg-type]
-
-            first = sample()
-            return (self.record("step_ms", first, more=sample, explain=explain),
-                    self.record("throughput_samples_per_s", rate(first), more=lambda: rate(sample())))
-        pair = self._paired(step, ref, **kw)
-
-        def rate_pair() -> tuple[list[float], list[float]]:
-            a, b = pair()
-            return rate(a), b
-
-        first, refs = pair()
-        return (self.record("step_ms", first, reference=refs, more=pair, explain=explain),
-                self.record("throughput_samples_per_s", rate(first), reference=refs, more=rate_pair))
+        explain = self._operator_explanation(step) if explain_operators else None
+        return (self._record("step_ms", passes.measurement(_samples_ms, reference=_ref_ms, explain=explain)),
+                self._record("throughput_samples_per_s", passes.measurement(rate, reference=_ref_ms)))
 
     def speedup(
         self,
@@ -263,8 +317,6 @@ class PerfRecorder:
                 epoch with static padding and one with length buckets).
             rounds: ratios per sample set (one warm-up round runs first).
         """
-        from .measure.timing import bench_paired
-
         if rounds < 2:
             raise ValueError(f"rounds must be >= 2, got {rounds!r}")
 
@@ -273,7 +325,7 @@ class PerfRecorder:
                                 min_samples=rounds, max_ms=0, min_warmup_calls=1)
             return [x / y for x, y in zip(a.samples_ms, b.samples_ms, strict=True)]
 
-        return self.record(f"speedup[{what}]", ratios(), more=ratios, attribution=attribution)
+        return self._record(f"speedup[{what}]", Passes(ratios).measurement(_itself, attribution=attribution))
 
     def serve(
         self,
@@ -294,40 +346,25 @@ class PerfRecorder:
         Returns:
             metric -> verdict.
         """
-        from .measure.timing import time_streams
-
         ref = self._reference(reference)
-        metrics = ("ttft_ms", "token_ms", "e2e_ms_p50", "e2e_ms_p90", "tokens_per_s")
+        passes = Passes(lambda: self._serve_round(requests, ref))
 
-        def one_round() -> ServeRound:
-            out: dict[str, tuple[list[float], list[float]]] = {m: ([], []) for m in metrics}
-            for t in time_streams(requests(), device=self._dev, threads=self._timing_threads(), reference=ref):
-                values = {"ttft_ms": [t.first_ms], "token_ms": list(t.item_ms), "e2e_ms_p50": [t.total_ms],
-                          "e2e_ms_p90": [t.total_ms], "tokens_per_s": [t.items_per_s]}
-                for metric, xs in values.items():
-                    out[metric][0].extend(xs)
-                    out[metric][1].extend([t.reference_ms or 1.0] * len(xs))
-            return ServeRound(samples=out)
+        def of(metric: str, part: int) -> Callable[[ServeRound], list[float]]:
+            return lambda r: r.samples[metric][part]
 
-        first = one_round()
-        fresh: list[ServeRound] = []
+        return {m: self._record(m, passes.measurement(of(m, 0), reference=of(m, 1) if ref is not None else None))
+                for m in _SERVE_METRICS}
 
-        def more_for(metric: str) -> Callable[[], Any]:
-            asked = [0]  # the n-th extra round of every metric reads the same n-th fresh round
-
-            def again() -> Any:
-                while len(fresh) <= asked[0]:
-                    fresh.append(one_round())
-                asked[0] += 1
-                xs, refs = fresh[asked[0] - 1].samples[metric]
-                return (xs, refs) if ref is not None else xs
-
-            return again
-
-        out = {}
-        for metric, (xs, refs) in first.samples.items():
-            out[metric] = self.record(metric, xs, reference=refs if ref is not None else None, more=more_for(metric))
-        return out
+    def _serve_round(self, requests: Callable[[], Iterable[Callable[[], Iterable[Any]]]],
+                     ref: Callable[[], Any] | None) -> ServeRound:
+        out: dict[str, tuple[list[float], list[float]]] = {m: ([], []) for m in _SERVE_METRICS}
+        for t in time_streams(requests(), device=self._dev, threads=self._timing_threads(), reference=ref):
+            values = {"ttft_ms": [t.first_ms], "token_ms": list(t.item_ms), "e2e_ms_p50": [t.total_ms],
+                      "e2e_ms_p90": [t.total_ms], "tokens_per_s": [t.items_per_s]}
+            for metric, xs in values.items():
+                out[metric][0].extend(xs)
+                out[metric][1].extend([t.reference_ms or 1.0] * len(xs))
+        return ServeRound(samples=out)
 
     # -- operators ------------------------------------------------------------------------
 
@@ -337,7 +374,7 @@ class PerfRecorder:
         *,
         rounds: int = OP_ROUNDS,
         steps: int = 2,
-        families: Sequence[str] = _OP_BUDGET_FAMILIES,
+        families: Sequence[str] = OPERATOR_FAMILIES,
         reference: bool = False,
     ) -> Any:
         """Record per-operator self time, share of the step and call counts.
@@ -360,79 +397,108 @@ class PerfRecorder:
         Returns:
             The first :class:`~perfbudget.measure.operators.OpRounds`.
         """
-        from .measure.operators import OpRounds, profile_rounds
-        from .measure.reference import machine_reference
-
-        unknown = set(families) - set(_OP_BUDGET_FAMILIES)
+        unknown = set(families) - set(OPERATOR_FAMILIES)
         if unknown or not families:
-            raise ValueError(f"families must be some of {_OP_BUDGET_FAMILIES}, got {tuple(families)!r}")
+            raise ValueError(f"families must be some of {OPERATOR_FAMILIES}, got {tuple(families)!r}")
         ref = machine_reference(self._dev) if reference else None
+        self._fails_with(step)
+        passes = Passes(lambda: profile_rounds(step, rounds=rounds, steps=steps, device=self._dev, reference=ref))
+        for op in self._operator_names(passes.first):
+            self._record_operator(op, passes, families=families, reference=reference)
+        return passes.first
 
-        def profiled() -> OpRounds:
-            return profile_rounds(step, rounds=rounds, steps=steps, device=self._dev, reference=ref)
+    def _record_operator(self, op: str, passes: Passes[OpRounds], *, families: Sequence[str], reference: bool) -> None:
+        """Record ``op`` in each of ``families``, read from every profiled pass."""
+        if "op_self_ms" in families:
+            refs = (lambda r: list(r.ref_ms)) if reference else None
+            self._record(f"op_self_ms[{op}]", passes.measurement(lambda r: r.self_ms(op), reference=refs))
+        if "op_share" in families:
+            self._record(f"op_share[{op}]", passes.measurement(lambda r: r.share(op)))
+        if "op_count" in families:
+            self._record(f"op_count[{op}]", Measurement(samples=stats.median(passes.first.calls(op))))
 
-        first = profiled()
-        passes: list[OpRounds] = []
+    def _operator_names(self, first: OpRounds) -> list[str]:
+        """Which operators :meth:`operators` records, heaviest first: every one budgeted for the key
+        (in any per-operator family), plus new ones above the share threshold of this run's mode.
 
-        def more_for(pick: Callable[[OpRounds], Any]) -> Callable[[], Any]:
-            asked = [0]  # the n-th extra round of every operator reads the same n-th fresh pass
-
-            def again() -> Any:
-                while len(passes) <= asked[0]:
-                    passes.append(profiled())
-                asked[0] += 1
-                return pick(passes[asked[0] - 1])
-
-            return again
-
-        if self.failure_step is None:
-            self.failure_step = step
-        threshold = NEW_OP_SHARE_UPDATE if self.update else NEW_OP_SHARE_CHECK
-        ops = set(self._budgeted_ops()) | set(first.top(threshold))
-        def self_ms_of(op: str) -> Callable[[OpRounds], Any]:
-            return (lambda r: (r.self_ms(op), list(r.ref_ms))) if reference else (lambda r: r.self_ms(op))
-
-        def share_of(op: str) -> Callable[[OpRounds], Any]:
-            return lambda r: r.share(op)
-
-        for op in sorted(ops, key=lambda o: -first.mean_share(o)):
-            if "op_self_ms" in families:
-                self.record(f"op_self_ms[{op}]", first.self_ms(op),
-                            reference=list(first.ref_ms) if reference else None, more=more_for(self_ms_of(op)))
-            if "op_share" in families:
-                self.record(f"op_share[{op}]", first.share(op), more=more_for(share_of(op)))
-            if "op_count" in families:
-                calls = [row.calls if (row := t.get(op)) is not None else 0.0 for t in first.tables]
-                self.record(f"op_count[{op}]", stats.median(calls))
-        return first
+        In the later pairs of a lockstep A/B run the driver names, per test, the operators
+        either side recorded so far (:data:`AB_OPERATORS_ENV`); both sides then record exactly
+        those and the budgeted ones, so an operator near the threshold is compared in every
+        pair instead of being listed by one process and not by the other.
+        """
+        ops = set(self._op_budgets(OPERATOR_FAMILIES))
+        pinned = pinned_operators(os.environ.get(AB_OPERATORS_ENV, ""), self.nodeid, self.key) \
+            if self.judge.config.collect else None
+        if pinned is not None:
+            ops |= set(pinned)
+        else:
+            ops |= set(first.top(NEW_OP_SHARE_UPDATE if self.update else NEW_OP_SHARE_CHECK))
+        return sorted(ops, key=lambda o: -first.mean_share(o))
 
     def flops(self, step: Callable[[], Any]) -> Verdict:
         """Record ``flops`` of one call of ``step`` (attention counted; the step runs once)."""
-        from .measure.operators import count_flops
+        return self._record("flops", Measurement(samples=count_flops(step).total_flops))
 
-        return self.record("flops", count_flops(step).total_flops)
-
-    def _budgeted_ops(self) -> dict[str, float]:
-        out: dict[str, float] = {}
+    def _op_budgets(self, families: Sequence[str]) -> dict[str, Budget]:
+        """Operator -> its budget in the first of ``families`` that budgets it, for this key."""
+        out: dict[str, Budget] = {}
         for metric, b in self.budgeted().items():
-            family, _, rest = metric.partition("[")
-            if family in _OP_BUDGET_FAMILIES and rest.endswith("]"):
-                out.setdefault(rest[:-1], b.value)
+            parsed = op_metric(metric)
+            if parsed is not None and parsed[0] in families:
+                out.setdefault(parsed[1], b)
         return out
 
-    def _explain_operators(self, step: Callable[[], Any]) -> Callable[[], list[str]]:
-        """Profile the step and name the operators that moved most against ``op_self_ms`` budgets."""
+    def _operator_explanation(self, step: Callable[[], Any]) -> Callable[[], Explanation]:
+        """Profile the step (when it fails) and name the operators that moved against ``op_self_ms`` budgets."""
 
-        def explain() -> list[str]:
-            from .measure.operators import profile_rounds
-
+        def explain() -> Explanation:
             rounds = profile_rounds(step, rounds=3, steps=2, device=self._dev)
-            budget_ms = {m[len("op_self_ms["):-1]: b.value for m, b in self.budgeted().items()
-                         if m.startswith("op_self_ms[")}
-            lines = rounds.moved_against(budget_ms)
-            return ["operators (profiled now vs op_self_ms budgets):", *(f"  {x}" for x in lines)]
+            budgets = self._op_budgets(("op_self_ms",))
+            candidates = [
+                OpMove(op=op, family="op_self_ms", before=b.value if b else None,
+                       after=stats.median(rounds.self_ms(op)), unit="ms", tolerance=b.tolerance if b else 0.0)
+                for op in sorted(set(budgets) | set(rounds.top(_EXPLAIN_MIN_SHARE))) for b in [budgets.get(op)]
+            ]
+            moves = OperatorMoves.of(candidates, note="profiled when step_ms failed, vs the op_self_ms budgets")
+            return Explanation(extra=moves.to_extra())
 
         return explain
+
+    # -- instructions ---------------------------------------------------------------------
+
+    def instructions(self, step: Callable[[], Any], *, steps: int = 20, warmup: int = 10,
+                     counter: Literal["auto", "callgrind", "hardware"] = "auto") -> Verdict:
+        """Record ``instructions[callgrind]`` (or ``instructions[hardware]``) per call of ``step``.
+
+        Only the ``steps`` counted calls are counted, after ``warmup`` uncounted ones: set-up,
+        fixtures and warm-up are not. Counted by callgrind when the session runs under it
+        (``perfbudget instructions -- <pytest args>``), else by the CPU's instructions counter
+        where one opens; otherwise the metric is recorded unmeasurable with how to run it.
+        The two counters are different metrics and are never compared with each other. A
+        callgrind count keeps its heaviest functions with the record
+        (:class:`~perfbudget.extras.InstructionProfile`, which two records can be compared by
+        function with), and a failure names them.
+        """
+        got = instructions.instructions(step, steps=steps, warmup=warmup, counter=counter)
+        if isinstance(got, Unmeasurable):
+            return self.unmeasurable(f"instructions[{'hardware' if counter == 'hardware' else 'callgrind'}]",
+                                     got.reason)
+        metric = f"instructions[{'callgrind' if got.dump is not None else 'hardware'}]"
+        extra: dict[str, Any] = {}
+        if got.dump is not None:
+            dump = instructions.read_dump(got.dump)
+            profile = InstructionProfile.of(got.counter, ((f.function, f.self_ir / got.steps, f.inclusive_ir / got.steps)
+                                                          for f in dump.functions.values() if not f.straddles))
+            extra = profile.to_extra()
+
+            def explain() -> Explanation:
+                return Explanation(lines=("heaviest functions (inclusive instructions per step, callgrind):",
+                                          *(f"  {line}" for line in profile.top_lines())))
+        else:
+            def explain() -> Explanation:
+                return Explanation(lines=(f"counted by {got.counter}: no per-function attribution; run under "
+                                          "`perfbudget instructions` for callgrind's",))
+        return self._record(metric, Measurement(samples=got.per_step, extra=extra, explainer=explain))
 
     # -- memory ---------------------------------------------------------------------------
 
@@ -459,15 +525,11 @@ class PerfRecorder:
             names: phase renames for the metric argument, e.g. ``{"backward":
                 "backward_and_optimizer"}`` when one callable does both.
         """
-        from .measure import memory
-
         peaks = memory.peak_by_phase(forward, backward=backward, optimizer=optimizer, device=self._dev,
                                      warmup=warmup, threads=self._timing_threads())
-        names = names or {}
-        return {
-            names.get(phase, phase): self.record(f"peak_allocated_mib[{names.get(phase, phase)}]", mib)
-            for phase, mib in peaks.by_phase().items()
-        }
+        phases = {(names or {}).get(phase, phase): mib for phase, mib in peaks.by_phase().items()}
+        return {phase: self._record(f"peak_allocated_mib[{phase}]", Measurement(samples=mib))
+                for phase, mib in phases.items()}
 
     # -- torch.compile --------------------------------------------------------------------
 
@@ -480,20 +542,18 @@ class PerfRecorder:
                 :func:`~perfbudget.measure.compile_health.warm_until_stable`.
         """
         grown = report.counters
-        self.record("graph_breaks", grown.graph_breaks,
-                    attribution=[f"{n} x {why}" for why, n in grown.break_reasons.items()])
-        self.record("unique_graphs", grown.unique_graphs)
+        reasons = tuple(f"{n} x {why}" for why, n in grown.break_reasons.items())
+        self._record("graph_breaks", Measurement(samples=grown.graph_breaks, attribution=reasons))
+        self._record("unique_graphs", Measurement(samples=grown.unique_graphs))
         cache = getattr(report, "cache", None)
         if cache in ("cold", "warm"):
-            self.record(f"compile_s[{cache}]", report.compile_s)
+            self._record(f"compile_s[{cache}]", Measurement(samples=report.compile_s))
 
     @contextlib.contextmanager
     def no_recompiles(self) -> Iterator[None]:
         """Measure inside ``torch.compiler.set_stance("fail_on_recompile")`` and record
         ``recompiles``: a recompile stops the block and is recorded (the check fails
         against its budget of 0), with the guard that failed as attribution."""
-        from .measure import compile_health
-
         before = compile_health.read_counters()
         failure: BaseException | None = None
         try:
@@ -502,28 +562,25 @@ class PerfRecorder:
         except compile_health.RecompileError as exc:
             failure = exc
         grown = (compile_health.read_counters() - before).recompiles
-        if failure is not None:
-            first = str(failure).strip().splitlines()[0] if str(failure).strip() else type(failure).__name__
-            self.record("recompiles", max(1, grown), attribution=[f"recompiled while measuring: {first}"])
-        else:
-            self.record("recompiles", grown)
+        if failure is None:
+            self._record("recompiles", Measurement(samples=grown))
+            return
+        first = str(failure).strip().splitlines()[0] if str(failure).strip() else type(failure).__name__
+        self._record("recompiles", Measurement(samples=max(1, grown),
+                                               attribution=(f"recompiled while measuring: {first}",)))
 
     # -- numerics -------------------------------------------------------------------------
 
     def grads(self, step: Callable[[], Any], model: Any, *, steps: int = 20) -> Verdict:
         """Record ``nonfinite_grads`` over ``steps`` steps, naming the first bad parameter."""
-        from .measure import numerics
-
         got = numerics.check_grads(step, model, steps=steps, stop_at_first=False)
-        return self.record("nonfinite_grads", got.nonfinite_grads, attribution=got.lines())
+        return self._record("nonfinite_grads", Measurement(samples=got.nonfinite_grads, attribution=tuple(got.lines())))
 
     def loss_drift(self, candidate: Callable[[], Any], reference: Callable[[], Any], *, steps: int = 20) -> Verdict:
         """Record ``loss_drift``: the largest relative loss difference between ``candidate``
         and ``reference`` steps (e.g. mixed precision vs fp32) on the same data."""
-        from .measure import numerics
-
         drift = numerics.compare_to_reference(candidate, reference, steps=steps)
-        return self.record("loss_drift", drift.max_rel)
+        return self._record("loss_drift", Measurement(samples=drift.max_rel))
 
     # -- GPU utilisation ------------------------------------------------------------------
 
@@ -531,63 +588,39 @@ class PerfRecorder:
         """Record ``kernel_count`` (per step) and ``sm_occupancy``: the duration-weighted mean
         of the profiler's per-kernel "est. achieved occupancy", one sample per profiled round.
         Unmeasurable where the trace carries no estimate (CPU, or a profiler without it)."""
-        import tempfile
-        from pathlib import Path
-
-        from .measure import occupancy
-        from .measure.operators import profile_steps
-
-        def profiled() -> tuple[list[float], int]:
-            occ: list[float] = []
-            kernels = 0
-            with tempfile.TemporaryDirectory(prefix="perfbudget-occupancy-") as tmp:
-                for i in range(rounds):
-                    path = Path(tmp) / f"round{i}.json"
-                    profile_steps(step, steps=steps, warmup=1, device=self._dev, trace_path=path, with_flops=False,
-                                  peaks=None)
-                    got = occupancy.achieved_occupancy(path)
-                    if got.occupancy is not None:
-                        occ.append(got.occupancy)
-                    kernels = got.kernels // steps
-            return occ, kernels
-
-        occ, kernels = profiled()
-        self.record("kernel_count", kernels)
+        passes = Passes(lambda: self._occupancy_pass(step, rounds=rounds, steps=steps))
+        occ, kernels = passes.first
+        self._record("kernel_count", Measurement(samples=kernels))
         if not occ:
             self.unmeasurable("sm_occupancy", "the profiler's kernel records carry no occupancy estimate")
         else:
-            self.record("sm_occupancy", occ, more=lambda: profiled()[0])
+            self._record("sm_occupancy", passes.measurement(lambda p: p[0]))
+
+    def _occupancy_pass(self, step: Callable[[], Any], *, rounds: int, steps: int) -> tuple[list[float], int]:
+        """Achieved occupancy of each profiled round that has an estimate, and kernels per step."""
+        occ: list[float] = []
+        kernels = 0
+        with tempfile.TemporaryDirectory(prefix="perfbudget-occupancy-") as tmp:
+            for i in range(rounds):
+                path = Path(tmp) / f"round{i}.json"
+                profile_steps(step, steps=steps, warmup=1, device=self._dev, trace_path=path, with_flops=False,
+                              peaks=None)
+                got = occupancy.achieved_occupancy(path)
+                if got.occupancy is not None:
+                    occ.append(got.occupancy)
+                kernels = got.kernels // steps
+        return occ, kernels
 
     def gpm(self, window: Callable[[], Any], *, windows: int = 5) -> None:
         """Record NVML GPM's measured ``gpm_sm_occupancy`` and ``tensor_util``, one sample per
         ``window()`` (which should keep the GPU busy for a second or so and synchronise)."""
-        from .measure import nvml
-
-        def sampled() -> dict[str, list[float]] | nvml.Unmeasurable:
-            out: dict[str, list[float]] = {"sm_occupancy": [], "tensor_util": []}
-            for _ in range(windows):
-                got = nvml.gpm_metrics(window, metrics=tuple(out))
-                if isinstance(got, nvml.Unmeasurable):
-                    return got
-                for k in out:
-                    out[k].append(got.values_pct[k] / 100.0)
-            return out
-
-        first = sampled()
-        if isinstance(first, nvml.Unmeasurable):
-            self.unmeasurable("gpm_sm_occupancy", first.reason)
-            self.unmeasurable("tensor_util", first.reason)
-            return
-        def again(name: str) -> Callable[[], list[float]]:
-            def more() -> list[float]:
-                got = sampled()
-                if isinstance(got, nvml.Unmeasurable):
-                    raise RuntimeError(f"NVML GPM went away: {got.reason}")
-                return got[name]
-            return more
-
-        self.record("gpm_sm_occupancy", first["sm_occupancy"], more=again("sm_occupancy"))
-        self.record("tensor_util", first["tensor_util"], more=again("tensor_util"))
+        read = {"gpm_sm_occupancy": "sm_occupancy", "tensor_util": "tensor_util"}
+        passes = Passes(lambda: _gpm_pass(window, windows=windows, metrics=tuple(read.values())), what="NVML GPM")
+        for metric, gpm_name in read.items():
+            if passes.unmeasurable is not None:
+                self.unmeasurable(metric, passes.unmeasurable.reason)
+            else:
+                self._record(metric, passes.measurement(itemgetter(gpm_name)))
 
     # -- energy ---------------------------------------------------------------------------
 
@@ -601,26 +634,15 @@ class PerfRecorder:
             unit: ``"sample"`` or ``"token"``.
             windows: windows per sample set (one value each).
         """
-        from .measure import energy
-
         if unit not in ("sample", "token"):
             raise ValueError(f"unit must be 'sample' or 'token', got {unit!r}")
         metric = f"energy_j_per_{unit}"
-
-        def measure() -> Any:
-            return energy.energy_per_sample(fn, samples_per_call=per_call, device=self._dev, windows=windows)
-
-        got = measure()
-        if isinstance(got, energy.Unmeasurable):
-            return self.unmeasurable(metric, got.reason)
-
-        def again() -> list[float]:
-            fresh = measure()
-            if isinstance(fresh, energy.Unmeasurable):
-                raise RuntimeError(f"{metric}: the energy counter went away: {fresh.reason}")
-            return list(fresh.j_per_sample)
-
-        return self.record(metric, list(got.j_per_sample), more=again, attribution=[f"counter: {got.source} {got.domain}"])
+        passes = Passes(lambda: energy.energy_per_sample(fn, samples_per_call=per_call, device=self._dev,
+                                                         windows=windows), what=f"{metric}: the energy counter")
+        if passes.unmeasurable is not None:
+            return self.unmeasurable(metric, passes.unmeasurable.reason)
+        counter = f"counter: {passes.first.source} {passes.first.domain}"
+        return self._record(metric, passes.measurement(lambda got: list(got.j_per_sample), attribution=[counter]))
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -629,8 +651,6 @@ class PerfRecorder:
 
     def _reference(self, reference: Callable[[], Any] | bool | None) -> Callable[[], Any] | None:
         if reference is True:
-            from .measure.reference import machine_reference
-
             return machine_reference(self._dev)
         if reference is False or reference is None:
             return None
@@ -638,43 +658,59 @@ class PerfRecorder:
             raise TypeError(f"reference must be True, None or a callable, got {reference!r}")
         return reference
 
-    def _paired(self, fn: Callable[[], Any], ref: Callable[[], Any], **kw: Any) -> Callable[[], tuple[list[float], list[float]]]:
-        from .measure.timing import bench_paired
-
+    def _timer(self, fn: Callable[[], Any], reference: Callable[[], Any] | bool | None,
+               **kw: Any) -> Callable[[], _Timed]:
+        """One timed batch of ``fn`` per call: plain, or alternating with the reference."""
         kw.setdefault("device", self._dev)
         kw.setdefault("threads", self._timing_threads())
+        ref = self._reference(reference)
+        if ref is None:
+            return lambda: _Timed(list(bench(fn, **kw).samples_ms))
 
-        def pair() -> tuple[list[float], list[float]]:
+        def paired() -> _Timed:
             a, b = bench_paired(fn, ref, **kw)
-            return list(a.samples_ms), list(b.samples_ms)
+            return _Timed(list(a.samples_ms), list(b.samples_ms))
 
-        return pair
+        return paired
 
     # -- results --------------------------------------------------------------------------
 
     def records(self) -> list[Record]:
-        """Records of every verdict, with the moved operators attached to failing step metrics."""
-        moved = self._moved_operators()
+        """Records of every verdict; failing ones carry the operators that moved
+        (:class:`~perfbudget.extras.OperatorMoves`) unless their own explanation named them."""
+        moved = OperatorMoves.of(self._op_checks())
         out = []
         for v in self.verdicts:
-            if v.outcome == "fail" and not v.attribution and moved and not v.metric.startswith(OP_FAMILIES):
-                v = v.with_(attribution=tuple(moved))
-            out.append(Record.from_verdict(v, nodeid=self.nodeid, device=self.device, extra=self.extras.get(v.metric)))
+            extra = dict(self.extras.get(v.metric, {}))
+            if v.outcome == Outcome.FAIL and moved.moves and OperatorMoves.from_extra(extra) is None:
+                extra.update(moved.to_extra())
+            out.append(Record.from_verdict(v, nodeid=self.nodeid, device=self.device, extra=extra))
         return out
 
-    def _moved_operators(self, k: int = 5) -> list[str]:
-        """Per-operator verdicts of this test, largest relative move first: where the time went."""
-        ops = [v for v in self.verdicts if v.metric.startswith(OP_FAMILIES) and v.ratio is not None]
-        ops.sort(key=lambda v: -(v.ratio or 0.0))
-        lines = []
-        for v in ops[:k]:
-            assert v.budget is not None and v.ratio is not None
-            unit = "" if v.info.unit == "1" else f" {v.info.unit}"
-            lines.append(f"{v.metric}: {v.value:.4g}{unit} vs budget {v.budget.value:.4g}{unit} "
-                         f"({v.ratio - 1:+.1%}, {v.outcome})")
-        return lines
+    def _op_checks(self) -> list[OpMove]:
+        """This test's budgeted per-operator checks, each as the move it made against its budget."""
+        out = []
+        for v in self.verdicts:
+            parsed = op_metric(v.metric)
+            if parsed is None or v.budget is None or v.value is None or not math.isfinite(v.value):
+                continue
+            out.append(OpMove(op=parsed[1], family=parsed[0], before=v.budget.value, after=v.value,
+                              unit=v.info.unit, tolerance=v.budget.tolerance, failing=v.outcome in (Outcome.FAIL, Outcome.ERROR),
+                              outcome=v.outcome))
+        return out
 
     def decision(self) -> Decision:
         """What the recorded verdicts mean for the test (data; the report renders it)."""
         return self.judge.decision(self.verdicts)
 
+
+def _gpm_pass(window: Callable[[], Any], *, windows: int, metrics: tuple[str, ...]) -> dict[str, list[float]] | Unmeasurable:
+    """GPM metrics (fractions 0-1) of ``windows`` windows, or why GPM cannot be read."""
+    out: dict[str, list[float]] = {k: [] for k in metrics}
+    for _ in range(windows):
+        got = nvml.gpm_metrics(window, metrics=metrics)
+        if isinstance(got, Unmeasurable):
+            return got
+        for k in out:
+            out[k].append(got.values_pct[k] / 100.0)
+    return out

@@ -3,24 +3,33 @@
 from __future__ import annotations
 
 import contextlib
+import enum
 import json
 import math
-import os
-import tempfile
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, fields, replace
+import types
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from .budgets.schema import Budget
 from .budgets.update import Measured, measured_value
-from .budgets.verdict import Verdict
+from .budgets.verdict import Outcome, Verdict
 from .device import DeviceInfo
+from .fileio import atomic_write
 from .metrics import UnknownMetricError
 
-__all__ = ["RESULTS_SCHEMA", "BaseSide", "BudgetRef", "Record", "Results", "load_results", "merge_results"]
+__all__ = ["RESULTS_SCHEMA", "BaseSide", "BudgetRef", "FieldError", "Record", "Results", "load_results", "merge_results"]
 
 RESULTS_SCHEMA = 1
+"""Version of the results file's form. Bump it when the form changes in a way this version's reader
+would misread, and add the step from the previous version to :data:`_MIGRATIONS`."""
+
+_MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+"""``version -> step``: the step turns a results file of ``version`` into one of ``version + 1``.
+Empty: schema 1 is the first form."""
+
+_D = TypeVar("_D")
 
 
 def _to_json(x: float | None) -> float | str | None:
@@ -40,6 +49,109 @@ def _from_json(x: Any) -> float | None:
     if isinstance(x, str) and x.lower() in ("nan", "inf", "-inf", "infinity", "-infinity"):
         return float(x)
     raise TypeError(f"expected a number, got {x!r}")
+
+
+class FieldError(ValueError):
+    """A field of a results file that does not read as its type; ``where`` is its path in the record."""
+
+    def __init__(self, where: str, message: str) -> None:
+        super().__init__(f"{where}: {message}" if where else message)
+        self.where = where
+        self.message = message
+
+
+def _encode_fields(obj: Any) -> dict[str, Any]:
+    return {f.name: _encode(getattr(obj, f.name)) for f in fields(obj)}
+
+
+def _encode(value: Any) -> Any:
+    """The JSON form of one field's value; ``Any``-typed data (``extra``) is kept as it is."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return _encode_fields(value)
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, float):
+        return _to_json(value)
+    if isinstance(value, tuple):
+        return [_encode(x) for x in value]
+    return value
+
+
+_FIELD_TYPES: dict[type, dict[str, Any]] = {}
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    """The fields' annotations, resolved (this module's annotations are strings)."""
+    if cls not in _FIELD_TYPES:
+        _FIELD_TYPES[cls] = get_type_hints(cls)
+    return _FIELD_TYPES[cls]
+
+
+def _decode_fields(cls: type[_D], data: Any, where: str) -> _D:
+    """``cls`` from its JSON form, every field read by its annotated type."""
+    if not isinstance(data, Mapping):
+        raise FieldError(where, f"expected a mapping, got {data!r}")
+    types = _field_types(cls)
+    values = {}
+    for f in fields(cls):  # type: ignore[arg-type]
+        at = f"{where}.{f.name}" if where else f.name
+        if f.name in data:
+            values[f.name] = _decode(types[f.name], data[f.name], at)
+        elif f.default is MISSING and f.default_factory is MISSING:
+            raise FieldError(at, "missing")
+    try:
+        return cls(**values)
+    except (TypeError, ValueError) as exc:  # a type's own checks (``__post_init__``)
+        raise FieldError(where, str(exc)) from None
+
+
+def _decode(tp: Any, x: Any, where: str) -> Any:
+    """One value of annotated type ``tp`` from its JSON form."""
+    origin, args = get_origin(tp), get_args(tp)
+    if tp is Any:
+        return x
+    if origin in (Union, types.UnionType):
+        if x is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) != 1:  # records use ``X | None`` only; another union needs its own rule here
+            raise TypeError(f"{where}: no JSON form for fields of type {tp!r}")
+        return _decode(inner[0], x, where)
+    if origin is Literal:
+        if x not in args:
+            raise FieldError(where, f"expected one of {', '.join(map(repr, args))}, got {x!r}")
+        return x
+    if origin is tuple:
+        if not isinstance(x, (list, tuple)):
+            raise FieldError(where, f"expected a list, got {x!r}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_decode(args[0], y, f"{where}[{i}]") for i, y in enumerate(x))
+        if len(x) != len(args):
+            raise FieldError(where, f"expected {len(args)} values, got {x!r}")
+        return tuple(_decode(a, y, f"{where}[{i}]") for i, (a, y) in enumerate(zip(args, x, strict=True)))
+    if origin is dict:
+        if not isinstance(x, Mapping):
+            raise FieldError(where, f"expected a mapping, got {x!r}")
+        return dict(x)
+    if isinstance(tp, type) and is_dataclass(tp):
+        return _decode_fields(tp, x, where)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        try:
+            return tp(x)
+        except ValueError:
+            raise FieldError(where, f"expected one of {', '.join(repr(m.value) for m in tp)}, got {x!r}") from None
+    if tp is float:
+        got = None
+        with contextlib.suppress(TypeError):
+            got = _from_json(x)
+        if got is None:
+            raise FieldError(where, f"expected a number, got {x!r}")
+        return got
+    if tp in (bool, int, str) and isinstance(x, tp) and not (tp is int and isinstance(x, bool)):
+        return x
+    if tp in (bool, int, str):
+        raise FieldError(where, f"expected {'an integer' if tp is int else 'a ' + tp.__name__}, got {x!r}")
+    raise TypeError(f"{where}: no JSON form for fields of type {tp!r}")  # a record type this codec lacks
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,7 +212,7 @@ class Record:
     nodeid: str
     key: str
     metric: str
-    outcome: str
+    outcome: Outcome
     value: float | None = None
     ci: tuple[float, float] | None = None
     ci_confidence: float | None = None
@@ -145,74 +257,23 @@ class Record:
         return replace(self, **changes)
 
     def as_dict(self) -> dict[str, Any]:
-        """The JSON form: NaN/inf as strings, nested types as dicts."""
-        b = self.budget
-        s = self.base
-        return {
-            "nodeid": self.nodeid, "key": self.key, "metric": self.metric, "outcome": self.outcome,
-            "value": _to_json(self.value),
-            "ci": None if self.ci is None else [_to_json(self.ci[0]), _to_json(self.ci[1])],
-            "ci_confidence": self.ci_confidence, "n": self.n, "cv": _to_json(self.cv),
-            "budget": None if b is None else {"value": b.value, "tolerance": b.tolerance, "source": b.source,
-                                              "line": b.line, "ab_tolerance": b.ab_tolerance},
-            "limit": _to_json(self.limit), "rounds": self.rounds, "confirmed": self.confirmed, "reason": self.reason,
-            "samples": [_to_json(x) for x in self.samples], "attribution": list(self.attribution),
-            "device": None if self.device is None else self.device.as_dict(),
-            "unit": self.unit, "ref_ms": self.ref_ms, "kind": self.kind, "direction": self.direction,
-            "base": None if s is None else {
-                "value": _to_json(s.value), "samples": [_to_json(x) for x in s.samples], "ratio": _to_json(s.ratio),
-                "ratio_ci": None if s.ratio_ci is None else [_to_json(s.ratio_ci[0]), _to_json(s.ratio_ci[1])],
-                "pairs": s.pairs, "pair_ratios": [_to_json(x) for x in s.pair_ratios],
-                "detectable": _to_json(s.detectable),
-            },
-            "advice": self.advice,
-            "extra": self.extra,
-        }
+        """The JSON form, one key per field: NaN/inf as strings, nested records as dicts."""
+        return _encode_fields(self)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Record:
-        """Inverse of :meth:`as_dict`. Raises ``TypeError``/``KeyError``/``ValueError`` on bad data."""
+        """Inverse of :meth:`as_dict`; keys it does not know are ignored, missing ones take the default.
 
-        def pair(x: Any) -> tuple[float, float] | None:
-            if x is None:
-                return None
-            lo, hi = (_from_json(y) for y in x)
-            if lo is None or hi is None:
-                raise TypeError(f"expected two numbers, got {x!r}")
-            return (lo, hi)
-
-        def floats(xs: Any) -> tuple[float, ...]:
-            return tuple(float(y) for y in (_from_json(x) for x in xs or ()) if y is not None)
-
-        b = d.get("budget")
-        s = d.get("base")
-        dev = d.get("device")
-        known = {f.name for f in fields(DeviceInfo)}
-        return cls(
-            nodeid=str(d["nodeid"]), key=str(d["key"]), metric=str(d["metric"]), outcome=str(d["outcome"]),
-            value=_from_json(d.get("value")), ci=pair(d.get("ci")), ci_confidence=d.get("ci_confidence"),
-            n=int(d.get("n", 0)), cv=_from_json(d.get("cv")),
-            budget=None if not b else BudgetRef(value=float(b["value"]), tolerance=float(b["tolerance"]),
-                                                 source=str(b.get("source", "")), line=b.get("line"),
-                                                 ab_tolerance=_from_json(b.get("ab_tolerance"))),
-            limit=_from_json(d.get("limit")), rounds=int(d.get("rounds", 1)), confirmed=d.get("confirmed"),
-            reason=str(d.get("reason", "")), samples=floats(d.get("samples")),
-            attribution=tuple(str(a) for a in d.get("attribution", ())),
-            device=None if not dev else DeviceInfo(**{k: v for k, v in dev.items() if k in known}),
-            unit=str(d.get("unit", "")), ref_ms=_from_json(d.get("ref_ms")), kind=str(d.get("kind", "")),
-            direction=str(d.get("direction", "")),
-            base=None if not s else BaseSide(
-                value=_from_json(s.get("value")), samples=floats(s.get("samples")), ratio=_from_json(s.get("ratio")),
-                ratio_ci=pair(s.get("ratio_ci")), pairs=int(s.get("pairs", 0)), pair_ratios=floats(s.get("pair_ratios")),
-                detectable=_from_json(s.get("detectable")),
-            ),
-            advice=str(d.get("advice", "")),
-            extra=dict(d.get("extra") or {}),
-        )
+        Raises:
+            ValueError: naming the field (``budget.value: expected a number, got 'x'``).
+        """
+        return _decode_fields(cls, d, "")
 
     def measured(self) -> Measured | None:
-        """The value the updater may write, or ``None`` for errors and unmeasurable metrics."""
-        if self.outcome in ("error", "unmeasurable") or self.value is None or self.device is None:
+        """The value the updater may write, or ``None`` for errors, unmeasurable metrics and
+        timing set aside on a busy machine (a budget must not be written from it)."""
+        if self.outcome in (Outcome.ERROR, Outcome.UNMEASURABLE, Outcome.NOT_JUDGED, Outcome.NOT_MEASURED) or self.value is None \
+                or self.device is None:
             return None
         return measured_value(key=self.key, metric=self.metric, value=self.value, n=self.n, cv=self.cv,
                               device=self.device, ci=self.ci, confidence=self.ci_confidence, ref_ms=self.ref_ms)
@@ -229,15 +290,8 @@ class Results:
         return {"schema": RESULTS_SCHEMA, "meta": self.meta, "records": [r.as_dict() for r in self.records]}
 
     def write(self, path: str | Path) -> Path:
-        """Write atomically (temp file + rename); returns the path."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(self.as_dict(), fh, indent=1)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; results are meant to be shared
-        os.replace(tmp, path)
-        return path
+        """Write atomically (:func:`perfbudget.fileio.atomic_write`); returns the path."""
+        return atomic_write(path, json.dumps(self.as_dict(), indent=1))
 
     def measured(self) -> list[Measured]:
         return [m for r in self.records if (m := r.measured()) is not None]
@@ -250,25 +304,45 @@ class Results:
 
 
 def load_results(path: str | Path) -> Results:
-    """Read a results JSON file written by the plugin.
+    """Read a results JSON file written by the plugin (or ``perfbudget merge``/``ab``).
+
+    Files of an older schema are migrated (:func:`_migrate`); a newer one is refused.
 
     Raises:
-        ValueError: naming the file when it is not a results file of a known schema.
+        ValueError: naming the file (and the record and field) when it is not a results file
+            this version reads.
     """
     path = Path(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"{path}: cannot read results: {exc}") from None
-    if not isinstance(data, dict) or data.get("schema") != RESULTS_SCHEMA:
-        raise ValueError(f"{path}: schema: expected {RESULTS_SCHEMA}, got {data.get('schema') if isinstance(data, dict) else data!r}")
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a results object, got {type(data).__name__}")
+    data = _migrate(data, path)
     records = []
     for i, r in enumerate(data.get("records", [])):
         try:
             records.append(Record.from_dict(r))
-        except (TypeError, KeyError, ValueError, AttributeError) as exc:
-            raise ValueError(f"{path}: records[{i}]: {type(exc).__name__}: {exc}") from None
+        except FieldError as exc:
+            where = f"records[{i}]" + (f".{exc.where}" if exc.where else "")
+            raise ValueError(f"{path}: {where}: {exc.message}") from None
     return Results(records=records, meta=dict(data.get("meta", {})))
+
+
+def _migrate(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The one place that reads a results file's schema: refuse what is unknown or newer, migrate
+    what is older, step by step up to :data:`RESULTS_SCHEMA`."""
+    version = data.get("schema")
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise ValueError(f"{path}: schema: expected a results schema version (1 to {RESULTS_SCHEMA}), got {version!r}")
+    if version > RESULTS_SCHEMA:
+        raise ValueError(f"{path}: results schema {version} is newer than this perfbudget reads "
+                         f"(schema {RESULTS_SCHEMA}); upgrade perfbudget to read it")
+    while version < RESULTS_SCHEMA:
+        data = {**_MIGRATIONS[version](data), "schema": version + 1}
+        version += 1
+    return data
 
 
 def merge_results(parts: Iterable[Results]) -> Results:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import shlex
 import warnings
@@ -16,13 +15,16 @@ import pytest
 from .artifacts import ArtifactConfig, parse_kinds
 from .budgets.loader import BudgetSet, load_dir
 from .budgets.update import UpdateReport, apply_updates, git_commit
-from .device import DeviceInfo, DeviceType, describe
-from .judge import STABLE_MACHINE_ENV, stable_identity
+from .device import DeviceInfo, DeviceType
+from .fileio import atomic_write, lock
+from .judge import AB_PRECISION_ENV, STABLE_MACHINE_ENV, ab_precision, stable_identity
+from .measure.machine import describe
 from .metrics import lookup
 from .preflight import DEFAULT_MAX_LOAD_PER_CORE
 from .results import BudgetRef, Record, Results
+from .vocabulary import Outcome, RunMode
 
-__all__ = ["PerfSession", "add_options", "flock"]
+__all__ = ["PerfSession", "add_options"]
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -66,13 +68,12 @@ class PerfSession:
     rootdir: Path
     budgets_dir: Path
     strict: bool
-    update: bool
+    mode: RunMode
     allow_loosen: bool
     json_path: Path
     threads: int
     max_load: float
     is_worker: bool
-    collect: bool = False
     budgets_dir_arg: str | None = None
     artifacts: ArtifactConfig = field(default_factory=ArtifactConfig)
     html: bool = True
@@ -80,6 +81,8 @@ class PerfSession:
     inductor_dir: str = ".perfbudget"
     stable_machine: str = ""
     """The declaration of a stable machine (an identity or ``yes``), empty when not declared."""
+    ab_precision: float | None = None
+    """One A/B side: the within-pair precision its statistical checks sample to (``None``: one set)."""
     pinned_gpu: str | None = None
     records: list[Record] = field(default_factory=list)
     errors: list[dict[str, str]] = field(default_factory=list)
@@ -113,17 +116,21 @@ class PerfSession:
         update = bool(config.getoption("--update-budgets"))
         if collect and update:
             raise pytest.UsageError("--perf-collect (one side of an A/B run) cannot be combined with --update-budgets")
+        try:
+            precision = ab_precision(os.environ.get(AB_PRECISION_ENV)) if collect else None
+        except ValueError as exc:
+            raise pytest.UsageError(str(exc)) from None
         return cls(
             rootdir=root,
             budgets_dir=budgets_dir,
             strict=bool(config.getoption("--perf-strict")),
-            update=update,
+            mode=RunMode.COLLECT if collect else RunMode.UPDATE if update else RunMode.CHECK,
             allow_loosen=bool(config.getoption("--allow-loosen")),
             json_path=json_path,
             threads=threads,
             max_load=max_load,
             is_worker=hasattr(config, "workerinput"),
-            collect=collect,
+            ab_precision=precision,
             budgets_dir_arg=arg,
             artifacts=ArtifactConfig(kinds=kinds, threads=threads),
             html=bool(config.getini("perfbudget_html")),
@@ -170,10 +177,10 @@ class PerfSession:
         lock_dir = self.rootdir / ".perfbudget"
         lock_dir.mkdir(parents=True, exist_ok=True)
         with contextlib.ExitStack() as stack:
-            stack.enter_context(flock(lock_dir / "timing.lock", fcntl.LOCK_SH if gpu else fcntl.LOCK_EX))
+            stack.enter_context(lock(lock_dir / "timing.lock", shared=bool(gpu)))
             if gpu:
                 safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in gpu)
-                stack.enter_context(flock(lock_dir / f"timing-gpu-{safe}.lock", fcntl.LOCK_EX))
+                stack.enter_context(lock(lock_dir / f"timing-gpu-{safe}.lock"))
             yield
 
     @property
@@ -181,30 +188,35 @@ class PerfSession:
         """Failure artifacts go beside the results JSON: ``<json folder>/artifacts/<test>/``."""
         return self.json_path.parent / "artifacts"
 
-    def finish(self) -> None:
-        """Controller only: write results, then reports, then apply updates from the same records."""
+    def finish(self) -> Results:
+        """Controller only: write results, then reports, then apply updates from the same records.
+
+        Returns:
+            The results written to :attr:`json_path`.
+        """
         from .report import markdown_report
 
         self.records.extend(self.not_measured())
         results = Results(records=self.records, meta={
             "budgets_dir": str(self.budgets_dir), "errors": self.errors,
-            "mode": "collect" if self.collect else "update" if self.update else "check",
+            "mode": str(self.mode),
         })
         self.json_path.parent.mkdir(parents=True, exist_ok=True)
         results.write(self.json_path)  # first: a broken report must not lose measurements
         # Reports beside the JSON: results.md (CI step summary), results.html (plots).
         try:
-            self.json_path.with_suffix(".md").write_text(markdown_report(results), encoding="utf-8")
-            if self.html and not self.collect:
+            atomic_write(self.json_path.with_suffix(".md"), markdown_report(results))
+            if self.html and self.mode != RunMode.COLLECT:
                 from .report import write_html
 
                 write_html(results, self.json_path.with_suffix(".html"))
         except Exception as exc:
             warnings.warn(f"perfbudget: reports beside {self.json_path} not written: {exc!r}", stacklevel=1)
-        if self.update:
+        if self.mode == RunMode.UPDATE:
             self.update_report = apply_updates(
                 results.measured(), self.budgets, allow_loosen=self.allow_loosen, commit=git_commit(self.rootdir)
             )
+        return results
 
 
     def not_measured(self) -> list[Record]:
@@ -232,21 +244,9 @@ class PerfSession:
                 except ValueError:
                     continue
                 out.append(Record(
-                    nodeid="", key=key, metric=metric, outcome="not_measured", budget=BudgetRef.of(budget),
+                    nodeid="", key=key, metric=metric, outcome=Outcome.NOT_MEASURED, budget=BudgetRef.of(budget),
                     reason=f"budgeted for {key} on {first.device.label} but no test of this run recorded it "
                            "(deselected, renamed, or below the recording threshold)",
                     device=first.device, unit=info.unit, kind=info.kind, direction=info.direction,
                 ))
         return out
-
-
-@contextlib.contextmanager
-def flock(path: Path, mode: int) -> Iterator[None]:
-    """Hold an advisory ``fcntl`` lock on ``path`` (created when missing) for the block."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, mode)
-        yield
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)

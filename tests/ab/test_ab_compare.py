@@ -9,7 +9,7 @@ import pytest
 from perfbudget.ab.compare import ABInfo, PairRecords, compare_pairs
 from perfbudget.budgets.loader import BudgetSet, parse_text
 from perfbudget.device import DeviceInfo
-from perfbudget.extras import ExtraError
+from perfbudget.extras import ExtraError, OperatorMoves
 from perfbudget.results import Record, Results
 
 DEV = DeviceInfo(type="cpu", model="test cpu", count=2, threads=1)
@@ -268,12 +268,12 @@ def test_records_without_a_measurement_are_kept_as_they_are() -> None:
 def test_samples_a_sides_preflight_did_not_judge_are_still_compared() -> None:
     # A busy machine is what lockstep turn-taking is for: both sides saw the same load.
     busy = "preflight: CPU load average 3.10 on 2 cores exceeds 1.5 per core"
-    pairs = [pair([rec("step_ms", steps(13.0), key="x", outcome="unmeasurable", reason=busy)],
-                  [rec("step_ms", steps(10.0), key="x", outcome="unmeasurable", reason=busy)]) for _ in range(2)]
+    pairs = [pair([rec("step_ms", steps(13.0), key="x", outcome="not_judged", reason=busy)],
+                  [rec("step_ms", steps(10.0), key="x", outcome="not_judged", reason=busy)]) for _ in range(2)]
     r = one(pairs)
     assert r.outcome == "fail" and r.base is not None and r.base.ratio == pytest.approx(1.3)
-    alone = one([pair([rec("step_ms", steps(13.0), key="x", outcome="unmeasurable", reason=busy)], [])])
-    assert alone.outcome == "unmeasurable" and alone.reason == f"not compared with the base: the base lacks it; {busy}"
+    alone = one([pair([rec("step_ms", steps(13.0), key="x", outcome="not_judged", reason=busy)], [])])
+    assert alone.outcome == "not_judged" and alone.reason == f"not compared with the base: the base lacks it; {busy}"
 
 
 def test_ab_info_round_trips_through_extra_and_refuses_a_bad_shape() -> None:
@@ -302,3 +302,33 @@ def test_a_numeric_change_from_the_base_is_shown_and_judged_against_its_toleranc
     assert lost.outcome == "fail" and "worse than the base beyond its tolerance" in lost.reason
     info = ABInfo.from_extra(lost.extra)
     assert info is not None and info.tolerance == 0.25
+
+
+def test_failing_checks_carry_the_operators_that_moved_against_the_base() -> None:
+    head = [rec("step_ms", steps(13.0)), rec("op_self_ms[aten::mm]", steps(6.0)),
+            rec("op_self_ms[aten::relu]", steps(2.0))]
+    base = [rec("step_ms", steps(10.0)), rec("op_self_ms[aten::mm]", steps(4.0)),
+            rec("op_self_ms[aten::relu]", steps(2.0))]
+    records = {r.metric: r for r in compare_pairs([pair(head, base), pair(head, base)], budgets=budgets()).records}
+    assert records["step_ms"].outcome == "fail" and records["op_self_ms[aten::relu]"].outcome == "pass"
+    moved = OperatorMoves.from_extra(records["step_ms"].extra)
+    assert moved is not None
+    (mm,) = moved.moves  # relu did not move: not named
+    assert (mm.op, mm.against, mm.before, mm.after) == ("aten::mm", "base", pytest.approx(4.0), pytest.approx(6.0))
+    assert mm.ratio == pytest.approx(1.5) and mm.failing and mm.outcome == "fail"
+    assert OperatorMoves.from_extra(records["op_self_ms[aten::relu]"].extra) is None
+
+
+def test_an_instruction_count_is_judged_against_the_base_and_names_the_functions_that_moved() -> None:
+    from perfbudget.extras import InstructionProfile
+
+    def count(value: float, mm: float) -> Record:
+        profile = InstructionProfile.of("callgrind Ir", [("at::native::mm", 10.0, mm), ("gelu", 5.0, 5.0)])
+        return Record(nodeid=NODE, key="enc", metric="instructions[callgrind]", outcome="unbudgeted", value=value,
+                      n=1, device=DEV, kind="count", extra=profile.to_extra())
+
+    same = one([pair([count(1_001_000, 900.0)], [count(1_000_000, 900.0)])])
+    assert same.outcome == "unbudgeted" and "(tolerance 0.5%)" in same.reason and not same.attribution
+    more = one([pair([count(1_020_000, 1300.0)], [count(1_000_000, 900.0)])])
+    assert more.outcome == "fail" and "worse than the base beyond its tolerance" in more.reason
+    assert any("at::native::mm: 900 -> 1,300 per step (+400)" in x for x in more.attribution)

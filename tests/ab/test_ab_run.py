@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -178,6 +179,14 @@ def test_usage_errors(make_repo: Callable[..., Path], monkeypatch: pytest.Monkey
     assert main(["--base", "HEAD", "--", "-n4"]) == 2
     assert main(["--min-pairs", "1"]) == 2  # --base is required (argparse)
     assert main(["--base", "HEAD", "--cpus", "x"]) == 2
+    with pytest.raises(UsageError, match="--instructions: instruction counts repeat exactly, so one pair decides"):
+        ABConfig(root=repo, base="HEAD", instructions=True)
+    bin_dir = repo.parent / "bin-without-valgrind"
+    bin_dir.mkdir()
+    (bin_dir / "git").symlink_to(shutil.which("git") or "/usr/bin/git")
+    monkeypatch.setenv("PATH", str(bin_dir))
+    assert main(["--base", "HEAD", "--instructions", "--", "perf_tests"]) == 2
+    assert "valgrind" in capsys.readouterr().err
 
 
 def test_cpus_are_pinned_as_asked(make_repo: Callable[..., Path]) -> None:

@@ -7,8 +7,7 @@ from typing import Any
 
 import pytest
 
-from perfbudget import device
-from perfbudget.measure import nvml
+from perfbudget.measure import machine, nvml
 from perfbudget.measure.nvml import (
     GpmMetrics,
     GpuInfo,
@@ -271,5 +270,5 @@ def test_machine_description_reads_the_driver_through_the_same_session(
 ) -> None:
     monkeypatch.setattr(nvml, "NVML_MODULE", fake_nvml)
     assert driver_version() == "560.35.03"
-    assert device._nvml_driver() == "560.35.03"
+    assert machine._nvml_driver() == "560.35.03"
     assert fake_nvml.inits == fake_nvml.shutdowns == 2

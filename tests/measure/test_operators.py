@@ -13,11 +13,14 @@ from torch import nn
 
 from perfbudget.measure.operators import (
     DevicePeaks,
+    OpMove,
     OpRow,
     OpTable,
     attention_flops,
     count_flops,
     datasheet_peaks,
+    moved_operators,
+    op_metric,
     profile_steps,
     read_event_field,
     table_from_events,
@@ -259,6 +262,40 @@ def test_diff_statuses_and_lines() -> None:
     assert diff.changes[0].line().startswith("b: self 5.000 -> 8.000 ms/step (+3.000 ms, +60%)")
     quiet = base.diff(base)
     assert quiet.lines()[1].strip() == "no operator moved beyond noise"
+
+
+def test_moved_operators_of_constructed_tables_one_slower_one_new_one_gone() -> None:
+    def row(name: str, self_ms: float, calls: float = 1) -> OpRow:
+        return OpRow(name=name, calls=calls, self_ms=self_ms, total_ms=self_ms, flops=0, share=0)
+
+    base = OpTable(rows=(row("aten::mm", 4.0), row("aten::relu", 2.0), row("aten::gone", 1.0),
+                         row("aten::tiny", 0.01)), steps=1, device="cpu")
+    new = OpTable(rows=(row("aten::mm", 6.0), row("aten::relu", 2.02), row("aten::new", 0.5, calls=2),
+                        row("aten::tiny", 0.02)), steps=1, device="cpu")
+    moves = base.diff(new).moves()
+    # Slower by 50 % first; then the operators on one side only, largest first, each once (by time).
+    assert [(m.op, m.family, m.before, m.after) for m in moves] == [
+        ("aten::mm", "op_self_ms", 4.0, 6.0), ("aten::gone", "op_self_ms", 1.0, None),
+        ("aten::new", "op_self_ms", None, 0.5)]
+    assert moves[0].change == pytest.approx(0.5) and moves[0].against == "table"
+    assert moves[1].change == -1.0 and moves[2].one_sided
+    # relu moved 1 % (noise); tiny doubled, but by less than 1 % of the step.
+    assert {c.name for c in base.diff(new).moved()} == {"aten::mm", "aten::gone", "aten::new"}
+
+
+def test_one_rule_names_failing_checks_first_and_moves_beyond_tolerance() -> None:
+    def check(op: str, before: float | None, after: float, *, failing: bool = False, tol: float = 0.05) -> OpMove:
+        return OpMove(op=op, family="op_self_ms", before=before, after=after, unit="ms", tolerance=tol,
+                      failing=failing)
+
+    candidates = [check("aten::a", 1.0, 1.3), check("aten::b", 1.0, 1.04), check("aten::c", 1.0, 1.06, failing=True),
+                  check("aten::d", None, 0.2), check("aten::e", 2.0, 1.0), check("aten::f", 1.0, 1.06, tol=0.1)]
+    assert [m.op for m in moved_operators(candidates, k=None)] == ["aten::c", "aten::e", "aten::a", "aten::d"]
+    assert [m.op for m in moved_operators(candidates, k=2)] == ["aten::c", "aten::e"]
+    # A floor on the absolute change leaves out a tiny operator's large relative change.
+    tiny = [check("aten::t", 0.001, 0.002)]
+    assert moved_operators(tiny) and not moved_operators(tiny, min_delta={"op_self_ms": 0.01})
+    assert op_metric("op_share[aten::mm]") == ("op_share", "aten::mm") and op_metric("step_ms") is None
 
 
 def test_profile_steps_validation() -> None:

@@ -15,10 +15,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from ..exitcodes import ExitCode
+from ..judge import DEFAULT_AB_PRECISION
 from ..results import Record
+from ..vocabulary import Outcome
 from .compare import ABInfo
 from .pairs import parse_cpus
-from .run import EXIT_USAGE, ABConfig, ABRun, UsageError, run_ab
+from .run import ABConfig, ABRun, UsageError, run_ab
 from .trees import GitError, repo_root
 
 __all__ = ["add_arguments", "build_parser", "cmd_ab", "main", "register", "summary"]
@@ -37,11 +40,11 @@ lost turn-taking is not used (and re-run once).
   perfbudget ab --base "$BASE_SHA" --merge-base -- perf_tests -k encoder
 """
 
-_EPILOG = """exit codes:
-  0  no check failed (inconclusive checks are shown, not failures)
-  1  a check failed or errored; an inconclusive check under --perf-strict; the head's
+_EPILOG = f"""exit codes:
+  {ExitCode.OK:d}  no check failed (inconclusive checks are shown, not failures)
+  {ExitCode.FAILED:d}  a check failed or errored; an inconclusive check under --perf-strict; the head's
      pytest failed; the base could not run (without --allow-missing-base); no valid pair
-  2  usage error: bad arguments, a base that is not a commit here, not a git checkout
+  {ExitCode.USAGE:d}  usage error: bad arguments, a base that is not a commit here, not a git checkout
 """
 
 
@@ -61,6 +64,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--perf-strict", action="store_true",
                    help="an inconclusive check (its CI still straddles the tolerance after the last pair) fails "
                         "the run (also when --perf-strict is among the pytest args)")
+    p.add_argument("--precision", type=float, nargs="?", const=DEFAULT_AB_PRECISION, default=0.0,
+                   metavar="FRACTION",
+                   help="inside a pair, a statistical check keeps taking turns until its head/base ratio is "
+                        f"within +-FRACTION (or a per-check cap); alone: {DEFAULT_AB_PRECISION:g}. Off by default "
+                        "(one fixed sample set per check): it costs a multiple of a pair's time "
+                        "(benchmarks/ab-precision-cpu.md)")
+    p.add_argument("--instructions", action="store_true",
+                   help="run both sides under callgrind, one pair, and compare their perf.instructions counts "
+                        "(select those tests: -- perf_tests -m instructions); implies --min-pairs 1 --max-pairs 1")
     p.add_argument("--allow-missing-base", action="store_true",
                    help="a base that cannot run is not an error: judge the head against the stored budgets")
     p.add_argument("--out", metavar="PATH", help="merged results JSON (default .perfbudget/ab/results.json)")
@@ -99,19 +111,21 @@ def cmd_ab(args: argparse.Namespace, out: TextIO) -> int:
     try:
         cpus = parse_cpus(args.cpus)
         root = repo_root(Path.cwd())
-        config = ABConfig(root=root, base=args.base, merge_base=args.merge_base, min_pairs=args.min_pairs,
-                          max_pairs=args.max_pairs, max_minutes=args.max_minutes, cpus=cpus,
+        pairs = (1, 1) if args.instructions else (args.min_pairs, args.max_pairs)
+        config = ABConfig(root=root, base=args.base, merge_base=args.merge_base, min_pairs=pairs[0],
+                          max_pairs=pairs[1], max_minutes=args.max_minutes, cpus=cpus,
                           out=Path(args.out).resolve() if args.out else None, pytest_args=tuple(pytest_args),
                           strict=args.perf_strict or "--perf-strict" in pytest_args,
-                          allow_missing_base=args.allow_missing_base)
+                          allow_missing_base=args.allow_missing_base, precision=args.precision or None,
+                          instructions=args.instructions)
     except (UsageError, GitError, ValueError) as exc:  # ValueError: a bad --cpus
         print(f"perfbudget ab: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     try:
         run = run_ab(config)
     except (UsageError, GitError) as exc:
         print(f"perfbudget ab: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     for problem in run.problems:
         print(f"perfbudget ab: {problem}", file=sys.stderr)
     out.write(summary(run) + "\n")
@@ -139,7 +153,7 @@ def summary(run: ABRun) -> str:
             ci = f"{b.ratio_ci[0]:.3f}-{b.ratio_ci[1]:.3f}"
             lines.append(f"  {r.outcome:<12} {b.ratio:>9.3f} {ci:>15} {b.pairs:>5}  {_name(r)}")
     for r in recs:
-        if r.outcome in ("fail", "error", "inconclusive"):
+        if r.outcome in (Outcome.FAIL, Outcome.ERROR, Outcome.INCONCLUSIVE):
             lines.append(f"{r.outcome.upper()} {_name(r)}: {r.reason}")
     if run.invalid:
         lines.append(f"{len(run.invalid)} pair(s) not used: turn-taking was lost (pair "

@@ -20,10 +20,11 @@ from typing import Any
 
 from ..budgets.loader import BudgetSet
 from ..budgets.schema import Budget, BudgetError
-from ..budgets.verdict import Verdict, decide
-from ..extras import ExtraError
+from ..budgets.verdict import Outcome, Verdict, decide
+from ..extras import ExtraError, InstructionProfile, OperatorMoves
 from ..judge import OP_FAMILIES
 from ..measure import stats
+from ..measure.operators import OpMove, op_metric
 from ..metrics import Metric, UnknownMetricError, parse_name
 from ..results import BaseSide, BudgetRef, Record, Results
 from .verdict import ABPolicy, RatioVerdict, describe_change, judge_ratios, pair_ratio
@@ -34,19 +35,16 @@ CheckId = tuple[str, str, str]
 """``(nodeid, key, metric)``: the same check on both sides."""
 
 #: Outcomes of a side's record that carry a measurement to compare (others are kept as they are:
-#: error, unmeasurable, not_measured).
-_MEASURED = ("pass", "stale", "fail", "unbudgeted")
-#: A statistical check "not judged" by a side's preflight (a busy CPU, a shared GPU) still holds
-#: its samples: in lockstep both sides ran under that same machine state, which is what the
-#: A/B comparison is for.
-_PREFLIGHT = "preflight:"
+#: error, unmeasurable, not_measured). A statistical check "not judged" by a side's preflight
+#: (a busy CPU, a shared GPU) still holds its samples: in lockstep both sides ran under that same
+#: machine state, which is what the A/B comparison is for.
+_MEASURED = (Outcome.PASS, Outcome.STALE, Outcome.FAIL, Outcome.UNBUDGETED, Outcome.ADVISORY, Outcome.NOT_JUDGED)
 
 
 def _usable(r: Record | None) -> bool:
     if r is None or not (r.value is not None or r.samples):
         return False
-    return r.outcome in _MEASURED or (r.outcome == "unmeasurable" and r.reason.startswith(_PREFLIGHT)
-                                      and bool(r.samples))
+    return r.outcome in _MEASURED
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -205,8 +203,44 @@ def compare_pairs(
         elif state == "not compared":
             not_compared.append(cid)
     base_only = tuple(dict.fromkeys(c for b in bases for c in b if c not in order))
-    return Comparison(records=records, undecided=tuple(undecided), inconclusive=tuple(inconclusive),
+    return Comparison(records=_with_moved_operators(records), undecided=tuple(undecided), inconclusive=tuple(inconclusive),
                       not_compared=tuple(not_compared), base_only=base_only)
+
+
+def _with_moved_operators(records: list[Record]) -> list[Record]:
+    """Failing records with the operators of their test that moved, against the base commit where
+    compared (else the budget): the head's own list was made against the budgets alone."""
+    by_test: dict[tuple[str, str], list[OpMove]] = {}
+    for r in records:
+        move = _op_move(r)
+        if move is not None:
+            by_test.setdefault((r.nodeid, r.key), []).append(move)
+    out = []
+    for r in records:
+        moved = OperatorMoves.of(by_test.get((r.nodeid, r.key), ()))
+        out.append(r.with_(extra={**r.extra, **moved.to_extra()}) if r.outcome == Outcome.FAIL and moved.moves else r)
+    return out
+
+
+def _op_move(r: Record) -> OpMove | None:
+    """A per-operator record as the move it made: against the base commit when compared with it."""
+    parsed = op_metric(r.metric)
+    info = _metric(r)
+    if parsed is None or info is None or r.value is None or not math.isfinite(r.value):
+        return None
+    base = r.base.value if r.base is not None and r.base.value is not None and math.isfinite(r.base.value) else None
+    budget = r.budget.value if r.budget is not None else None
+    before = base if base is not None else budget
+    if before is None:
+        return None
+    ab = ABInfo.from_extra(r.extra) if base is not None else None
+    tolerance = (ab.tolerance if ab is not None and ab.tolerance is not None
+                 else r.budget.tolerance if r.budget is not None else info.default_tolerance)
+    ratio = r.base.ratio if base is not None and r.base is not None else None
+    return OpMove(op=parsed[1], family=parsed[0], before=before, after=r.value,
+                  against="base" if base is not None else "budget", unit=r.unit, tolerance=tolerance,
+                  failing=r.outcome in (Outcome.FAIL, Outcome.ERROR), outcome=r.outcome,
+                  ratio=ratio if ratio is not None and math.isfinite(ratio) else None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -266,7 +300,7 @@ def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_
         except BudgetError as exc:
             errors = [exc, *errors]
         if errors:
-            return head0.with_(outcome="error", reason=f"budgets: {errors[0]}"), "kept"
+            return head0.with_(outcome=Outcome.ERROR, reason=f"budgets: {errors[0]}"), "kept"
     if not info.statistical:
         return _merge_exact(head0, used, ctx, base_has_it=base_has_it), "kept"
     ratios: list[float] = []
@@ -308,11 +342,11 @@ def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_
         if ctx.require_base and not ctx.base_ran:
             ab = ABInfo(compared=False, note=why)
             return head0.with_(
-                outcome="error",
+                outcome=Outcome.ERROR,
                 reason=f"not compared with the base: {why}; a timing check is judged on head/base and the "
                        "base gave none (pass --allow-missing-base to judge it against the stored budgets instead)",
                 extra={**head0.extra, **ab.to_extra()}), "not compared"
-        if head0.outcome == "unmeasurable":  # not judged by the head's preflight: nothing to judge alone
+        if head0.outcome == Outcome.NOT_JUDGED:  # set aside by the head's preflight: nothing to judge alone
             ab = ABInfo(compared=False, note=why)
             return head0.with_(reason=f"not compared with the base: {why}; {head0.reason}",
                                extra={**head0.extra, **ab.to_extra()}), "not compared"
@@ -333,7 +367,7 @@ def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_
     ab = ABInfo(compared=True, tolerance=tolerance, tolerance_from=source, sd=rv.sd, mde=rv.mde,
                 confidence=rv.confidence)
     rec = head0.with_(
-        outcome={"fail": "fail", "inconclusive": "inconclusive"}.get(rv.state, "pass"),
+        outcome={"fail": Outcome.FAIL, "inconclusive": Outcome.INCONCLUSIVE}.get(rv.state, Outcome.PASS),
         value=stats.median(head_stats), ci=None, ci_confidence=None,
         n=len(head_xs), cv=stats.cv(head_xs) if len(head_xs) > 1 else None,
         budget=None if budget is None else BudgetRef.of(budget),
@@ -405,24 +439,38 @@ def _merge_exact(head0: Record, used: list[_Used], ctx: _Context, *, base_has_it
     outcome = head0.outcome
     info = _metric(head0)
     tolerance = None
-    if info is not None and info.per_isa:
-        # A low-precision numeric result: its change from the base is judged against the same
-        # tolerance as against its budget (a stated bound, not the last digit), so a change of
-        # the numerics path is shown, and only a real loss of precision fails.
+    attribution = head0.attribution
+    if info is not None and (info.per_isa or info.kind == "count"):
+        # A low-precision numeric result or an instruction count: its change from the base is
+        # judged against the same tolerance as against its budget (a stated bound, not the last
+        # digit), so a change of the numerics path is shown, and only a real loss fails.
         tolerance = head0.budget.tolerance if head0.budget is not None else info.default_tolerance
         worse = head0.value > base_value * (1 + tolerance) if info.direction == "lower" \
             else head0.value < base_value * (1 - tolerance)
-        change += f" (tolerance {tolerance:.0%})"
-        if worse and outcome in ("pass", "stale", "unbudgeted"):
-            outcome = "fail"
+        change += f" (tolerance {tolerance * 100:g}%)"
+        if worse and outcome in (Outcome.PASS, Outcome.STALE, Outcome.UNBUDGETED):
+            outcome = Outcome.FAIL
             change += ": worse than the base beyond its tolerance"
+            attribution = (*attribution, *_moved_functions(head0, used))
     ab = ABInfo(compared=True, tolerance=tolerance)
     return head0.with_(
-        outcome=outcome,
+        outcome=outcome, attribution=attribution,
         reason=f"{reason}; vs base: {change}" if reason else f"vs base: {change}",
         base=BaseSide(value=base_value, ratio=ratio, pairs=pairs_with_base),
         extra={**head0.extra, **ab.to_extra()},
     )
+
+
+def _moved_functions(head0: Record, used: list[_Used]) -> list[str]:
+    """The functions whose instructions moved most from the base to the head, from the profiles
+    both sides kept with their counts (none when either lacks one)."""
+    head = InstructionProfile.from_extra(head0.extra)
+    base = next((p for u in used if u.base is not None and _usable(u.base)
+                 and (p := InstructionProfile.from_extra(u.base.extra)) is not None), None)
+    if head is None or base is None:
+        return []
+    return ["functions that moved (inclusive instructions per step, base -> head):",
+            *(f"  {line}" for line in head.moved_against(base))]
 
 
 def _distinct(values: Iterable[float | None]) -> list[float]:

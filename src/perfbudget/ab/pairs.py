@@ -42,9 +42,10 @@ _KILL_GRACE_S = 10.0
 def one_cpu() -> tuple[int, ...]:
     """The CPU both sides are pinned to by default: the last one this process may use.
 
-    Both sides on one CPU see the same core's state (its other load, caches, clock): on a
-    shared 2-vCPU VM that halved the A/A sd of the pair ratio (2.9 % -> 1.5 %, 24 pairs
-    each, tiny CPU step). Pinning costs no parallelism, because one side runs at a time.
+    Both sides on one CPU see the same core's state (its other load, caches, clock), which
+    narrows the spread of the pair ratio on a shared VM (``benchmarks/ab-gate-cpu.md``
+    measures the gate pinned this way). Pinning costs no parallelism, because one side runs
+    at a time.
     The last CPU, because the first tends to take the interrupts. ``()`` where the
     platform cannot pin.
     """

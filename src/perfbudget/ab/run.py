@@ -13,26 +13,45 @@ budget and the time allow. A base that cannot run at all is an error unless
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..budgets.loader import BudgetSet, load_dir
+from ..exitcodes import ExitCode
+from ..fileio import atomic_write
+from ..instructions_run import callgrind_environment, under_callgrind
+from ..judge import AB_PRECISION_ENV
+from ..measure.instructions import INSTALL_HINT, build_helper
+from ..measure.unmeasurable import Unmeasurable
+from ..recorder import AB_OPERATORS_ENV, OPERATOR_FAMILIES
 from ..results import Results, load_results
+from ..vocabulary import Outcome, StrEnum
 from .compare import Comparison, PairRecords, compare_pairs
-from .pairs import PairRun, SideCommand, one_cpu, pytest_command, run_pair
+from .pairs import PairRun, SideCommand, SideSetup, one_cpu, pytest_command, run_pair
 from .trees import AB_DIR, GitError, build_shim, head_commit, instrument_dir, prepare_base
 from .verdict import ABPolicy
 
-__all__ = ["ABConfig", "ABRun", "UsageError", "run_ab"]
+__all__ = ["ABConfig", "ABRun", "StopReason", "UsageError", "run_ab"]
 
-EXIT_OK = 0
-EXIT_FAIL = 1
-EXIT_USAGE = 2
+class StopReason(StrEnum):
+    """Why the run started no further pair (``meta["ab"]["stopped"]`` in the results)."""
+
+    DECIDED = "decided"
+    """Every statistical check was decided."""
+    MAX_PAIRS = "max pairs"
+    """``--max-pairs`` were run; checks still straddling are inconclusive."""
+    TIME = "time"
+    """Another pair would have ended past ``--max-minutes`` (or one was stopped there)."""
+    HEAD_FAILED = "head failed"
+    """The head side wrote no usable results."""
+    BASE_UNAVAILABLE = "base unavailable"
+    """The base side could not run in the first pair."""
 
 
 class UsageError(ValueError):
@@ -62,6 +81,12 @@ class ABConfig:
         strict: an inconclusive check fails the run (``perfbudget ab --perf-strict``).
         allow_missing_base: a base that cannot run is judged as "not compared" against the
             stored budgets (``--allow-missing-base``); otherwise it is an error.
+        precision: the half-width each statistical check's within-pair ratio samples to
+            (``--precision``; see ``JudgeConfig.ab_precision``); ``None`` or 0: one fixed
+            sample set per check and side.
+        instructions: both sides run under callgrind (``perfbudget ab --instructions``), one
+            pair, so their ``perf.instructions`` counts are compared (select those tests, e.g.
+            ``-m instructions``).
     """
 
     root: Path
@@ -77,8 +102,15 @@ class ABConfig:
     policy: ABPolicy = field(default_factory=ABPolicy)
     strict: bool = False
     allow_missing_base: bool = False
+    precision: float | None = None
+    instructions: bool = False
 
     def __post_init__(self) -> None:
+        if self.instructions and (self.min_pairs, self.max_pairs) != (1, 1):
+            raise UsageError("--instructions: instruction counts repeat exactly, so one pair decides; "
+                             f"got --min-pairs {self.min_pairs} --max-pairs {self.max_pairs} (use 1 and 1)")
+        if self.precision is not None and not 0 <= self.precision < 1:
+            raise UsageError(f"--precision: expected a fraction in [0, 1) such as 0.01, got {self.precision!r}")
         if self.min_pairs < 1:
             raise UsageError(f"--min-pairs: expected >= 1, got {self.min_pairs!r}")
         if self.max_pairs < self.min_pairs:
@@ -113,7 +145,7 @@ class ABRun:
     results: Results
     path: Path
     """Where ``results`` was written."""
-    exit_code: int
+    exit_code: ExitCode
     """0: no check failed or errored (inconclusive ones included, unless ``strict``); 1: a
     check failed or errored, a check was inconclusive under ``strict``, the head's pytest
     failed, the base could not run (without ``allow_missing_base``), or no pair was valid;
@@ -122,7 +154,7 @@ class ABRun:
     pairs: tuple[PairRun, ...]
     problems: tuple[str, ...] = ()
     """What went wrong with the sides, one readable paragraph each."""
-    stopped: str = ""
+    stopped: StopReason = StopReason.MAX_PAIRS
     """Why no further pair ran: ``decided``, ``max pairs``, ``time``, ``base unavailable``, ``head failed``."""
     invalid: tuple[int, ...] = ()
     """Numbers of the pairs not used because they lost turn-taking."""
@@ -169,15 +201,23 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
     trees = {"base": base.path, "head": root}
     instrument = instrument_dir(root)
     shims = {s: build_shim(workdir / f"shim-{s}", tree=t, instrument=instrument) for s, t in trees.items()}
-    command = command or pytest_command(config.pytest_args)
+    env = dict(os.environ)
+    if command is None:
+        command = pytest_command(config.pytest_args)
+        if config.instructions:
+            command, env = _under_callgrind(command, workdir / "instructions", env)
     cpus = one_cpu() if config.cpus is None else config.cpus
 
+    operators_file = workdir / "operators.json"
+    operators_file.unlink(missing_ok=True)
+    env = {**env, AB_OPERATORS_ENV: str(operators_file),
+           AB_PRECISION_ENV: f"{config.precision:g}" if config.precision else "0"}
     runs: list[PairRun] = []
     records: list[PairRecords] = []  # the valid pairs only
     problems: list[str] = []
     comparison = Comparison(records=[])
     budgets: BudgetSet | None = None
-    stopped = "max pairs"
+    stopped = StopReason.MAX_PAIRS
     head_failed = False
     slot = 1  # the valid pair being run: odd slots start with the base, even ones with the head
     to_replace: PairRun | None = None  # an invalid pair awaiting its one re-run
@@ -187,7 +227,7 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
         if runs:
             expected_s = runs[-1].wall_s  # the next pair runs the same tests or fewer
             if now + expected_s > deadline:
-                stopped = "time"
+                stopped = StopReason.TIME
                 say(f"perfbudget ab: stopping after {len(runs)} pair(s): another (~{expected_s:.0f} s) would end "
                     f"past --max-minutes {config.max_minutes:g}")
                 break
@@ -197,7 +237,7 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
             ("every selected test" if tests is None else f"{len(tests)} test(s) with undecided checks")
         say(f"perfbudget ab: pair {index} ({first} first; {what}) ...")
         run = run_pair(index, trees=trees, shims=shims, workdir=workdir, command=command, first=first,
-                       timeout_s=max(deadline - now, 1.0), burst_ms=config.burst_ms, cpus=cpus, tests=tests,
+                       timeout_s=max(deadline - now, 1.0), burst_ms=config.burst_ms, cpus=cpus, tests=tests, env=env,
                        replaces=None if to_replace is None else to_replace.index)
         pair, side_problems = _pair_records(run)
         run = replace(run, ran=_nodeids(pair.head))
@@ -206,14 +246,14 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
             f"(turns: base {run.turns.grants('base')}, head {run.turns.grants('head')})")
         if run.timed_out and records:
             # Stopped by our own clock: the pair is incomplete, the earlier ones stand.
-            stopped = "time"
+            stopped = StopReason.TIME
             problems.append(f"pair {index}: stopped at --max-minutes {config.max_minutes:g}; not used")
             break
         problems.extend(side_problems)
         if run.sides["head"].returncode not in (0, None):
             head_failed = True
         if pair.head is None:
-            stopped = "head failed"
+            stopped = StopReason.HEAD_FAILED
             break
         if run.invalid and not run.timed_out:
             # Part of the pair ran out of lockstep: its ratios would carry the machine's drift.
@@ -230,18 +270,19 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
             continue
         to_replace = None
         records.append(replace(pair, index=index))
+        _pin_operators(operators_file, records)
         if budgets is None:
             budgets = _budgets(root, pair.head)
         if run.timed_out:
-            stopped = "time"
+            stopped = StopReason.TIME
             break
         if len(records) == 1 and pair.base is None:
-            stopped = "base unavailable"
+            stopped = StopReason.BASE_UNAVAILABLE
             break
         comparison = compare_pairs(records, budgets=budgets, policy=config.policy, final=False,
                                    min_pairs=config.min_pairs)
         if not comparison.undecided:
-            stopped = "decided"
+            stopped = StopReason.DECIDED
             break
         tests = _tests_of(comparison)
         slot += 1
@@ -250,7 +291,7 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
         problems.append(f"pair {to_replace.index}: dropped: no pair budget (--max-pairs {config.max_pairs}) "
                         "or time left to re-run it")
         say(f"perfbudget ab: pair {to_replace.index} dropped: no pair or time left to re-run it")
-    missing_base = stopped == "base unavailable" and not config.allow_missing_base
+    missing_base = stopped == StopReason.BASE_UNAVAILABLE and not config.allow_missing_base
     if missing_base:
         why = records[0].base_problem if records else ""
         problems.append(f"the base {base.commit[:12]} ({config.base}) could not run under this instrument"
@@ -260,7 +301,7 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
     comparison = compare_pairs(records, budgets=budgets or BudgetSet(root=root / "budgets"), policy=config.policy,
                                final=True, min_pairs=config.min_pairs, require_base=not config.allow_missing_base)
     invalid = tuple(r.index for r in runs if r.invalid)
-    if not records and invalid and stopped != "head failed":
+    if not records and invalid and stopped != StopReason.HEAD_FAILED:
         problems.append(f"no valid pair: every pair lost turn-taking ({', '.join(map(str, invalid))})")
     elif not comparison.records and not problems:
         problems.append("the head side recorded no checks (did the pytest args select any perf test?)")
@@ -285,16 +326,50 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
         },
     })
     path = results.write(config.results_path)
-    bad = any(r.outcome in ("fail", "error") for r in comparison.records)
+    bad = any(r.outcome in (Outcome.FAIL, Outcome.ERROR) for r in comparison.records)
     first_head = runs[0].sides["head"].returncode if runs else None
     if first_head == 4 and not comparison.records:
-        code = EXIT_USAGE  # pytest's own usage error: the pytest args are wrong
+        code = ExitCode.USAGE  # pytest's own usage error: the pytest args are wrong
     elif bad or head_failed or missing_base or not comparison.records or (config.strict and comparison.inconclusive):
-        code = EXIT_FAIL
+        code = ExitCode.FAILED
     else:
-        code = EXIT_OK
+        code = ExitCode.OK
     return ABRun(results=results, path=path, exit_code=code, comparison=comparison, pairs=tuple(runs),
                  problems=tuple(problems), stopped=stopped, invalid=invalid)
+
+
+def _under_callgrind(command: SideCommand, out: Path, env: dict[str, str]) -> tuple[SideCommand, dict[str, str]]:
+    """Each side's pytest run under callgrind, its dumps in ``out`` (one per process).
+
+    Raises:
+        UsageError: valgrind is not installed.
+    """
+    valgrind = shutil.which("valgrind", path=env.get("PATH"))
+    if valgrind is None:
+        raise UsageError(f"--instructions: {INSTALL_HINT}")
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    fast = not isinstance(build_helper(), Unmeasurable)
+
+    def wrapped(setup: SideSetup) -> list[str]:
+        return under_callgrind(list(command(setup)), out, valgrind=valgrind, fast_start=fast)
+
+    return wrapped, callgrind_environment(out, env)
+
+
+def _pin_operators(path: Path, pairs: Sequence[PairRecords]) -> None:
+    """Name, per test and key, every operator either side recorded in the valid pairs so far:
+    the sides of the later pairs record exactly those (``recorder.AB_OPERATORS_ENV``)."""
+    ops: dict[str, dict[str, set[str]]] = {}
+    for pair in pairs:
+        for side in (pair.head, pair.base):
+            for r in side.records if side is not None else ():
+                family, _, rest = r.metric.partition("[")
+                if family in OPERATOR_FAMILIES and rest.endswith("]") and r.nodeid:
+                    ops.setdefault(r.nodeid, {}).setdefault(r.key, set()).add(rest[:-1])
+    data = {n: {k: sorted(v) for k, v in keys.items()} for n, keys in ops.items()}
+    atomic_write(path, json.dumps(data, indent=1, sort_keys=True))
 
 
 def _nodeids(results: Results | None) -> tuple[str, ...]:

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
 import difflib
-import fcntl
 import math
-import os
 import subprocess
-import tempfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import NormalDist
@@ -19,6 +15,7 @@ from typing import Any, Literal
 import yaml
 
 from ..device import DeviceInfo, device_file_stem
+from ..fileio import atomic_write, lock
 from ..metrics import parse_name
 from .loader import BudgetSet, parse_text
 from .schema import SCHEMA_VERSION, BudgetError
@@ -146,8 +143,8 @@ def git_commit(cwd: str | Path | None = None) -> str | None:
 
 def _round(metric: str, value: float) -> float | int:
     kind = parse_name(metric).metric.kind
-    if kind == "exact":
-        # Exact budgets keep full precision: rounding could put the budget below the value.
+    if kind in ("exact", "count"):
+        # Exact budgets and counts keep full precision: rounding could put the budget below the value.
         return int(value) if float(value).is_integer() else float(value)
     return float(f"{value:.4g}")
 
@@ -188,42 +185,6 @@ def _target(measured: Measured, budgets: BudgetSet) -> tuple[Path, dict[str, Any
     if info.type == "cpu" and info.threads:
         selector["threads"] = info.threads
     return budgets.root / f"{device_file_stem(info)}.yaml", selector
-
-
-@contextlib.contextmanager
-def _locked(folder: Path) -> Iterator[None]:
-    """Exclusive lock on the budgets folder, so concurrent updaters serialise."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    """Write via a temp file in the same folder, fsync, then rename over the target."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        if path.exists():
-            os.chmod(tmp, path.stat().st_mode & 0o777)
-        else:
-            os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 def _raw_doc(text: str | None, selector: dict[str, Any]) -> dict[str, Any]:
@@ -336,7 +297,7 @@ def apply_updates(
         report.errors.append(BudgetError(f"cannot create the budgets folder: {exc.strerror}", path=root))
         return report
     try:
-        with _locked(root):
+        with lock(root):
             for path, (selector, items) in sorted(per_file.items()):
                 _update_file(path, selector, items, report, allow_loosen=allow_loosen, commit=commit, date=date)
     except OSError as exc:
@@ -410,7 +371,7 @@ def _update_file(
         report.errors.append(BudgetError(f"refusing to write an invalid file: {check.errors[0]}", path=path))
         return
     try:
-        _atomic_write(path, new_text)
+        atomic_write(path, new_text)
     except OSError as exc:
         report.errors.append(BudgetError(f"cannot write: {exc.strerror or exc}", path=path))
         return
@@ -451,7 +412,7 @@ def widen_tolerances(
         b = budgets.resolve(key, metric, device)
         if b is not None and floor > b.tolerance:
             per_file.setdefault(Path(b.source), {})[(key, metric)] = min(1.0, floor)
-    with _locked(budgets.root):
+    with lock(budgets.root):
         for path, items in sorted(per_file.items()):
             old_text = path.read_text(encoding="utf-8")
             data = _raw_doc(old_text, {})
@@ -468,7 +429,7 @@ def widen_tolerances(
             if parse_text(new_text, path).errors:
                 report.errors.append(BudgetError("refusing to write an invalid file", path=path))
                 continue
-            _atomic_write(path, new_text)
+            atomic_write(path, new_text)
             report.diffs[path] = "".join(difflib.unified_diff(
                 old_text.splitlines(keepends=True), new_text.splitlines(keepends=True),
                 fromfile=f"a/{path.name}", tofile=f"b/{path.name}"))

@@ -5,28 +5,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any
 
 from ..measure import stats
 from ..metrics import Metric, MetricName, parse_name
+from ..vocabulary import OUTCOMES, Outcome
 from .schema import Budget
 
 __all__ = ["OUTCOMES", "Outcome", "Verdict", "VerdictPolicy", "decide"]
-
-Outcome = Literal["pass", "stale", "fail", "advisory", "inconclusive", "unbudgeted", "unmeasurable", "error"]
-OUTCOMES: tuple[Outcome, ...] = (
-    "pass", "stale", "fail", "advisory", "inconclusive", "unbudgeted", "unmeasurable", "error",
-)
-"""Every verdict's outcome:
-
-- ``pass``/``stale``/``fail``: judged against a budget (stale: better beyond its tolerance);
-- ``advisory``: a timing or rate check against a stored budget on a machine that is not declared
-  stable for it: judged and shown with the would-be outcome in ``Verdict.advice``, never a failure
-  unless timing is declared gating;
-- ``inconclusive``: a lockstep A/B check whose interval still straddles the tolerance at the last
-  pair (never decided on the point estimate); a failure only under ``--perf-strict``;
-- ``unbudgeted``, ``unmeasurable``, ``error``: not judged, for the reason given.
-"""
 
 #: Relative slack for exact comparisons of values computed in floating point.
 _EXACT_EPS = 1e-9
@@ -165,7 +151,7 @@ def decide(
     name = metric if isinstance(metric, MetricName) else parse_name(metric)
     info = name.metric
     xs = [samples] if isinstance(samples, (int, float)) else list(samples)
-    base = Verdict(key=key, metric=name.full, outcome="error", budget=budget, n=len(xs), name=name)
+    base = Verdict(key=key, metric=name.full, outcome=Outcome.ERROR, budget=budget, n=len(xs), name=name)
     problem = _check_finite(xs)
     if problem:
         return base.with_(reason=problem, samples=tuple(x for x in xs if isinstance(x, (int, float))))
@@ -179,15 +165,15 @@ def _decide_exact(base: Verdict, info: Metric, xs: list[float], budget: Budget |
     value = max(xs) if info.direction == "lower" else min(xs)
     v = base.with_(value=value, samples=tuple(xs), cv=stats.cv(xs) if len(xs) > 1 else None)
     if budget is None:
-        return v.with_(outcome="unbudgeted", reason="no budget for this metric on this device")
+        return v.with_(outcome=Outcome.UNBUDGETED, reason="no budget for this metric on this device")
     bad, stale = _limits(info, budget)
     v = v.with_(limit=bad)
     if _worse(info, value, bad):
-        return v.with_(outcome="fail", reason=f"{value:g} is worse than the limit {bad:g}")
+        return v.with_(outcome=Outcome.FAIL, reason=f"{value:g} is worse than the limit {bad:g}")
     better = value < stale if info.direction == "lower" else value > stale
     if better and not math.isclose(value, stale, rel_tol=_EXACT_EPS, abs_tol=1e-12):
-        return v.with_(outcome="stale", reason=f"{value:g} beats the budget {budget.value:g} beyond its tolerance")
-    return v.with_(outcome="pass", reason="within budget")
+        return v.with_(outcome=Outcome.STALE, reason=f"{value:g} beats the budget {budget.value:g} beyond its tolerance")
+    return v.with_(outcome=Outcome.PASS, reason="within budget")
 
 
 def _decide_stat(
@@ -207,7 +193,7 @@ def _decide_stat(
     med, ci = summary(xs)
     v = base.with_(value=med, ci=ci, n=len(xs), cv=stats.cv(xs), samples=tuple(xs), confidence=policy.confidence)
     if budget is None:
-        return v.with_(outcome="unbudgeted", reason="no budget for this metric on this device")
+        return v.with_(outcome=Outcome.UNBUDGETED, reason="no budget for this metric on this device")
     bad, stale = _limits(info, budget)
     v = v.with_(limit=bad)
     lower = info.direction == "lower"
@@ -221,7 +207,7 @@ def _decide_stat(
                 fresh = list(more())
                 problem = _check_finite(fresh)
                 if problem:
-                    return v.with_(outcome="error", reason=f"confirmation: {problem}", rounds=rounds + 1)
+                    return v.with_(outcome=Outcome.ERROR, reason=f"confirmation: {problem}", rounds=rounds + 1)
                 fmed, fci = summary(fresh)
                 all_xs = xs + fresh
                 agreed = _worse(info, fmed, bad)
@@ -231,37 +217,37 @@ def _decide_stat(
                 )
                 if not agreed:
                     return v.with_(
-                        outcome="pass",
+                        outcome=Outcome.PASS,
                         reason=(
                             f"first median {med:.4g} was beyond the limit {bad:.4g} but the confirmation "
                             f"median {fmed:.4g} (CI {fci[0]:.4g}-{fci[1]:.4g}) was not"
                         ),
                     )
                 return v.with_(
-                    outcome="fail",
+                    outcome=Outcome.FAIL,
                     reason=(
                         f"median {med:.4g} with CI {ci[0]:.4g}-{ci[1]:.4g} is entirely beyond the limit "
                         f"{bad:.4g}; confirmed by a fresh median of {fmed:.4g}"
                     ),
                 )
             return v.with_(
-                outcome="fail", rounds=rounds,
+                outcome=Outcome.FAIL, rounds=rounds,
                 reason=f"median {med:.4g} with CI {ci[0]:.4g}-{ci[1]:.4g} is entirely beyond the limit {bad:.4g}",
             )
         if not _worse(info, ci_good, bad):
             entirely_better = ci_good < stale if lower else ci_good > stale
             if entirely_better:
                 return v.with_(
-                    outcome="stale", rounds=rounds,
+                    outcome=Outcome.STALE, rounds=rounds,
                     reason=f"CI {ci[0]:.4g}-{ci[1]:.4g} beats the budget {budget.value:.4g} beyond its tolerance",
                 )
-            return v.with_(outcome="pass", rounds=rounds, reason="CI within budget")
+            return v.with_(outcome=Outcome.PASS, rounds=rounds, reason="CI within budget")
         # The CI straddles the limit: measure more, bounded, then decide on the point estimate.
         if more is not None and rounds <= policy.max_extra_rounds:
             fresh = list(more())
             problem = _check_finite(fresh)
             if problem:
-                return v.with_(outcome="error", reason=f"extra round: {problem}", rounds=rounds + 1)
+                return v.with_(outcome=Outcome.ERROR, reason=f"extra round: {problem}", rounds=rounds + 1)
             xs = xs + fresh
             rounds += 1
             med, ci = summary(xs)
@@ -269,13 +255,13 @@ def _decide_stat(
             continue
         if _worse(info, med, bad):
             return v.with_(
-                outcome="fail", rounds=rounds,
+                outcome=Outcome.FAIL, rounds=rounds,
                 reason=(
                     f"CI {ci[0]:.4g}-{ci[1]:.4g} straddles the limit {bad:.4g} after {rounds} round(s); "
                     f"the median {med:.4g} is beyond it"
                 ),
             )
         return v.with_(
-            outcome="pass", rounds=rounds,
+            outcome=Outcome.PASS, rounds=rounds,
             reason=f"CI straddles the limit {bad:.4g} after {rounds} round(s); the median {med:.4g} is within it",
         )

@@ -430,7 +430,7 @@ def bench_paired(
     """Time ``fn`` and a fixed reference ``ref`` alternately: ``fn, ref, fn, ref, ...``.
 
     Shared machines drift (host contention, frequency): on small cloud VMs the same step
-    moves by +-10 % over seconds. A reference measured right next to every sample drifts
+    moves by several percent over seconds. A reference measured right next to every sample drifts
     with it, so ``fn_i / ref_i`` cancels the machine's speed of the moment while keeping
     ``fn``'s own changes (see ``PerfRecorder.time(reference=...)``).
 

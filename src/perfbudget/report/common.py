@@ -5,11 +5,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from ..extras import FailureArtifacts
+from ..extras import FailureArtifacts, OperatorMoves
+from ..measure.operators import OP_METRIC_FAMILIES, OpMove, op_metric
 from ..metrics import DEFAULT_TOLERANCE, UnknownMetricError, parse_name
 from ..results import BaseSide, Record
+from ..vocabulary import Outcome
 
 __all__ = [
     "BASE_COLUMNS",
@@ -36,7 +38,10 @@ __all__ = [
     "has_base",
     "md_cell",
     "md_table",
+    "move_change_text",
+    "move_line",
     "moved_operators",
+    "moves_note",
     "op_of",
     "ordered",
     "outcome_counts",
@@ -53,14 +58,15 @@ __all__ = [
 ]
 
 #: Outcomes that make a run red (a regression or a broken measurement/budget).
-REGRESSION_OUTCOMES = ("fail", "error")
+REGRESSION_OUTCOMES = (Outcome.FAIL, Outcome.ERROR)
 
 #: Report order of outcomes: what needs attention first.
-OUTCOME_ORDER = {"error": 0, "fail": 1, "inconclusive": 2, "unbudgeted": 3, "stale": 4, "advisory": 5,
-                 "unmeasurable": 6, "pass": 7}
+OUTCOME_ORDER: dict[str, int] = {o: i for i, o in enumerate((
+    Outcome.ERROR, Outcome.FAIL, Outcome.INCONCLUSIVE, Outcome.NOT_MEASURED, Outcome.UNBUDGETED, Outcome.STALE,
+    Outcome.NOT_JUDGED, Outcome.ADVISORY, Outcome.UNMEASURABLE, Outcome.PASS))}
 
 #: Metric families judged per operator: their records are "the operators that moved".
-OP_FAMILIES = ("op_self_ms", "op_share", "op_count")
+OP_FAMILIES = OP_METRIC_FAMILIES
 
 
 # --------------------------------------------------------------------------- numbers
@@ -215,7 +221,8 @@ def outcome_counts(records: Iterable[Record]) -> dict[str, int]:
 
 def outcome_text(r: Record) -> str:
     """``FAIL``, or ``ADVISORY (fail)`` for an advisory record with its would-be outcome."""
-    return f"{r.outcome.upper()} ({r.advice})" if r.outcome == "advisory" and r.advice else r.outcome.upper()
+    text = r.outcome.upper().replace("_", " ")
+    return f"{text} ({r.advice})" if r.outcome == Outcome.ADVISORY and r.advice else text
 
 
 def summary_line(records: Iterable[Record]) -> str:
@@ -245,78 +252,43 @@ def same_test(records: Sequence[Record], r: Record) -> list[Record]:
 
 def op_of(metric: str) -> tuple[str, str] | None:
     """``op_self_ms[aten::mm]`` -> ``("op_self_ms", "aten::mm")``; ``None`` for other metrics."""
-    family, bracket, rest = metric.partition("[")
-    if not bracket or not rest.endswith("]") or family not in OP_FAMILIES:
-        return None
-    return family, rest[:-1]
+    return op_metric(metric)
 
 
-@dataclass(frozen=True, kw_only=True)
-class OpMove:
-    """How far one operator's measurement sits from its reference: the budget, or the base commit."""
-
-    op: str
-    metric: str
-    family: str
-    reference: float
-    """The budget's value, or the base side's value in a lockstep A/B run."""
-    against: Literal["budget", "base"]
-    measured: float
-    unit: str
-    outcome: str
-    tolerance: float = 0.0
-    ratio: float | None = None
-    """head/base from the process pairs, when compared with the base."""
-
-    @property
-    def change(self) -> float:
-        """Relative change vs the reference (+0.25 = 25 % above it)."""
-        if self.ratio is not None:
-            return self.ratio - 1
-        return self.measured / self.reference - 1 if self.reference else math.inf
-
-    @property
-    def change_text(self) -> str:
-        return f"{self.change:+.1%}" if math.isfinite(self.change) else "new"
-
-    def line(self) -> str:
-        """``aten::mm op_self_ms: 12 ms vs budget 8 ms (+50.0%, fail)``."""
-        return (f"{self.op} {self.family}: {fmt_value(self.measured, self.unit)} vs {self.against} "
-                f"{fmt_value(self.reference, self.unit)} ({self.change_text}, {self.outcome})")
+def move_change_text(m: OpMove) -> str:
+    """``+50.0%``; ``new``/``not budgeted`` without a reference, ``gone`` when it did not run."""
+    if m.before is None:
+        return "not budgeted" if m.against == "budget" else "new"
+    if m.after is None:
+        return "gone"
+    return f"{m.change:+.1%}" if math.isfinite(m.change) else "new"
 
 
-def _op_move(r: Record) -> OpMove | None:
-    parsed = op_of(r.metric)
-    value = finite(r.value)
-    if parsed is None or value is None:
-        return None
-    base_value = finite(r.base.value) if r.base else None
-    budget_value = finite(r.budget.value) if r.budget else None
-    against: Literal["budget", "base"] = "base" if base_value is not None else "budget"
-    reference = base_value if base_value is not None else budget_value
-    if reference is None:
-        return None
-    return OpMove(op=parsed[1], metric=r.metric, family=parsed[0], reference=reference, against=against,
-                  measured=value, unit=r.unit, outcome=r.outcome, tolerance=tolerance_of(r),
-                  ratio=finite(r.base.ratio) if r.base is not None and against == "base" else None)
+def move_line(m: OpMove) -> str:
+    """``aten::mm op_self_ms: 12 ms vs budget 8 ms (+50.0%, fail)``."""
+    why = ", ".join(x for x in (move_change_text(m), m.outcome) if x)
+    if m.before is None:
+        return f"{m.op} {m.family}: {fmt_value(m.after, m.unit)} ({why})"
+    if m.after is None:
+        return f"{m.op} {m.family}: was {fmt_value(m.before, m.unit)} ({why})"
+    return f"{m.op} {m.family}: {fmt_value(m.after, m.unit)} vs {m.against} {fmt_value(m.before, m.unit)} ({why})"
 
 
-def moved_operators(records: Iterable[Record], *, k: int = 5) -> list[OpMove]:
-    """The per-operator records of one test that moved beyond their tolerance.
+def moved_operators(records: Iterable[Record]) -> list[OpMove]:
+    """The operators that moved, as the records carry them (:class:`~perfbudget.extras.OperatorMoves`,
+    made where the verdicts were); each named once, in the order the first record gives."""
+    out: dict[OpMove, None] = {}
+    for r in records:
+        moved = OperatorMoves.from_extra(r.extra)
+        if moved is not None:
+            out.update(dict.fromkeys(moved.moves))
+    return list(out)
 
-    Args:
-        records: records of one test (``op_self_ms[...]``, ``op_share[...]``, ``op_count[...]``
-            are used; others are ignored). A record compared with the base commit moves
-            against the base, others against their budget.
-        k: how many to return.
 
-    Returns:
-        Up to ``k`` moves, failing ones first, then largest relative change; operators
-        within their tolerance are left out as noise.
-    """
-    out = [m for r in records if (m := _op_move(r)) is not None]
-    out.sort(key=lambda m: (m.outcome not in REGRESSION_OUTCOMES, -abs(m.change), m.metric))
-    return [m for m in out if m.outcome in REGRESSION_OUTCOMES or abs(m.change) > m.tolerance][:k]
+def moves_note(records: Iterable[Record]) -> str:
+    """How the records' moved operators were found, when not by the test's own checks (first note given)."""
+    notes = (m.note for r in records if (m := OperatorMoves.from_extra(r.extra)) is not None and m.note)
+    return next(notes, "")
 
 
 # --------------------------------------------------------------------------- failing tests
@@ -337,23 +309,22 @@ class FailingTest:
     @property
     def worst(self) -> str:
         """``error`` when any record errored, else ``fail``."""
-        return "error" if any(r.outcome == "error" for r in self.bad) else "fail"
+        return "error" if any(r.outcome == Outcome.ERROR for r in self.bad) else "fail"
 
     @property
     def moves(self) -> list[OpMove]:
-        """The operators that moved beyond their tolerance."""
-        return moved_operators(self.records)
+        """The operators that moved, as the failing records carry them."""
+        return moved_operators(self.bad)
+
+    @property
+    def moves_note(self) -> str:
+        """How the moved operators were found, when not by the test's own checks (e.g. profiled on failure)."""
+        return moves_note(self.bad)
 
     @property
     def attribution(self) -> list[str]:
-        """Attribution lines of the failing records not already shown as operator moves."""
-        op_metrics = {r.metric for r in self.records if op_of(r.metric)}
-        out: list[str] = []
-        for r in self.bad:
-            for a in r.attribution:
-                if not any(a.startswith(m + ":") for m in op_metrics) and a not in out:
-                    out.append(a)
-        return out
+        """Attribution lines of the failing records, each once."""
+        return list(dict.fromkeys(a for r in self.bad for a in r.attribution))
 
     @property
     def artifacts(self) -> dict[str, str]:
@@ -375,7 +346,7 @@ def failing_tests(records: Iterable[Record]) -> list[FailingTest]:
     for (dev, nodeid, key), group in groups.items():
         bad = [r for r in group if r.outcome in REGRESSION_OUTCOMES]
         if bad:
-            bad.sort(key=lambda r: (op_of(r.metric) is not None, r.outcome != "error", r.metric))
+            bad.sort(key=lambda r: (op_of(r.metric) is not None, r.outcome != Outcome.ERROR, r.metric))
             out.append(FailingTest(device=dev, nodeid=nodeid, key=key, bad=tuple(bad), records=tuple(group)))
     return out
 

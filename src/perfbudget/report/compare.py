@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ..extras import OperatorTable
-from ..measure.operators import OpRow
+from ..measure.operators import OpTable
 from ..results import Record, Results
 from .common import (
     OP_FAMILIES,
@@ -201,31 +201,33 @@ def _operator_rows(changes: list[Change], table: Table, show_all: bool) -> list[
     return ["", "operators:", *table(["operator", "self ms", "share", "calls", "change"], rows)] if rows else []
 
 
-def _ops(r: Record | None) -> dict[str, OpRow]:
-    table = OperatorTable.from_extra(r.extra) if r is not None else None
-    return {row.name: row for row in table.rows} if table is not None else {}
+def _table(r: Record | None) -> OpTable:
+    """The operator table kept in ``r``'s extra, as a ``measure.operators.OpTable`` (empty: none)."""
+    kept = OperatorTable.from_extra(r.extra) if r is not None else None
+    device = r.device.type if r is not None and r.device is not None else "cpu"
+    return OpTable(rows=kept.rows if kept is not None else (), steps=1, device=device)
 
 
 def _extra_tables(changes: list[Change], table: Table, show_all: bool) -> list[str]:
-    """Operator tables kept in records' ``extra`` (:class:`~perfbudget.extras.OperatorTable`), op by op."""
+    """Operator tables kept in records' ``extra`` (:class:`~perfbudget.extras.OperatorTable`), op by op:
+    the operators that moved by the one rule (``OpDiff.moves``), at the record's threshold."""
     lines: list[str] = []
     for c in changes:
-        b_ops, n_ops = _ops(c.base), _ops(c.new)
-        if not b_ops and not n_ops:
+        before, after = _table(c.base), _table(c.new)
+        if not before.rows and not after.rows:
             continue
+        diff = before.diff(after)
+        moved = {m.op for m in diff.moves(min_rel=c.threshold, min_step_share=0.0, k=None)}
         rows = []
-        for name in set(b_ops) | set(n_ops):
-            b, n = b_ops.get(name), n_ops.get(name)
-            bs, ns = (finite(b.self_ms) if b else None), (finite(n.self_ms) if n else None)
-            rel = (ns / bs - 1) if bs and ns is not None else None
-            moved = b is None or n is None or (rel is not None and abs(rel) > c.threshold) or b.calls != n.calls
-            if not moved and not show_all:
+        for ch in diff.changes:
+            if ch.name not in moved and not show_all:
                 continue
-            calls = f"{fmt_value(b.calls if b else None)} -> {fmt_value(n.calls if n else None)}"
-            rows.append((abs((ns or 0.0) - (bs or 0.0)),
-                         [name, f"{fmt_value(bs)} -> {fmt_value(ns)}", _pct(rel) if b else "new", calls]))
-        rows.sort(key=lambda x: (-x[0], x[1][0]))
+            b = None if ch.status == "added" else ch.base_self_ms
+            n = None if ch.status == "removed" else ch.new_self_ms
+            rel = (n / b - 1) if b and n is not None else None
+            calls = f"{fmt_value(None if b is None else ch.base_calls)} -> {fmt_value(None if n is None else ch.new_calls)}"
+            rows.append([ch.name, f"{fmt_value(b)} -> {fmt_value(n)}", _pct(rel) if b is not None else "new", calls])
         if rows:
             lines += ["", f"operator table of {c.metric} (extra):"]
-            lines += table(["operator", "self ms", "change", "calls"], [r for _, r in rows[:25]])
+            lines += table(["operator", "self ms", "change", "calls"], rows[:25])
     return lines

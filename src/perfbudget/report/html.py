@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..extras import OperatorTable, PaddingByWidth
+from ..fileio import atomic_write
 from ..results import Record, Results
 from .common import (
     BASE_COLUMNS,
@@ -27,6 +28,7 @@ from .common import (
     fmt_ratio,
     fmt_value,
     has_base,
+    move_change_text,
     ordered,
     outcome_counts,
     outcome_text,
@@ -56,6 +58,8 @@ _COLOR = {
     "advisory": "#bc4c00",
     "pass": "#1a7f37",
     "unbudgeted": "#8c959f",
+    "not_judged": "#8c959f",
+    "not_measured": "#6e7781",
     "unmeasurable": "#8c959f",
 }
 _BAND = "#2da44e"
@@ -383,13 +387,15 @@ def _regression_card(t: FailingTest) -> Iterator[str]:
         if r.reason:
             yield f'<div class="reason"><code>{_e(r.metric)}</code>: {_e(r.reason)}</div>'
     if t.moves:
-        yield (f"<div><b>Top moved operators</b></div><table><tr><th>operator</th><th>metric</th>"
+        note = f' <span class="muted">({_e(t.moves_note)})</span>' if t.moves_note else ""
+        yield (f"<div><b>Top moved operators</b>{note}</div><table><tr><th>operator</th><th>metric</th>"
                f"<th>{_e(t.moves[0].against)}</th><th>measured</th><th>change</th><th>verdict</th></tr>")
         for m in t.moves:
             yield (f"<tr><td><code>{_e(m.op)}</code></td><td>{_e(m.family)}</td>"
-                   f'<td class="num">{_e(fmt_value(m.reference, m.unit))}</td>'
-                   f'<td class="num">{_e(fmt_value(m.measured, m.unit))}</td><td class="num">{_e(m.change_text)}</td>'
-                   f'<td style="color:{_COLOR.get(m.outcome, "")}">{_e(m.outcome)}</td></tr>')
+                   f'<td class="num">{_e(fmt_value(m.before, m.unit))}</td>'
+                   f'<td class="num">{_e(fmt_value(m.after, m.unit))}</td>'
+                   f'<td class="num">{_e(move_change_text(m))}</td>'
+                   f'<td style="color:{_COLOR.get(m.outcome, "")}">{_e(m.outcome or "-")}</td></tr>')
         yield "</table>"
     if t.attribution:
         yield "<div><b>Attribution</b></div><ul>" + "".join(f"<li><code>{_e(a)}</code></li>"
@@ -462,5 +468,5 @@ def write_html(results: Results | Iterable[Record], path: str | Path, *, title: 
     """Render and write the page; returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_html(results, title=title), encoding="utf-8")
+    atomic_write(path, render_html(results, title=title))
     return path

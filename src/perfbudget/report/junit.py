@@ -6,6 +6,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 
 from ..results import Record, Results
+from ..vocabulary import Outcome
 from .common import (
     REGRESSION_OUTCOMES,
     budget_text,
@@ -14,11 +15,11 @@ from .common import (
     devices,
     failing_tests,
     fmt_value,
+    move_line,
     moved_operators,
     op_of,
     ordered,
     ratio_text,
-    same_test,
 )
 from .terminal import detail_lines, records_table
 
@@ -42,9 +43,9 @@ def junit_properties(records: Iterable[Record]) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     for r in recs:
         name = f"perf.{r.key}.{r.metric}"
-        out.append((name, r.outcome))
+        out.append((name, str(r.outcome)))  # plain str: xdist serialises properties
         if r.advice:
-            out.append((f"{name}.advice", r.advice))
+            out.append((f"{name}.advice", str(r.advice)))
         if r.value is not None:
             out.append((f"{name}.measured", _prop(r.value)))
         if r.budget:
@@ -73,9 +74,9 @@ def junit_properties(records: Iterable[Record]) -> list[tuple[str, str]]:
             if r.reason:
                 out.append((f"{name}.reason", r.reason))
             if not op_of(r.metric):
-                moves = moved_operators(same_test(recs, r))
+                moves = moved_operators([r])
                 if moves:
-                    out.append((f"{name}.moved", "; ".join(m.line() for m in moves)))
+                    out.append((f"{name}.moved", "; ".join(move_line(m) for m in moves)))
             if r.attribution:
                 out.append((f"{name}.attribution", "; ".join(r.attribution)))
     return out
@@ -121,8 +122,8 @@ def junit_xml(results: Results | Iterable[Record], *, suite: str = "perfbudget")
         ET.SubElement(props, "property", name="perf.device", value=dev)
         for k, v in junit_properties(recs):
             ET.SubElement(props, "property", name=k, value=v)
-        errors = [r for r in recs if r.outcome == "error"]
-        fails = [r for r in recs if r.outcome == "fail"]
+        errors = [r for r in recs if r.outcome == Outcome.ERROR]
+        fails = [r for r in recs if r.outcome == Outcome.FAIL]
         if errors or fails:
             tag = "error" if errors else "failure"
             n["errors" if errors else "failures"] += 1
@@ -132,12 +133,12 @@ def junit_xml(results: Results | Iterable[Record], *, suite: str = "perfbudget")
             for t in failing_tests(recs):
                 body.extend(detail_lines(t))
             el.text = "\n".join(body)
-        elif any(r.outcome == "inconclusive" for r in recs):
+        elif any(r.outcome == Outcome.INCONCLUSIVE for r in recs):
             # Not a failure, but not a pass either: the run could not tell.
             n["skipped"] += 1
             ET.SubElement(tc, "skipped", message="; ".join(f"{r.metric}: inconclusive: {r.reason}" for r in recs
-                                                            if r.outcome == "inconclusive"))
-        elif all(r.outcome in ("unbudgeted", "unmeasurable") for r in recs):
+                                                            if r.outcome == Outcome.INCONCLUSIVE))
+        elif all(r.outcome in (Outcome.UNBUDGETED, Outcome.NOT_JUDGED, Outcome.UNMEASURABLE) for r in recs):
             n["skipped"] += 1
             ET.SubElement(tc, "skipped", message="; ".join(f"{r.metric}: {r.outcome}" for r in recs))
     for attr, count in n.items():

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ..results import Record, Results
+from ..vocabulary import Outcome
 from .common import (
     BASE_COLUMNS,
     FailingTest,
@@ -21,6 +22,7 @@ from .common import (
     has_base,
     md_cell,
     md_table,
+    move_change_text,
     ordered,
     outcome_counts,
     record_ci_text,
@@ -30,8 +32,12 @@ from .common import (
 
 __all__ = ["markdown_report"]
 
-ICON = {"fail": "❌", "error": "⛔", "inconclusive": "❔", "stale": "🟡", "advisory": "🔶", "unbudgeted": "⚪",
-        "unmeasurable": "➖", "pass": "✅"}
+ICON: dict[str, str] = {Outcome.FAIL: "❌", Outcome.ERROR: "⛔", Outcome.INCONCLUSIVE: "❔", Outcome.STALE: "🟡",
+        Outcome.ADVISORY: "🔶", Outcome.UNBUDGETED: "⚪", Outcome.NOT_JUDGED: "⏸️", Outcome.NOT_MEASURED: "🔲",
+        Outcome.UNMEASURABLE: "➖", Outcome.PASS: "✅"}
+
+#: Records measured (or budgeted) but not judged, listed in a section of their own.
+_NOT_JUDGED = (Outcome.UNBUDGETED, Outcome.NOT_JUDGED, Outcome.NOT_MEASURED, Outcome.UNMEASURABLE)
 
 #: GitHub caps one step summary at 1 MiB; stay well under it.
 _MARKDOWN_MAX_ROWS = 400
@@ -69,7 +75,7 @@ def markdown_report(results: Results | Iterable[Record], *, title: str = "perf b
         lines.append("")
         for t in failing_tests(records):
             lines.extend(_regression(t))
-    stale = [r for r in records if r.outcome == "stale"]
+    stale = [r for r in records if r.outcome == Outcome.STALE]
     if stale:
         lines.append("### Stale budgets (better than budget beyond tolerance)")
         lines.append("")
@@ -80,7 +86,7 @@ def markdown_report(results: Results | Iterable[Record], *, title: str = "perf b
                               ([f"`{r.key}`", f"`{r.metric}`", budget_text(r), fmt_value(r.value, r.unit),
                                 change_text(r), device_label(r)] for r in stale)))
         lines.append("")
-    inconclusive = [r for r in records if r.outcome == "inconclusive"]
+    inconclusive = [r for r in records if r.outcome == Outcome.INCONCLUSIVE]
     if inconclusive:
         lines.append("### Inconclusive (the interval still straddles the tolerance after the last pair)")
         lines.append("")
@@ -91,7 +97,7 @@ def markdown_report(results: Results | Iterable[Record], *, title: str = "perf b
                               ([f"`{r.key}`", f"`{r.metric}`", base_cells(r)[1] if r.base else "-", r.reason,
                                 f"`{r.nodeid}`"] for r in inconclusive)))
         lines.append("")
-    advisory = [r for r in records if r.outcome == "advisory"]
+    advisory = [r for r in records if r.outcome == Outcome.ADVISORY]
     if advisory:
         lines.append("### Advisory (stored timing budgets on a machine not declared stable for them)")
         lines.append("")
@@ -103,9 +109,9 @@ def markdown_report(results: Results | Iterable[Record], *, title: str = "perf b
                               ([r.advice or "-", f"`{r.key}`", f"`{r.metric}`", budget_text(r),
                                 fmt_value(r.value, r.unit), change_text(r), device_label(r)] for r in advisory)))
         lines.append("")
-    unbudgeted = [r for r in records if r.outcome in ("unbudgeted", "unmeasurable")]
+    unbudgeted = [r for r in records if r.outcome in _NOT_JUDGED]
     if unbudgeted:
-        lines.append("### Unbudgeted or unmeasurable")
+        lines.append("### Unbudgeted, set aside (not judged), not measured or unmeasurable")
         lines.append("")
         lines.extend(md_table(["verdict", "key", "metric", "measured", "why", "test"],
                               ([r.outcome, f"`{r.key}`", f"`{r.metric}`", fmt_value(r.value, r.unit),
@@ -149,11 +155,11 @@ def _regression(t: FailingTest) -> list[str]:
             lines.append(f"> `{r.metric}`: {md_cell(r.reason)}  ")
     lines.append("")
     if t.moves:
-        lines.append("Top moved operators:")
+        lines.append(f"Top moved operators ({t.moves_note}):" if t.moves_note else "Top moved operators:")
         lines.append("")
         lines.extend(md_table(["operator", "metric", t.moves[0].against, "measured", "change", "verdict"],
-                              ([f"`{m.op}`", m.family, fmt_value(m.reference, m.unit), fmt_value(m.measured, m.unit),
-                                m.change_text, m.outcome] for m in t.moves)))
+                              ([f"`{m.op}`", m.family, fmt_value(m.before, m.unit), fmt_value(m.after, m.unit),
+                                move_change_text(m), m.outcome or "-"] for m in t.moves)))
         lines.append("")
     if t.attribution:
         lines.append("Attribution:")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ..results import Record, Results
+from ..vocabulary import Outcome
 from .common import (
     BASE_COLUMNS,
     FailingTest,
@@ -21,6 +22,7 @@ from .common import (
     finite,
     fmt_value,
     has_base,
+    move_line,
     ordered,
     outcome_text,
     record_ci_text,
@@ -90,8 +92,8 @@ def detail_lines(t: FailingTest) -> list[str]:
         if r.reason:
             lines.append(f"      {r.reason}")
     if t.moves:
-        lines.append("  operators that moved:")
-        lines.extend(f"      {m.line()}" for m in t.moves)
+        lines.append(f"  operators that moved ({t.moves_note}):" if t.moves_note else "  operators that moved:")
+        lines.extend(f"      {move_line(m)}" for m in t.moves)
     if t.attribution:
         lines.append("  attribution:")
         lines.extend(f"      {a}" for a in t.attribution)
@@ -117,7 +119,7 @@ def terminal_report(results: Results | Iterable[Record]) -> str:
         out.append("regressions:")
         for t in failing:
             out.extend(detail_lines(t))
-    inconclusive = [r for r in records if r.outcome == "inconclusive"]
+    inconclusive = [r for r in records if r.outcome == Outcome.INCONCLUSIVE]
     if inconclusive:
         out.append("")
         out.append("inconclusive (not a failure; --perf-strict makes it one):")

@@ -112,8 +112,7 @@ class DecoderConfig:
 
 
 _DECODER_PRESETS: dict[str, dict[str, Any]] = {
-    # ~2 ms to first token and ~1 ms per later token on one thread of the CI's EPYC;
-    # the 64 requests take about a second.
+    # Sized for one CPU thread: milliseconds per token, about a second for the 64 requests.
     "tiny": {},
     "small": dict(
         vocab_size=8192,

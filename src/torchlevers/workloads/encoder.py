@@ -126,7 +126,7 @@ class EncoderConfig:
 
 
 _ENCODER_PRESETS: dict[str, dict[str, Any]] = {
-    # ~20-25 ms per training step on one thread of the CI's EPYC.
+    # Sized for one CPU thread: tens of milliseconds per training step.
     "tiny": {},
     "small": dict(
         vocab_size=16384,

@@ -100,7 +100,7 @@ class SegConfig:
 
 
 _SEG_PRESETS: dict[str, dict[str, Any]] = {
-    # ~20-25 ms per training step on one thread of the CI's EPYC.
+    # Sized for one CPU thread: tens of milliseconds per training step.
     "tiny": {},
     "small": dict(image_size=128, base_channels=32, batch_size=8, groups=8),
     # 512 channels at the bottleneck in groups of 64, the shape the grouped-conv

@@ -2,7 +2,7 @@
 
 One concern per module: ``fields`` (profiler field names across torch versions), ``flops``
 (FLOP counting, attention included), ``roofline`` (device ceilings), ``table`` (the operator
-table and its diffs), ``profiling`` (profiled runs that produce tables).
+table, its diffs and which operators moved), ``profiling`` (profiled runs that produce tables).
 """
 
 from perfbudget.measure.operators.fields import read_event_field
@@ -15,14 +15,26 @@ from perfbudget.measure.operators.roofline import (
     datasheet_peaks,
     measure_cpu_peaks,
 )
-from perfbudget.measure.operators.table import OpChange, OpDiff, OpRow, OpTable, table_from_events
+from perfbudget.measure.operators.table import (
+    OP_METRIC_FAMILIES,
+    OpChange,
+    OpDiff,
+    OpMove,
+    OpRow,
+    OpTable,
+    moved_operators,
+    op_metric,
+    table_from_events,
+)
 
 __all__ = [
     "DATASHEET_PEAKS",
+    "OP_METRIC_FAMILIES",
     "DevicePeaks",
     "FlopCount",
     "OpChange",
     "OpDiff",
+    "OpMove",
     "OpRounds",
     "OpRow",
     "OpTable",
@@ -31,6 +43,8 @@ __all__ = [
     "count_flops",
     "datasheet_peaks",
     "measure_cpu_peaks",
+    "moved_operators",
+    "op_metric",
     "profile_rounds",
     "profile_steps",
     "read_event_field",

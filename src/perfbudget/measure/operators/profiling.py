@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -145,6 +145,10 @@ class OpRounds:
         """Share of the profiled step of ``name`` in each round, in [0, 1]."""
         return [(t.get(name).share if t.get(name) is not None else 0.0) for t in self.tables]  # type: ignore[union-attr]
 
+    def calls(self, name: str) -> list[float]:
+        """Calls per step of ``name`` in each round (0 where it did not run)."""
+        return [(t.get(name).calls if t.get(name) is not None else 0.0) for t in self.tables]  # type: ignore[union-attr]
+
     def mean_share(self, name: str) -> float:
         shares = self.share(name)
         return sum(shares) / len(shares)
@@ -157,31 +161,6 @@ class OpRounds:
         """
         names = [n for n in self.names() if n.startswith("aten::") and self.mean_share(n) >= min_share]
         return sorted(names, key=self.mean_share, reverse=True)
-
-    def moved_against(self, budget_ms: Mapping[str, float], k: int = 5) -> list[str]:
-        """Readable lines: operators whose median self time moved most against ``budget_ms``.
-
-        Args:
-            budget_ms: per-operator self-time budgets in ms (``op_self_ms[...]`` values).
-            k: lines to return.
-        """
-        from perfbudget.measure import stats
-
-        moves = []
-        for name in set(budget_ms) | set(self.top(0.02)):
-            now = stats.median(self.self_ms(name))
-            was = budget_ms.get(name)
-            delta = now - (was or 0.0)
-            moves.append((abs(delta), name, now, was))
-        moves.sort(reverse=True)
-        lines = []
-        for _, name, now, was in moves[:k]:
-            if was is None:
-                lines.append(f"{name}: {now:.3f} ms/step (not budgeted)")
-            else:
-                rel = f"{(now - was) / was:+.1%}" if was else "new"
-                lines.append(f"{name}: {now:.3f} ms/step vs budget {was:.3f} ({rel})")
-        return lines
 
 
 def profile_rounds(

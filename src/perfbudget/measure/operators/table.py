@@ -1,4 +1,4 @@
-"""The per-step operator table built from profiler events (time, calls, shapes, FLOPs, bytes, roofline class) and diffs between two tables."""
+"""The per-step operator table built from profiler events (time, calls, shapes, FLOPs, bytes, roofline class), diffs between two tables, and which operators moved."""
 
 from __future__ import annotations
 
@@ -17,7 +17,24 @@ from perfbudget.measure.operators.flops import (
 )
 from perfbudget.measure.operators.roofline import DevicePeaks, Roofline
 
-__all__ = ["OpChange", "OpDiff", "OpRow", "OpTable", "table_from_events"]
+__all__ = [
+    "OP_METRIC_FAMILIES",
+    "OpChange",
+    "OpDiff",
+    "OpMove",
+    "OpRow",
+    "OpTable",
+    "moved_operators",
+    "op_metric",
+    "table_from_events",
+]
+
+#: Per-operator metric families (``op_self_ms[aten::mm]``...).
+OP_METRIC_FAMILIES = ("op_self_ms", "op_share", "op_count")
+#: What an operator is compared with: its budget, the base commit's value, or a base table's row.
+Against = Literal["budget", "base", "table"]
+# Exact comparisons (counts, FLOPs) tolerate float noise of per-step averages, nothing more.
+_EXACT_SLACK = 1e-9
 
 
 # Profiler dtype strings (c10 names) -> (canonical name, bytes per element).
@@ -216,6 +233,99 @@ def _fmt_flops(x: float) -> str:
     return f"{x:.0f}"
 
 
+def op_metric(metric: str) -> tuple[str, str] | None:
+    """``op_self_ms[aten::mm]`` -> ``("op_self_ms", "aten::mm")``; ``None`` for other metrics."""
+    family, bracket, rest = metric.partition("[")
+    if not bracket or not rest.endswith("]") or family not in OP_METRIC_FAMILIES:
+        return None
+    return family, rest[:-1]
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpMove:
+    """One operator's metric before and after: against its budget, the base commit, or a base table.
+
+    A candidate until :func:`moved_operators` names it as moved.
+    """
+
+    op: str
+    """Operator name, e.g. ``"aten::addmm"``."""
+    family: str
+    """``op_self_ms``, ``op_share`` or ``op_count``; ``op_flops`` in table diffs."""
+    before: float | None
+    """The reference (budget, base value, base table); ``None`` when there is none (not budgeted, new)."""
+    after: float | None
+    """Measured now; ``None`` when the operator did not run (gone)."""
+    against: Against = "budget"
+    """What ``before`` is."""
+    unit: str = ""
+    """Unit of both values (``ms``, ``1``)."""
+    tolerance: float = 0.0
+    """Relative change within which the operator did not move (the check's tolerance)."""
+    failing: bool = False
+    """The check of this operator failed: it moved, whatever the size of the change."""
+    outcome: str = ""
+    """The check's verdict, shown beside it; empty when nothing judged it (profiled to explain)."""
+    ratio: float | None = None
+    """head/base from the process pairs of a lockstep A/B run (then the change is ``ratio - 1``)."""
+
+    @property
+    def metric(self) -> str:
+        """The check's metric name, ``op_self_ms[aten::mm]``."""
+        return f"{self.family}[{self.op}]"
+
+    @property
+    def one_sided(self) -> bool:
+        """Only one side has the operator (not budgeted, new, or gone)."""
+        return self.before is None or self.after is None
+
+    @property
+    def delta(self) -> float:
+        """``after - before`` in the unit (a missing side counts as 0)."""
+        return (self.after or 0.0) - (self.before or 0.0)
+
+    @property
+    def change(self) -> float:
+        """Relative change (+0.25 = 25 % above the reference); ``inf`` with no reference, -1 when gone."""
+        if self.ratio is not None:
+            return self.ratio - 1
+        if self.before is None:
+            return math.inf
+        if self.after is None:
+            return -1.0
+        if self.before == 0:
+            return 0.0 if self.after == 0 else math.inf
+        return self.after / self.before - 1
+
+    def moved(self, min_delta: float = 0.0) -> bool:
+        """Whether this operator moved: its check failed, it is on one side only, or it changed by more
+        than its tolerance and by at least ``min_delta`` (in its unit)."""
+        if self.failing or self.one_sided:
+            return True
+        return abs(self.change) > self.tolerance + _EXACT_SLACK and abs(self.delta) >= min_delta
+
+
+def moved_operators(
+    candidates: Iterable[OpMove], *, k: int | None = 5, min_delta: Mapping[str, float] | None = None
+) -> tuple[OpMove, ...]:
+    """The operators that moved (:meth:`OpMove.moved`), the one rule every report names them by.
+
+    Args:
+        candidates: one :class:`OpMove` per operator metric compared.
+        k: how many to keep (``None``: all).
+        min_delta: per family, the least absolute change that counts (noise on tiny operators).
+
+    Returns:
+        Failing checks first, then operators on both sides by largest relative change, then
+        those on one side only by size; ties by metric name.
+    """
+    floors = min_delta or {}
+    out = [m for m in candidates if m.moved(floors.get(m.family, 0.0))]
+    out.sort(key=lambda m: (not m.failing, m.one_sided,
+                            -abs(m.after or m.before or 0.0) if m.one_sided else -abs(m.change), m.metric))
+    return tuple(out if k is None else out[:k])
+
+
 @dataclass(frozen=True, kw_only=True)
 class OpDiff:
     """Operator-level differences between a base (control) table and a new (test) table."""
@@ -239,17 +349,27 @@ class OpDiff:
         Returns:
             The moved operators, largest absolute self-time change first.
         """
-        floor_ms = min_step_share * self.base_step_ms
-        out = []
+        names = {m.op for m in self.moves(min_rel=min_rel, min_step_share=min_step_share, k=None)}
+        return tuple(c for c in self.changes if c.name in names)
+
+    def moves(self, *, min_rel: float = 0.10, min_step_share: float = 0.01, k: int | None = 5) -> tuple[OpMove, ...]:
+        """The operators that moved (see :meth:`moved`), one :class:`OpMove` per changed quantity
+        (``op_self_ms``, ``op_count``, ``op_flops``), as :func:`moved_operators` orders them."""
+        candidates = []
         for c in self.changes:
-            if c.status in ("added", "removed", "changed"):
-                out.append(c)
-                continue
-            big = abs(c.delta_ms) >= floor_ms
-            rel = abs(c.delta_ms) >= min_rel * c.base_self_ms
-            if big and rel:
-                out.append(c)
-        return tuple(out)
+            added, removed = c.status == "added", c.status == "removed"
+            for family, before, after, unit, tolerance in (
+                ("op_self_ms", c.base_self_ms, c.new_self_ms, "ms", min_rel),
+                ("op_count", c.base_calls, c.new_calls, "1", 0.0),
+                ("op_flops", c.base_flops, c.new_flops, "1", 0.0),
+            ):
+                candidates.append(OpMove(op=c.name, family=family, before=None if added else before,
+                                         after=None if removed else after, against="table", unit=unit,
+                                         tolerance=tolerance))
+        moved = moved_operators(candidates, k=None, min_delta={"op_self_ms": min_step_share * self.base_step_ms})
+        # An operator added or removed moves in every quantity: name it once, by its time.
+        once = [m for m in moved if not m.one_sided or m.family == "op_self_ms"]
+        return tuple(once if k is None else once[:k])
 
     def lines(self, k: int = 5) -> list[str]:
         """Readable lines for a failure message: the step change, then the top ``k`` movers."""

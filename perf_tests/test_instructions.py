@@ -1,0 +1,45 @@
+"""Instructions per step: a deterministic channel that does not drift with the machine's speed.
+
+Counted by callgrind when the session runs under it (``perfbudget instructions -- perf_tests -m
+instructions``), or by the CPU's instructions counter where one opens; elsewhere each test is
+skipped as unmeasurable, with how to run it. Budgets are filed per machine identity: the count
+depends on the kernels' ISA path.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fixtures.tiny import TinyStep
+from fixtures.workloads import TrainStep
+from torchlevers.workloads import DecoderWorkload
+
+pytestmark = [pytest.mark.cpu, pytest.mark.instructions]
+
+
+@pytest.mark.budget("tiny-mlp-train")
+def test_tiny_mlp_instructions(perf, tiny_mlp: TinyStep) -> None:
+    perf.instructions(tiny_mlp.step, steps=5)
+
+
+@pytest.mark.budget("encoder-train")
+def test_encoder_step_instructions(perf, encoder_train: TrainStep, device: str) -> None:
+    if device != "cpu":
+        pytest.skip("instruction counts are a host-side channel: measured on the CPU workload")
+    perf.instructions(encoder_train.step, steps=2, warmup=3)
+
+
+@pytest.mark.budget("decoder-serve")
+def test_decode_step_instructions(perf, decoder_serve: DecoderWorkload, device: str) -> None:
+    if device != "cpu":
+        pytest.skip("instruction counts are a host-side channel: measured on the CPU workload")
+    w = decoder_serve
+    prompt = w.requests()[0].prompt_ids
+    logits, cache = w.prefill(prompt)
+    token, position = logits.argmax(-1), cache.length
+
+    def decode_one() -> None:
+        cache.length = position  # every call decodes the same position: one step's work, repeated
+        w.decode_step(token, cache)
+
+    perf.instructions(decode_one, steps=5)

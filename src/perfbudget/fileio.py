@@ -1,0 +1,94 @@
+"""Files that are never half-written, and the advisory lock that serialises writers across processes."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+__all__ = ["atomic_write", "lock"]
+
+DEFAULT_MODE = 0o644
+"""Permissions of a new file (``mkstemp`` creates 0600; results and budgets are meant to be shared)."""
+
+
+def atomic_write(path: str | os.PathLike[str], data: str | bytes, *, encoding: str = "utf-8") -> Path:
+    """Replace ``path`` with ``data`` so that a reader sees the old file or the new one, never a part.
+
+    Writes a temp file in the same folder (a rename is atomic only within one file system),
+    flushes and fsyncs it, renames it over ``path`` and fsyncs the folder, so the rename
+    survives a crash too. The temp file is removed when anything fails, the caller's
+    exception included (a ``KeyboardInterrupt`` mid-write leaves the old file and no temp).
+    The new file keeps the permissions of the one it replaces (0644 when there was none).
+
+    Args:
+        path: the file to write; its folder is created when missing.
+        data: text (encoded with ``encoding``) or bytes.
+        encoding: for text.
+
+    Returns:
+        ``path`` as a :class:`Path`.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    raw = data.encode(encoding) if isinstance(data, str) else data
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(raw)
+            fh.flush()
+            os.fsync(fh.fileno())
+        try:
+            mode = path.stat().st_mode & 0o777
+        except FileNotFoundError:
+            mode = DEFAULT_MODE
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def lock(path: str | os.PathLike[str], *, shared: bool = False) -> Iterator[None]:
+    """Hold an advisory ``flock`` on ``path`` for the block; blocks until it is granted.
+
+    Processes (and threads with their own ``lock`` call) that lock the same path serialise:
+    an exclusive holder excludes everyone, shared holders exclude only exclusive ones. The
+    lock goes with the process, so one that dies releases it.
+
+    Args:
+        path: an existing folder, locked itself (no file appears in it: a budgets folder
+            under version control stays clean), or a lock file, created (with its folder)
+            when missing and never removed (removing it would let two holders lock two
+            different files of one name).
+        shared: take a shared lock instead of an exclusive one.
+    """
+    path = Path(path)
+    if path.is_dir():
+        fd = os.open(path, os.O_RDONLY)
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, DEFAULT_MODE)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)

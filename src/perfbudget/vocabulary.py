@@ -1,0 +1,72 @@
+"""The instrument's vocabulary: what became of a check (:class:`Outcome`), shared by verdicts,
+records, the judge and every report, on a ``StrEnum`` that works on every supported Python
+(members are their string values in comparisons, ``str()``, f-strings and JSON)."""
+
+from __future__ import annotations
+
+import enum
+import sys
+
+__all__ = ["OUTCOMES", "Outcome", "RunMode", "StrEnum"]
+
+if sys.version_info >= (3, 11):
+    StrEnum = enum.StrEnum
+else:  # pragma: no cover - exercised on Python 3.10 only
+
+    class StrEnum(str, enum.Enum):
+        """A ``str`` whose ``str()`` and format are its value, as ``enum.StrEnum`` in 3.11."""
+
+        def __str__(self) -> str:
+            return str(self.value)
+
+        def __format__(self, spec: str) -> str:
+            return str(self.value).__format__(spec)
+
+
+class Outcome(StrEnum):
+    """What became of one check: one vocabulary for verdicts, records, the judge and every report.
+
+    The values are the strings the results file and the reports carry (a ``StrEnum``
+    compares equal to its value).
+    """
+
+    PASS = "pass"
+    """Judged against its budget (or the base) and within it."""
+    STALE = "stale"
+    """Judged, and better than its budget beyond the tolerance: the budget should be tightened."""
+    FAIL = "fail"
+    """Judged, and worse than its budget (or the base) beyond the tolerance."""
+    ADVISORY = "advisory"
+    """A timing or rate check against a stored budget on a machine that is not declared stable
+    for it: judged and shown with the would-be outcome in ``Verdict.advice``, never a failure
+    unless the run is strict."""
+    INCONCLUSIVE = "inconclusive"
+    """A lockstep A/B check whose interval still straddles the tolerance at the last pair (never
+    decided on the point estimate); a failure only under ``--perf-strict``."""
+    UNBUDGETED = "unbudgeted"
+    """Measured, with no budget for it on this device."""
+    NOT_JUDGED = "not_judged"
+    """Measured, and set aside: timing cannot be trusted right now (a busy CPU, a shared GPU, a
+    machine-speed reference far from the budget's)."""
+    UNMEASURABLE = "unmeasurable"
+    """Cannot be measured here (no counter, no GPU), with the reason."""
+    NOT_MEASURED = "not_measured"
+    """Budgeted for this key and device, but no test recorded it."""
+    ERROR = "error"
+    """The budget or the measurement is broken (a bad budget file, bad samples)."""
+
+
+OUTCOMES: tuple[Outcome, ...] = tuple(Outcome)
+"""Every outcome, in declaration order."""
+
+
+class RunMode(StrEnum):
+    """What a run does with its measurements (``meta["mode"]`` in the results)."""
+
+    CHECK = "check"
+    """Judge against the budgets (the default)."""
+    UPDATE = "update"
+    """Write budgets (``--update-budgets``): budget verdicts fail nothing."""
+    COLLECT = "collect"
+    """One side of a lockstep A/B run (``--perf-collect``): record samples, judge nothing;
+    ``perfbudget ab`` judges head/base."""

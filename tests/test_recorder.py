@@ -1,0 +1,112 @@
+"""PerfRecorder without pytest: failing records carry the operators that moved, as data, and the failure message names them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from perfbudget.budgets import load_dir
+from perfbudget.device import DeviceInfo
+from perfbudget.extras import OperatorMoves
+from perfbudget.judge import Judge, JudgeConfig
+from perfbudget.outcome import decision_text
+from perfbudget.recorder import PerfRecorder
+
+# A machine with an identity, declared stable, so its stored timing budgets gate.
+ME = DeviceInfo(type="cpu", model="Test CPU", count=1, threads=1, cpuid="6/207/2", isa="avx2", isa_class="avx2")
+
+BUDGETS = """schema: 1
+device: {{type: cpu, identity: {identity}, threads: 1}}
+budgets:
+  k:
+    step_ms: {{value: 0.00001, tolerance: 0.05}}
+    op_self_ms[aten::mm]: {{value: 8.0, tolerance: 0.05}}
+    op_self_ms[aten::gelu]: {{value: 3.0, tolerance: 0.05}}
+    op_count[aten::mm]: {{value: 6, tolerance: 0.0}}
+"""
+
+
+@pytest.fixture
+def recorder(tmp_path: Path) -> PerfRecorder:
+    (tmp_path / "cpu-me.yaml").write_text(BUDGETS.format(identity=ME.identity))
+    judge = Judge("k", ME, load_dir(tmp_path), JudgeConfig(stable_identity=ME.identity))
+    return PerfRecorder(judge, nodeid="t.py::test_k")
+
+
+def test_failing_records_carry_the_moved_operators_and_the_message_names_them(recorder: PerfRecorder) -> None:
+    recorder.record("op_self_ms[aten::mm]", [12.0 + 0.01 * i for i in range(30)])  # +50 %: fails
+    recorder.record("op_self_ms[aten::gelu]", [3.0 + 0.001 * i for i in range(30)])  # within tolerance
+    recorder.record("op_count[aten::mm]", 7)  # one call more: fails
+    recorder.record("step_ms", [1.0] * 30)
+    records = {r.metric: r for r in recorder.records()}
+    assert {m for m, r in records.items() if r.outcome == "fail"} == {"op_self_ms[aten::mm]", "op_count[aten::mm]",
+                                                                      "step_ms"}
+    moved = OperatorMoves.from_extra(records["step_ms"].extra)
+    assert moved is not None and not records["step_ms"].attribution
+    assert [(m.op, m.family, m.before, m.outcome) for m in moved.moves] == [
+        ("aten::mm", "op_self_ms", 8.0, "fail"), ("aten::mm", "op_count", 6.0, "fail")]
+    assert OperatorMoves.from_extra(records["op_count[aten::mm]"].extra) == moved
+    assert OperatorMoves.from_extra(records["op_self_ms[aten::gelu]"].extra) is None  # passed: nothing to explain
+
+    text = decision_text(recorder.decision(), list(records.values()), key="k", device_label=ME.label)
+    tail = text.split("operators that moved:", 1)[1].split("judged:", 1)[0]
+    assert "aten::mm op_self_ms: 12.14 ms vs budget 8 ms (+51.8%, fail)" in tail
+    assert "aten::mm op_count: 7 vs budget 6 (+16.7%, fail)" in tail and "aten::gelu" not in tail
+
+
+def test_a_failing_step_is_explained_by_profiling_it_against_the_op_budgets(recorder: PerfRecorder) -> None:
+    a = torch.randn(64, 64)
+
+    def step() -> None:
+        (a @ a).relu_()
+
+    step_ms, _ = recorder.step(step, samples_per_step=1, min_samples=5, max_ms=5, warmup_ms=1)
+    assert step_ms.outcome == "fail" and recorder.failure_step is step
+    record = next(r for r in recorder.records() if r.metric == "step_ms")
+    moved = OperatorMoves.from_extra(record.extra)
+    assert moved is not None and "profiled when step_ms failed" in moved.note
+    mm = next(m for m in moved.moves if m.op == "aten::mm")
+    # Profiled now against its budget, not judged: no verdict of its own.
+    assert mm.family == "op_self_ms" and mm.before == 8.0 and mm.after is not None and mm.outcome == ""
+    assert "aten::gelu" in {m.op for m in moved.moves}  # budgeted and not run now: -100 %
+
+
+def test_instructions_outside_a_counter_are_unmeasurable_with_how_to_run_them(recorder: PerfRecorder) -> None:
+    a = torch.randn(16, 16)
+    v = recorder.instructions(lambda: a @ a, steps=2, warmup=1)
+    if v.outcome == "unmeasurable":  # no valgrind around this process and no hardware counter (a VM)
+        assert v.metric == "instructions[callgrind]"
+        assert "perfbudget instructions" in v.reason
+    else:  # a machine whose CPU counter opens: counted, and named by its counter
+        assert v.metric == "instructions[hardware]" and v.value is not None and v.value > 0
+
+
+def test_instruction_counts_are_judged_like_exact_values_with_their_tolerance(tmp_path: Path) -> None:
+    from perfbudget.metrics import lookup
+
+    info = lookup("instructions[callgrind]")
+    assert info.kind == "count" and not info.statistical and info.default_tolerance == 0.005
+    (tmp_path / "cpu-me.yaml").write_text(
+        f"schema: 1\ndevice: {{type: cpu, identity: {ME.identity}}}\nbudgets:\n  k:\n"
+        "    instructions[callgrind]: {value: 1000000}\n")
+    judge = Judge("k", ME, load_dir(tmp_path), JudgeConfig())  # gates on any machine of that identity
+    rec = PerfRecorder(judge)
+    assert rec.record("instructions[callgrind]", 1_004_000.0).outcome == "pass"
+    assert rec.record("instructions[callgrind]", 1_006_000.0).outcome == "fail"  # +0.6 %: beyond 0.5 %
+    assert rec.record("instructions[callgrind]", 990_000.0).outcome == "stale"
+
+
+def test_instruction_profiles_round_trip_and_name_the_functions_that_moved() -> None:
+    from perfbudget.extras import ExtraError, InstructionProfile
+
+    before = InstructionProfile.of("callgrind Ir", [("at::mm", 10.0, 900.0), ("gelu", 50.0, 50.0)])
+    after = InstructionProfile.of("callgrind Ir", [("at::mm", 10.0, 1300.0), ("gelu", 50.0, 50.0),
+                                                  ("at::add", 40.0, 40.0)])
+    assert InstructionProfile.from_extra(after.to_extra()) == after
+    lines = after.moved_against(before)
+    assert lines[0].startswith("at::mm: 900 -> 1,300 per step (+400)") and any("at::add" in x for x in lines)
+    assert not any(x.startswith("gelu") for x in lines)
+    with pytest.raises(ExtraError, match="instruction_profile"):
+        InstructionProfile.from_extra({"instruction_profile": {"counter": "x", "functions": [["f", "1", 2]]}})
