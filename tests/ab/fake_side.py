@@ -5,6 +5,10 @@ A/B shim, ``perfbudget`` from the instrument. Its timer loop takes turns like th
 instrument's timers: ``pass_turn()`` at every burst boundary. Writes the plugin's results
 JSON to RESULTS, and each burst's ``time.monotonic()`` interval and the CPUs it may run on to
 RESULTS.bursts.json.
+
+A ``fakelib`` that defines ``SAMPLES_MS`` still takes its turns, but records those samples
+instead of the times it measured: a check whose ratios are fixed by construction, so that
+what the driver decides does not depend on how busy the machine is.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ def main(results: str) -> int:
                 break
         bursts.append([t0, time.monotonic()])
     turns.leave()
+    samples = list(getattr(fakelib, "SAMPLES_MS", samples))
     dev = DeviceInfo(type="cpu", model="fake cpu", count=1, threads=1)
     common = dict(nodeid=NODE, key="fake-step", device=dev)
     records = [

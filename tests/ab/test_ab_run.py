@@ -87,11 +87,13 @@ def assert_never_both_running(result: ABRun) -> None:
 
 def test_aa_passes_through_real_turn_taking(make_repo: Callable[..., Path]) -> None:
     repo = make_repo({"src/fakelib/__init__.py": lib(), "budgets/cpu.yaml": BUDGETS})
-    result = run(repo)
+    # A sub-millisecond step timed for 90 ms a side is noisy from pair to pair on these VMs (the
+    # machine's speed moves within a process): 6 pairs resolve its A/A, where 4 sometimes did not.
+    result = run(repo, max_pairs=6)
     assert result.exit_code == 0, [r.reason for r in result.results.records]
     step, flops = result.results.records
-    assert step.metric == "step_ms" and step.outcome == "pass" and step.base is not None
-    assert 2 <= step.base.pairs <= 4 and 0.8 < step.base.ratio < 1.2  # type: ignore[operator]
+    assert step.metric == "step_ms" and step.outcome == "pass" and step.base is not None, step.reason
+    assert 2 <= step.base.pairs <= 6 and 0.8 < step.base.ratio < 1.2  # type: ignore[operator]
     assert flops.outcome == "pass" and "same as the base (1000)" in flops.reason
     assert result.pairs[0].first == "base" and result.pairs[1].first == "head"
     assert all(p.turns.grants("base") >= 6 and p.turns.grants("head") >= 6 for p in result.pairs)
@@ -277,20 +279,23 @@ def test_an_invalid_re_run_is_dropped_and_no_valid_pair_fails(
 
 
 # The head is 50 % slower in pair 2 only: two pairs that disagree, against a tolerance of 0.
+# The step's samples are fixed, not timed: head/base reads 1.0 in pair 1 and 1.5 in pair 2,
+# an interval that straddles a tolerance of 0 after both pairs however busy the machine is.
 UNRESOLVABLE_LIB = """\
 import os
 import re
 import sys
 
 _pair = re.search(r"pair-([0-9]+)", sys.argv[1] if len(sys.argv) > 1 else "")
-FACTOR = 1.5 if os.environ.get("PERFBUDGET_TURNS_SIDE") == "head" and _pair and _pair.group(1) == "2" else 1.0
+_slow = os.environ.get("PERFBUDGET_TURNS_SIDE") == "head" and _pair is not None and _pair.group(1) == "2"
+SAMPLES_MS = [1.5 if _slow else 1.0] * 9
 FLOPS = 1000
 EXTRA = False
 
 
 def step():
     x = 0
-    for i in range(int(6000 * FACTOR)):
+    for i in range(6000):
         x += i
     return x
 """
