@@ -21,7 +21,7 @@ FLOORS: dict[str, int] = {
     "judge": 3, "results": 3,
     "recorder": 4, "report": 4,
     "outcome": 5, "show": 5, "ab": 5,
-    "session": 6,
+    "session": 6, "history": 6,  # history reads results and the A/B run's statistics
     "xdist": 7, "cli": 7, "hookspec": 7, "instructions_run": 4,
     "plugin": 8,
     ROOT: 9,
