@@ -19,7 +19,9 @@ A detector is evaluated as the history grows, at the last planted commit and 2, 
 commits later; commits to detection count from the last planted commit. False change points are
 counted on the whole 60 commits, away from the plant (any direction).
 
-Usage: python benchmarks/history_sim.py [--histories 30] [--seed 18] [--out benchmarks/history-sim.md]
+Usage: python benchmarks/history_sim.py [--histories 30] [--seed 18] [--out TABLE.md]
+       python benchmarks/history_sim.py --example-db history.db   (one simulated history as a store:
+       what docs/history-page.png shows, rendered by `perfbudget history report --db history.db`)
 Candidates that are not installed are listed as such (``pip install --no-deps apache-otava
 signal-processing-algorithms structlog more-itertools`` adds the two that are not dependencies).
 """
@@ -27,6 +29,7 @@ signal-processing-algorithms structlog more-itertools`` adds the two that are no
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import re
@@ -251,12 +254,51 @@ def evaluate(detector: Detector, hist: list[History], *, level: bool, cumulative
     return t
 
 
+def write_example_db(path: Path, seed: int) -> None:
+    """One simulated history in a store: an operator's share of the step by A/B (a creeping drift,
+    5 x +2 % from commit 30, drawn until the chain finds it: 21 of 30 histories do), and a step time
+    on a stable machine (one +10 % merge)."""
+    from perfbudget.history import Check, HistoryStore, Run
+    from perfbudget.vocabulary import Outcome
+
+    rng = np.random.default_rng(seed)
+    step, share = profiles()[0], profiles()[1]
+    creep = History([], [], [], [], -1, -1)
+    while creep.first != 30 or not chained_drifts(creep.log_ratios, creep.log_se, creep.dfs):
+        creep = simulate(share, PLANTS[3], rng)
+    jump = simulate(step, PLANTS[2], rng)
+    path.unlink(missing_ok=True)
+    with HistoryStore(path) as store:
+        for i in range(N_COMMITS):
+            commit, parent = (hashlib.sha1(f"commit {j}".encode()).hexdigest() for j in (i + 1, i))
+            d = f"2026-{10 + i // 30:02d}-{1 + i % 30:02d}T12:00:00Z"
+            r, se = creep.log_ratios[i], creep.log_se[i]
+            share_now = creep.values[i] / 40.0 * 0.31
+            ab = Check(nodeid="perf_tests/test_encoder.py::test_operators[cpu]", key="encoder-train",
+                       metric="op_share[aten::mm]", unit="fraction", kind="timing", direction="lower",
+                       outcome=Outcome.PASS, value=share_now, ratio=math.exp(r),
+                       ratio_ci=(math.exp(r - 2.5 * se), math.exp(r + 2.5 * se)), log_se=se, df=creep.dfs[i],
+                       pairs=share.pairs)
+            store.add(Run(commit=commit, parent=parent, date=d, machine="cpu-amd-epyc-25-1-1-avx2", mode="ab"), [ab])
+            ms = jump.values[i] / 4.0
+            stored = Check(nodeid="perf_tests/test_encoder.py::test_step_latency[cuda]", key="encoder-train",
+                           metric="step_ms", unit="ms", kind="timing", direction="lower", outcome=Outcome.PASS,
+                           value=ms, ci=(ms * 0.985, ms * 1.015))
+            store.add(Run(commit=commit, parent=parent, date=d, machine="nvidia-h200-sm90-141gib-1980mhz",
+                          mode="stored"), [stored])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--histories", type=int, default=30, help="histories per profile and plant (default 30)")
     p.add_argument("--seed", type=int, default=18)
     p.add_argument("--out", type=Path, help="write the Markdown table here (else standard output)")
+    p.add_argument("--example-db", type=Path, metavar="PATH", help="write one simulated history to this store and stop")
     args = p.parse_args(argv)
+    if args.example_db:
+        write_example_db(args.example_db, args.seed)
+        print(f"wrote {args.example_db}")
+        return 0
     t0 = time.monotonic()
     rng = np.random.default_rng(args.seed)
     profs = profiles()
