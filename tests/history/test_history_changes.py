@@ -37,9 +37,15 @@ def test_an_exact_metric_changes_where_its_value_does() -> None:
     assert [s.index for s in level_shifts([1e9] * 10 + [1.06e9] * 5)] == [10]
 
 
-def test_level_shifts_refuse_values_that_are_not_positive() -> None:
-    with pytest.raises(ValueError, match="positive finite"):
-        level_shifts([1.0, 0.0, 2.0, 1.0, 1.0, 1.0])
+def test_a_count_that_leaves_zero_is_a_change_point_from_zero() -> None:
+    [shift] = level_shifts([0.0] * 10 + [2.0] * 5)  # graph breaks appear
+    assert (shift.index, shift.before, shift.after, shift.label) == (10, 0.0, 2.0, "0 -> 2")
+    assert shift.change == math.inf
+
+
+def test_level_shifts_refuse_values_that_are_negative_or_not_finite() -> None:
+    with pytest.raises(ValueError, match="finite values >= 0"):
+        level_shifts([1.0, -1.0, 2.0, 1.0, 1.0, 1.0])
 
 
 def test_a_creeping_drift_of_five_small_merges_is_one_drift_over_exactly_them() -> None:

@@ -119,7 +119,7 @@ def _writer(db: str, first: int, count: int) -> None:
 
 def test_two_concurrent_writers_lose_no_row(tmp_path: Path) -> None:
     db = str(tmp_path / "h.db")
-    ctx = multiprocessing.get_context("spawn")  # a fresh interpreter each: two real writers
+    ctx = multiprocessing.get_context("fork")  # two processes, each with its own connection: two real writers
     procs = [ctx.Process(target=_writer, args=(db, first, 15)) for first in (0, 100)]
     for p in procs:
         p.start()

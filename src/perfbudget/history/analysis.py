@@ -3,6 +3,7 @@ in it), and what ``history check`` reports since a commit: the regressions, each
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -65,7 +66,7 @@ def analyze(points: Sequence[Point], *, config: ChangeConfig | None = None, conf
         raise ValueError(f"analyze takes one machine and mode, got {sorted(groups)}")
     config = config or ChangeConfig()
     first = points[0]
-    valued = [p for p in points if p.check.value is not None and p.check.value > 0]
+    valued = [p for p in points if p.check.value is not None and p.check.value >= 0]
     links, gaps = chain_of(points) if first.run.mode == "ab" else ([], [])
     shifts = [] if links else level_shifts([p.check.value or 0.0 for p in valued], config=config)
     drifts = chained_drifts([link.log_ratio for link in links], [link.log_se for link in links],
@@ -98,7 +99,7 @@ class Finding:
     what: str
     """``change point``, ``drift`` or ``cumulative``."""
     change: float
-    """Relative change (0.1: +10 %)."""
+    """Relative change (0.1: +10 %); infinite from a level of 0."""
     ci: tuple[float, float] | None
     """Its interval as a ratio, where it has one."""
     good: str
@@ -110,7 +111,8 @@ class Finding:
     def describe(self) -> str:
         ci = f" ({self.ci[0] - 1:+.1%} to {self.ci[1] - 1:+.1%})" if self.ci else ""
         span = f" over {self.merges} merges" if self.merges > 1 else ""
-        return (f"{self.check} on {self.machine} ({self.mode}): {self.what} {self.change:+.1%}{ci}{span}; "
+        change = f"{self.change:+.1%}" if math.isfinite(self.change) else f"from 0 ({self.change:+})"
+        return (f"{self.check} on {self.machine} ({self.mode}): {self.what} {change}{ci}{span}; "
                 f"commits {self.good[:12]}..{self.bad[:12]} (git bisect start {self.bad[:12]} {self.good[:12]})")
 
 

@@ -78,8 +78,15 @@ class Shift:
 
     @property
     def change(self) -> float:
-        """Relative change of the level (0.05: +5 %)."""
+        """Relative change of the level (0.05: +5 %); infinite from a level of 0 (see :attr:`label`)."""
+        if self.before == 0:
+            return 0.0 if self.after == 0 else math.copysign(math.inf, self.after)
         return self.after / self.before - 1.0
+
+    @property
+    def label(self) -> str:
+        """``+9.9%``, or ``0 -> 2`` from a level of 0."""
+        return f"{self.change:+.1%}" if math.isfinite(self.change) else f"{self.before:.3g} -> {self.after:.3g}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,36 +133,39 @@ def robust_sd(values: Sequence[float]) -> float:
 
 def level_shifts(values: Sequence[float], *, config: ChangeConfig | None = None,
                  breakpoints: Breakpoints = pelt_breakpoints) -> list[Shift]:
-    """Change points of a series of positive absolute values (times, rates), oldest first.
+    """Change points of a series of absolute values (times, rates, counts), oldest first.
 
-    Fitted on ln(value), so a shift is relative and noise proportional to the level is constant; the
-    penalty is ``level_penalty * sd^2 * ln(n)`` with the noise sd from :func:`robust_sd`.
+    Positive series are fitted on ln(value), so a shift is relative and noise proportional to the
+    level is constant; a series with zeros (``graph_breaks``, ``nonfinite_grads``) on the values
+    themselves. The penalty is ``level_penalty * sd^2 * ln(n)`` with the noise sd from :func:`robust_sd`.
 
     Args:
-        values: the series; non-positive or non-finite values are refused.
+        values: the series; negative or non-finite values are refused.
         config: penalties and thresholds.
         breakpoints: the segmentation (:func:`pelt_breakpoints`; another library in the benchmark).
 
     Raises:
-        ValueError: a value that is not a positive finite number.
+        ValueError: a value that is not a finite number >= 0.
     """
     config = config or ChangeConfig()
-    bad = [v for v in values if not (math.isfinite(v) and v > 0)]
+    bad = [v for v in values if not (math.isfinite(v) and v >= 0)]
     if bad:
-        raise ValueError(f"level_shifts needs positive finite values, got {bad[:3]}")
+        raise ValueError(f"level_shifts needs finite values >= 0, got {bad[:3]}")
     n = len(values)
     if n < config.min_points:
         return []
-    logs = [math.log(v) for v in values]
-    sd = max(robust_sd(logs), 1e-9)  # an exact metric: any change is one
-    ends = breakpoints(logs, config.level_penalty * sd * sd * math.log(n))
+    relative = all(v > 0 for v in values)
+    fitted = [math.log(v) for v in values] if relative else [float(v) for v in values]
+    sd = max(robust_sd(fitted), 1e-9)  # an exact metric: any change is one
+    ends = breakpoints(fitted, config.level_penalty * sd * sd * math.log(n))
     starts = [0, *ends[:-1]]
-    means = [statistics.fmean(logs[s:e]) for s, e in zip(starts, ends, strict=True)]
+    means = [statistics.fmean(fitted[s:e]) for s, e in zip(starts, ends, strict=True)]
+    levels = [math.exp(m) for m in means] if relative else means
     shifts = []
     for i in range(1, len(starts)):
-        before, after = math.exp(means[i - 1]), math.exp(means[i])
-        if abs(after / before - 1.0) >= config.min_change:
-            shifts.append(Shift(index=starts[i], before=before, after=after))
+        shift = Shift(index=starts[i], before=levels[i - 1], after=levels[i])
+        if abs(shift.change) >= config.min_change:
+            shifts.append(shift)
     return shifts
 
 

@@ -122,7 +122,7 @@ def _series_text(a: SeriesAnalysis) -> str:
     for i, p in enumerate(a.points):
         if i in shifts:
             s = shifts[i]
-            lines.append(f"  ---- change point: {s.before:.4g} -> {s.after:.4g} {a.unit} ({s.change:+.1%}) "
+            lines.append(f"  ---- change point: {s.before:.4g} -> {s.after:.4g} {a.unit} ({s.label}) "
                          f"{'WORSE' if a.worse(s.change) else 'better'}")
         c = p.check
         value = f"{c.value:.4g}" if c.value is not None else "-"

@@ -148,6 +148,7 @@ def _values_plot(a: SeriesAnalysis) -> str:
     pts = a.points
     values = [p.check.value or 0.0 for p in pts]
     lows = [min(v, p.check.ci[0]) if p.check.ci else v for v, p in zip(values, pts, strict=True)]
+    geometric = all(v > 0 for v in values)
     highs = [max(v, p.check.ci[1]) if p.check.ci else v for v, p in zip(values, pts, strict=True)]
     unit = f" ({a.unit})" if a.unit else ""
     plot = _Plot([p.run.short for p in pts], [f"{p.run.commit} {p.run.date}" for p in pts], min(lows), max(highs),
@@ -156,11 +157,12 @@ def _values_plot(a: SeriesAnalysis) -> str:
     # Segment levels between change points: the fit the change points come from.
     bounds = [0, *(s.index for s in a.shifts), len(pts)]
     for lo, hi in itertools.pairwise(bounds):
-        level = math.exp(sum(math.log(v) for v in values[lo:hi]) / (hi - lo))
+        part = values[lo:hi]
+        level = math.exp(sum(math.log(v) for v in part) / len(part)) if geometric else sum(part) / len(part)
         plot.parts.append(f'<line x1="{plot.x(lo):.1f}" x2="{plot.x(hi - 1):.1f}" y1="{plot.y(level):.1f}" '
                           f'y2="{plot.y(level):.1f}" stroke="#555" stroke-width="2"/>')
     for s in a.shifts:
-        plot.change_point(s.index - 0.5, f"{s.change:+.1%}", _BAD if a.worse(s.change) else _GOOD)
+        plot.change_point(s.index - 0.5, s.label, _BAD if a.worse(s.change) else _GOOD)
     for i, (p, v) in enumerate(zip(pts, values, strict=True)):
         plot.point(i, v, f"{p.run.short} {p.run.date}: {_fmt(v)} {a.unit} ({p.check.outcome})", p.check.ci)
     return plot.svg(f"{a.name} values")
@@ -199,7 +201,7 @@ def _summary(a: SeriesAnalysis) -> str:
     for s in a.shifts:
         cls = "bad" if a.worse(s.change) else "good"
         bits.append(f'<span class="{cls}">change point at {html.escape(a.points[s.index].run.short)}: '
-                    f"{_fmt(s.before)} → {_fmt(s.after)} {html.escape(a.unit)} ({s.change:+.1%})</span>")
+                    f"{_fmt(s.before)} → {_fmt(s.after)} {html.escape(a.unit)} ({html.escape(s.label)})</span>")
     for d in a.drifts:
         cls = "bad" if a.worse(d.change) else "good"
         first, last = a.links[d.first].point.run.short, a.links[d.last].point.run.short
