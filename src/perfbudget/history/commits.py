@@ -51,9 +51,9 @@ def run_of(results: Results, *, source: str, commit: str | None = None, parent: 
         CommitError: naming what is missing and the option that supplies it.
     """
     mode = mode_of(results)
-    ab = results.meta.get("ab") if isinstance(results.meta.get("ab"), dict) else {}
-    assert isinstance(ab, dict)
-    commit = commit or ab.get("head_commit") or git_rev("HEAD", cwd)
+    meta_ab = results.meta.get("ab")
+    ab: dict[str, object] = meta_ab if isinstance(meta_ab, dict) else {}
+    commit = commit or _text(ab.get("head_commit")) or git_rev("HEAD", cwd)
     if not commit:
         raise CommitError(f"{source}: no commit in the results and no git repository at {Path(cwd).resolve()}: "
                           "pass --commit SHA (and --parent, --date)")
@@ -61,7 +61,7 @@ def run_of(results: Results, *, source: str, commit: str | None = None, parent: 
     if info is not None:
         commit = info[0]
     if parent is None:
-        parent = ab.get("base_commit") if mode == "ab" else None
+        parent = _text(ab.get("base_commit")) if mode == "ab" else None
         if parent is None and info is not None:
             parent = info[1]
     if date is None:
@@ -79,6 +79,10 @@ def run_of(results: Results, *, source: str, commit: str | None = None, parent: 
                           "measured?): pass --machine NAME")
     return Run(commit=str(commit), parent=None if parent is None else str(parent), date=date, machine=machine,
                mode=mode, source=source)
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
 
 
 def _identity(results: Results) -> str | None:

@@ -3,9 +3,10 @@ one transaction per write, refused when corrupt or newer than this version reads
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sqlite3
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -315,18 +316,16 @@ class HistoryStore:
 
     # ------------------------------------------------------------------ writing
 
-    class _Transaction:
-        def __init__(self, db: sqlite3.Connection) -> None:
-            self._db = db
-
-        def __enter__(self) -> None:
-            self._db.execute("BEGIN IMMEDIATE")
-
-        def __exit__(self, tp: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-            self._db.execute("COMMIT" if tp is None else "ROLLBACK")
-
-    def _write(self) -> HistoryStore._Transaction:
-        return HistoryStore._Transaction(self._db)
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[None]:
+        """One write transaction: the write lock first (``BEGIN IMMEDIATE``), all or nothing."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
 
     def add(self, run: Run, checks: Iterable[Check]) -> int:
         """Keep ``run`` and its checks, replacing what the store had for the same commit, machine and
