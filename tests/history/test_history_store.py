@@ -173,3 +173,36 @@ def test_a_writer_killed_mid_transaction_leaves_every_earlier_row(tmp_path: Path
         assert [p.check.value for p in store.series("encoder-train", "step_ms")] == [40.0]
         store.add(run(2), checks_from_results(stored_results(41.0)))  # and it takes writes again
         assert len(store.runs()) == 2
+
+
+def test_records_as_perfbudget_ab_merges_them_are_kept_with_their_standard_error(tmp_path: Path) -> None:
+    """The A/B side of the contract: records made by ``ab.compare.compare_pairs`` (what ``perfbudget ab``
+    writes), not by hand."""
+    from perfbudget.ab.compare import ABInfo, PairRecords, compare_pairs
+    from perfbudget.budgets.loader import BudgetSet
+    from perfbudget.results import Record, Results, load_results
+
+    def rec(metric: str, median: float) -> Record:
+        samples = tuple(median * f for f in (0.98, 0.99, 1.0, 1.01, 1.02)) if metric == "step_ms" else ()
+        return Record(nodeid="perf/test_x.py::test_x", key="x", metric=metric, outcome="pass", value=median,
+                      samples=samples, n=len(samples), device=DEVICE, kind="timing" if samples else "exact",
+                      unit="ms" if samples else "flop", direction="lower")
+
+    pairs = [PairRecords(head=Results(records=[rec("step_ms", 10.0 * r), rec("flops", 1e9)]),
+                         base=Results(records=[rec("step_ms", 10.0), rec("flops", 1e9)]))
+             for r in (1.03, 1.01, 1.02)]
+    merged = compare_pairs(pairs, budgets=BudgetSet(root=tmp_path / "budgets"), final=True).records
+    path = Results(records=merged, meta={"mode": "ab", "ab": {"head_commit": sha(2), "base_commit": sha(1),
+                                                               "policy": {"prior_df": 3.0}}}).write(tmp_path / "ab.json")
+    results = load_results(path)
+    checks = {c.metric: c for c in checks_from_results(results)}
+    step = next(r for r in results.records if r.metric == "step_ms")
+    info = ABInfo.from_extra(step.extra)
+    assert step.base is not None and info is not None and info.sd is not None
+    assert checks["step_ms"].ratio == pytest.approx(step.base.ratio)
+    assert checks["step_ms"].log_se == pytest.approx(info.sd / 3**0.5) and checks["step_ms"].df == 5.0
+    assert checks["flops"].log_se is None  # exact: no interval, judged on its values
+    with HistoryStore(tmp_path / "h.db") as store:
+        assert store.add(run_of(results, source=str(path), date=date(2)), checks.values()) == 2
+        [point] = store.series("x", "step_ms")
+    assert point.run.mode == "ab" and (point.run.commit, point.run.parent) == (sha(2), sha(1))
