@@ -166,6 +166,7 @@ def spa_breakpoints(series: Sequence[float], penalty: float) -> list[int]:
     """MongoDB's signal-processing-algorithms E-divisive (permutation test, p < 0.01, 100 permutations)."""
     from signal_processing_algorithms.energy_statistics.energy_statistics import e_divisive
 
+    np.random.seed(0)  # its permutations draw from numpy's global generator: the same table every run
     cps = e_divisive(np.asarray(series, dtype=float), pvalue=0.01, permutations=100)
     return [*sorted({int(c) for c in cps} - {0, len(series)}), len(series)]
 
@@ -292,6 +293,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--histories", type=int, default=30, help="histories per profile and plant (default 30)")
     p.add_argument("--seed", type=int, default=18)
+    p.add_argument("--candidates", default="all", metavar="NAMES",
+                   help="comma-separated module names to compare (ruptures, otava, signal_processing_algorithms); "
+                        "default all that are installed")
     p.add_argument("--out", type=Path, help="write the Markdown table here (else standard output)")
     p.add_argument("--example-db", type=Path, metavar="PATH", help="write one simulated history to this store and stop")
     args = p.parse_args(argv)
@@ -304,11 +308,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     profs = profiles()
     config = ChangeConfig()
     sims = {(pr.name, pl.name): [simulate(pr, pl, rng) for _ in range(args.histories)] for pr in profs for pl in PLANTS}
-    missing = {name: err for name, (_, module) in CANDIDATES.items() if (err := available(module)) is not None}
+    wanted = {name for name, (_, module) in CANDIDATES.items()
+              if args.candidates == "all" or module in args.candidates.split(",")}
+    missing = {name: err for name, (_, module) in CANDIDATES.items()
+               if name in wanted and (err := available(module)) is not None}
     rows = []
     methods: list[tuple[str, str, Detector, bool, bool]] = []
     for name, (bp, _) in CANDIDATES.items():
-        if name in missing:
+        if name in missing or name not in wanted:
             continue
         methods.append(("absolute series", name, level_detector(bp, config), True, False))
         methods.append(("chained A/B log-ratios", name, chain_detector(bp, config), False, False))
