@@ -17,6 +17,7 @@ from history_support import DEVICE, ab_results, date, sha, stored_results
 from perfbudget.history import (
     SCHEMA_VERSION,
     Check,
+    CommitError,
     HistoryError,
     HistoryStore,
     Run,
@@ -52,6 +53,13 @@ def test_an_ab_run_keeps_the_ratio_its_interval_and_its_standard_error(tmp_path:
     assert check.log_se == pytest.approx(0.02 / 3**0.5)
     lo, hi = check.ratio_ci or (0, 0)
     assert lo < check.ratio < hi
+
+
+def test_an_ab_run_of_uncommitted_changes_is_refused_unless_given_a_commit() -> None:
+    res = ab_results(sha(2) + "-dirty", sha(1), [1.0, 1.01])
+    with pytest.raises(CommitError, match=r"ab.json: meta.ab.head_commit '0002a+-dirty': the run measured uncommitted"):
+        run_of(res, source="ab.json", date=date(2))
+    assert run_of(res, source="ab.json", commit=sha(2), date=date(2)).commit == sha(2)
 
 
 def test_the_standard_error_comes_from_the_interval_when_the_sd_is_missing() -> None:

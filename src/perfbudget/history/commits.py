@@ -53,6 +53,9 @@ def run_of(results: Results, *, source: str, commit: str | None = None, parent: 
     mode = mode_of(results)
     meta_ab = results.meta.get("ab")
     ab: dict[str, object] = meta_ab if isinstance(meta_ab, dict) else {}
+    if commit is None and (measured := _text(ab.get("head_commit"))) and measured.endswith("-dirty"):
+        raise CommitError(f"{source}: meta.ab.head_commit {measured!r}: the run measured uncommitted changes, "
+                          "which are no commit of the history; pass --commit SHA to keep it as that commit anyway")
     commit = commit or _text(ab.get("head_commit")) or git_rev("HEAD", cwd)
     if not commit:
         raise CommitError(f"{source}: no commit in the results and no git repository at {Path(cwd).resolve()}: "
