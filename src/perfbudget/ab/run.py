@@ -75,8 +75,9 @@ class ABConfig:
         out: the merged results file (default ``<root>/.perfbudget/ab/results.json``).
         pytest_args: what both sides pass to pytest (tests to select, options).
         burst_ms: burst length for the sides (``None``: the instrument's default).
-        cpus: CPUs both sides are pinned to: ``None`` one CPU (``pairs.one_cpu``), ``()``
-            not pinned (e.g. when the measured code needs several host threads).
+        cpus: CPUs both sides are pinned to: ``None`` one CPU (``pairs.one_cpu``; not pinned
+            with ``instructions``), ``()`` not pinned (e.g. when the measured code needs several
+            host threads).
         policy: the A/B decision settings.
         strict: an inconclusive check fails the run (``perfbudget ab --perf-strict``).
         allow_missing_base: a base that cannot run is judged as "not compared" against the
@@ -206,7 +207,10 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
         command = pytest_command(config.pytest_args)
         if config.instructions:
             command, env = _under_callgrind(command, workdir / "instructions", env)
-    cpus = one_cpu() if config.cpus is None else config.cpus
+    # Instruction counts do not depend on what else the machine runs: the two callgrind sides
+    # run at once (no turn-taking) on every CPU, instead of sharing one.
+    default_cpus = () if config.instructions else one_cpu()
+    cpus = default_cpus if config.cpus is None else config.cpus
 
     operators_file = workdir / "operators.json"
     operators_file.unlink(missing_ok=True)
@@ -238,7 +242,7 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
         say(f"perfbudget ab: pair {index} ({first} first; {what}) ...")
         run = run_pair(index, trees=trees, shims=shims, workdir=workdir, command=command, first=first,
                        timeout_s=max(deadline - now, 1.0), burst_ms=config.burst_ms, cpus=cpus, tests=tests, env=env,
-                       replaces=None if to_replace is None else to_replace.index)
+                       replaces=None if to_replace is None else to_replace.index, lockstep=not config.instructions)
         pair, side_problems = _pair_records(run)
         run = replace(run, ran=_nodeids(pair.head))
         runs.append(run)
