@@ -26,7 +26,9 @@ def test_tiny_mlp_instructions(perf, tiny_mlp: TinyStep) -> None:
 def test_encoder_step_instructions(perf, encoder_train: TrainStep, device: str) -> None:
     if device != "cpu":
         pytest.skip("instruction counts are a host-side channel: measured on the CPU workload")
-    perf.instructions(encoder_train.step, steps=2, warmup=3)
+    # One counted step: a count repeats exactly, and each instrumented encoder step costs
+    # minutes of callgrind on a small runner.
+    perf.instructions(encoder_train.step, steps=1, warmup=3)
 
 
 @pytest.mark.budget("decoder-serve")
