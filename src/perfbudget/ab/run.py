@@ -132,7 +132,9 @@ class ABConfig:
 
     @property
     def workdir(self) -> Path:
-        return self.root / AB_DIR
+        """The run's folder: its base worktree, shims, pairs and results. Instruction counts keep
+        their own, so that they can run alongside a timing run of the same checkout."""
+        return self.root / AB_DIR / "instructions" if self.instructions else self.root / AB_DIR
 
     @property
     def results_path(self) -> Path:
@@ -189,7 +191,7 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
     deadline = t0 + config.max_minutes * 60.0
     root = config.root.resolve()
     try:
-        base = prepare_base(root, config.base, merge_base=config.merge_base)
+        base = prepare_base(root, config.base, merge_base=config.merge_base, path=config.workdir / "base")
         head = head_commit(root)
     except GitError as exc:
         raise UsageError(str(exc)) from None
@@ -206,7 +208,7 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
     if command is None:
         command = pytest_command(config.pytest_args)
         if config.instructions:
-            command, env = _under_callgrind(command, workdir / "instructions", env)
+            command, env = _under_callgrind(command, workdir / "callgrind", env)
     # Instruction counts do not depend on what else the machine runs: the two callgrind sides
     # run at once (no turn-taking) on every CPU, instead of sharing one.
     default_cpus = () if config.instructions else one_cpu()
