@@ -181,20 +181,25 @@ def main() -> int:
     data["machine"] = f"{describe('cpu').identity} (as seen outside valgrind)"
     if "ir_per_iteration" not in data:
         data["ir_per_iteration"] = ir_per_iteration(clone)
-    if "base_per_step" not in data:
-        first = ab_run(clone, base, "instructions", tmp / "calibrate.json", args.cpus)
-        data["base_per_step"] = first["base"]
-    fracs = [float(f) for f in args.plants.split(",") if f]
-    commits = {f: plant(clone, base, f, round(f * data["base_per_step"] / data["ir_per_iteration"])) for f in fracs}
-    jobs = [("A/A", base)] * args.aa + [(f"planted +{f:.1%}", commits[f]) for f in fracs] * args.plant_runs
-    for i, (name, head) in enumerate(jobs):
+    def record(name: str, head: str) -> dict:
         sh("git", "checkout", "-q", "--detach", head, cwd=clone)
-        got = ab_run(clone, base, args.part, tmp / f"run-{i}.json", args.cpus)
+        got = ab_run(clone, base, args.part, tmp / f"run-{len(data['runs'])}.json", args.cpus)
         data["runs"].append({"part": args.part, "scenario": name, **got})
         print(f"{args.part} {name}: {got['outcome']} head/base {_pct(got['ratio'])} in {got['wall_s']:.0f} s",
               flush=True)
         store.write_text(json.dumps(data, indent=1))
         args.out.write_text(table(data))
+        return got
+
+    aa = args.aa
+    if "base_per_step" not in data:  # the first A/A run also gives the count the plants are sized from
+        data["base_per_step"] = record("A/A", base)["base"] if args.part == "instructions" else \
+            ab_run(clone, base, "instructions", tmp / "size.json", args.cpus)["base"]
+        aa -= args.part == "instructions"
+    fracs = [float(f) for f in args.plants.split(",") if f]
+    commits = {f: plant(clone, base, f, round(f * data["base_per_step"] / data["ir_per_iteration"])) for f in fracs}
+    for name, head in [("A/A", base)] * aa + [(f"planted +{f:.1%}", commits[f]) for f in fracs] * args.plant_runs:
+        record(name, head)
     shutil.rmtree(tmp, ignore_errors=True)
     print(textwrap.indent(args.out.read_text(), "  "))
     return 0
