@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import configparser
-import os
 import importlib.util
+import os
 import re
 import shlex
 import shutil
