@@ -115,7 +115,17 @@ def ab_run(clone: Path, base: str, part: str, out: Path, cpus: str | None) -> di
     return {"exit": proc.returncode, "wall_s": round(wall, 1), "outcome": rec["outcome"], "head": rec["value"],
             "base": base_side.get("value"), "ratio": base_side.get("ratio"), "ci": base_side.get("ratio_ci"),
             "pairs": base_side.get("pairs"), "detectable": base_side.get("detectable"),
-            "identity": (rec.get("device") or {}).get("identity")}
+            "identity": _identity(rec.get("device") or {})}
+
+
+def _identity(device: dict) -> str | None:
+    """The identity a results file's device describes (the file keeps its fields, not the slug)."""
+    from perfbudget.device import DeviceInfo
+
+    try:
+        return DeviceInfo(**device).identity
+    except TypeError:
+        return None
 
 
 def _pct(x: float | None) -> str:
@@ -160,15 +170,21 @@ def table(data: dict) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--part", choices=("instructions", "timing"), required=True)
+    ap.add_argument("--part", choices=("instructions", "timing"))
     ap.add_argument("--aa", type=int, default=10, help="A/A runs")
     ap.add_argument("--plant-runs", type=int, default=2, help="runs per plant")
     ap.add_argument("--plants", default=",".join(map(str, PLANTS)), help="fractions, comma-separated")
     ap.add_argument("--cpus", default=None, help="passed to perfbudget ab --cpus")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "instructions-plants-cpu.md")
+    ap.add_argument("--render", action="store_true", help="only rewrite the table from the JSON")
     args = ap.parse_args()
     store = args.out.with_suffix(".json")
     data = json.loads(store.read_text()) if store.exists() else {"runs": [], "commands": []}
+    if args.render:
+        args.out.write_text(table(data))
+        return 0
+    if args.part is None:
+        ap.error("--part is required (or --render)")
     data["commands"] = [*data.get("commands", []), " ".join(["python benchmarks/instructions_plants.py",
                                                              *sys.argv[1:]])]
     tmp = Path(tempfile.mkdtemp(prefix="instr-plants-"))
