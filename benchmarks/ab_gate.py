@@ -306,8 +306,9 @@ def main() -> int:
     ap.add_argument("--max-pairs", type=int, default=6)
     ap.add_argument("--minutes", type=float, default=80.0, help="stop starting runs after this long")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "ab-gate-cpu.md")
-    ap.add_argument("--resume", type=Path, default=None, metavar="JSON",
-                    help="an earlier run's JSON: its runs count toward this run's targets and stay in the table")
+    ap.add_argument("--resume", type=Path, action="append", default=[], metavar="JSON",
+                    help="an earlier run's JSON (repeatable): its runs count toward this run's targets and stay "
+                         "in the table")
     args = ap.parse_args()
     command = " ".join(["python benchmarks/ab_gate.py", *sys.argv[1:]])
     scenarios = [Scenario("A/A", "aa", 0.0, args.aa)]
@@ -327,15 +328,19 @@ def main() -> int:
     env = {**os.environ, "PYTHONPATH": str(clone / "src")}
     plain_s: dict[str, float] = {}
     commands = [f"{command}  (at {base[:12]})"]
-    if args.resume is not None:
-        earlier = json.loads(args.resume.read_text())
+    earlier_commands: list[str] = []
+    for resumed in args.resume:
+        earlier = json.loads(resumed.read_text())
         plain_s.update(earlier.get("plain_s", {}))
-        commands = [*earlier.get("commands", []), *commands]
-        done = {(d["name"], d["kind"], d["frac"], d.get("precision")): d["done"] for d in earlier["scenarios"]}
-        for sc in scenarios:
-            sc.done = list(done.pop((sc.name, sc.kind, sc.frac, sc.precision), []))
-        scenarios += [Scenario(**d) for d in earlier["scenarios"]
-                      if (d["name"], d["kind"], d["frac"], d.get("precision")) in done]
+        earlier_commands += earlier.get("commands", [])
+        for d in earlier["scenarios"]:
+            same = next((sc for sc in scenarios if (sc.name, sc.kind, sc.frac, sc.precision)
+                         == (d["name"], d["kind"], d["frac"], d.get("precision"))), None)
+            if same is None:
+                scenarios.append(Scenario(**{**d, "runs": len(d["done"])}))
+            else:
+                same.done += d["done"]
+    commands = [*earlier_commands, *commands]
     command = "`; `".join(commands)
     for tests in {s.tests for s in scenarios if " ".join(s.tests) not in plain_s}:
         t0 = time.perf_counter()
