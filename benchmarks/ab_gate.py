@@ -306,6 +306,9 @@ def main() -> int:
     ap.add_argument("--max-pairs", type=int, default=6)
     ap.add_argument("--minutes", type=float, default=80.0, help="stop starting runs after this long")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "ab-gate-cpu.md")
+    ap.add_argument("--resume", type=Path, action="append", default=[], metavar="JSON",
+                    help="an earlier run's JSON (repeatable): its runs count toward this run's targets and stay "
+                         "in the table")
     args = ap.parse_args()
     command = " ".join(["python benchmarks/ab_gate.py", *sys.argv[1:]])
     scenarios = [Scenario("A/A", "aa", 0.0, args.aa)]
@@ -324,7 +327,22 @@ def main() -> int:
     base = sh("git", "rev-parse", "HEAD", cwd=clone).strip()
     env = {**os.environ, "PYTHONPATH": str(clone / "src")}
     plain_s: dict[str, float] = {}
-    for tests in {s.tests for s in scenarios}:
+    commands = [f"{command}  (at {base[:12]})"]
+    earlier_commands: list[str] = []
+    for resumed in args.resume:
+        earlier = json.loads(resumed.read_text())
+        plain_s.update(earlier.get("plain_s", {}))
+        earlier_commands += earlier.get("commands", [])
+        for d in earlier["scenarios"]:
+            same = next((sc for sc in scenarios if (sc.name, sc.kind, sc.frac, sc.precision)
+                         == (d["name"], d["kind"], d["frac"], d.get("precision"))), None)
+            if same is None:
+                scenarios.append(Scenario(**{**d, "runs": len(d["done"])}))
+            else:
+                same.done += d["done"]
+    commands = [*earlier_commands, *commands]
+    command = "`; `".join(commands)
+    for tests in {s.tests for s in scenarios if " ".join(s.tests) not in plain_s}:
         t0 = time.perf_counter()
         subprocess.run([sys.executable, "-m", "pytest", *tests, "-q", "-p", "no:cacheprovider"], cwd=clone, env=env,
                        capture_output=True)
@@ -348,8 +366,9 @@ def main() -> int:
               + ", ".join(f"{k.split('.', 1)[1]}={c['outcome']}" for k, c in got["checks"].items()
                           if family(k) in TIMING), flush=True)
         args.out.write_text(table(scenarios, plain_s, command))
-    (args.out.with_suffix(".json")).write_text(json.dumps(
-        {"plain_s": plain_s, "scenarios": [s.__dict__ for s in scenarios]}, indent=1))
+        # After every run: a run stopped early keeps what it measured (and can be resumed).
+        (args.out.with_suffix(".json")).write_text(json.dumps(
+            {"plain_s": plain_s, "commands": commands, "scenarios": [s.__dict__ for s in scenarios]}, indent=1))
     shutil.rmtree(tmp, ignore_errors=True)
     print(args.out.read_text())
     return 0

@@ -31,4 +31,36 @@ fi
 merge=()
 [ "${PERFBUDGET_AB_MERGE_BASE:-0}" = "1" ] && merge=(--merge-base)
 mkdir -p .perfbudget
-exec .venv/bin/perfbudget ab --base "$base" "${merge[@]}" --out .perfbudget/results-ab.json "$@" -- perf_tests
+ab() { .venv/bin/perfbudget ab --base "$base" "${merge[@]}" "$@"; }
+
+# Instructions per step (callgrind): both sides at once, one pair, on every CPU but the last,
+# alongside the timing pairs, which take turns on the last CPU (the ISA path and the counts do
+# not depend on the load). PERFBUDGET_AB_INSTRUCTIONS=0 leaves them to the timing run, as does
+# a machine without valgrind or a second CPU: there they are reported unmeasurable, with how
+# to measure them.
+cpus=$(.venv/bin/python -c 'import os; c = sorted(os.sched_getaffinity(0)); print(",".join(map(str, c[:-1])))')
+instructions=0
+timing=(perf_tests)
+if [ "${PERFBUDGET_AB_INSTRUCTIONS:-1}" != "0" ] && command -v valgrind >/dev/null 2>&1 && [ -n "$cpus" ]; then
+    instructions=1
+    timing=(perf_tests -m "not instructions")
+    rm -f .perfbudget/results-ab-instructions.json
+    ab --instructions --cpus "$cpus" --max-minutes 20 --out .perfbudget/results-ab-instructions.json \
+        -- perf_tests -m instructions -p no:randomly > .perfbudget/ab-instructions.log 2>&1 &
+    pid=$!
+fi
+set +e
+ab --out .perfbudget/results-ab.json "$@" -- "${timing[@]}"
+rc=$?
+if [ "$instructions" = "1" ]; then
+    wait "$pid"
+    irc=$?
+    sed 's/^/[instructions] /' .perfbudget/ab-instructions.log >&2
+    if [ -f .perfbudget/results-ab-instructions.json ]; then
+        # One report: the counts beside the timing checks.
+        .venv/bin/perfbudget merge .perfbudget/results-ab.json .perfbudget/results-ab-instructions.json \
+            -o .perfbudget/results-ab.json || rc=2
+    fi
+    [ "$irc" -gt "$rc" ] && rc=$irc
+fi
+exit "$rc"

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import configparser
 import importlib.util
+import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -170,6 +172,69 @@ def test_tox_environments_match_the_readme_and_ci() -> None:
     for env in ("unit", "perf", "gpu", "lint", "type"):
         assert f"tox -e {env}" in readme
     assert "**`perf budgets`**" in readme and "required status check" in readme
+
+
+FAKE_PERFBUDGET = """#!/bin/sh
+# Stands in for perfbudget: logs its arguments, writes the --out / -o file it is given.
+echo "$*" >> "$PERFBUDGET_CALLS"
+out=""
+prev=""
+for a in "$@"; do
+    case "$prev" in --out|-o) out="$a" ;; esac
+    prev="$a"
+done
+[ -n "$out" ] && echo '{}' > "$out"
+exit 0
+"""
+
+
+@pytest.mark.parametrize("valgrind", [True, False])
+def test_perf_ab_script_runs_instruction_counts_beside_the_timing_pairs(tmp_path: Path, valgrind: bool) -> None:
+    """With valgrind and a second CPU: counts on the other CPUs, timing without them, one merged
+    report. Without valgrind the timing run keeps the instruction tests (reported unmeasurable)."""
+    repo = tmp_path / "r"
+    (repo / "scripts").mkdir(parents=True)
+    (repo / "scripts" / "perf-ab.sh").write_text((ROOT / "scripts" / "perf-ab.sh").read_text())
+    (repo / "scripts" / "setup.sh").write_text("#!/bin/sh\n")
+    (repo / ".venv" / "bin").mkdir(parents=True)
+    (repo / ".venv" / "bin" / "perfbudget").write_text(FAKE_PERFBUDGET)
+    (repo / ".venv" / "bin" / "python").symlink_to(sys.executable)
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    for name in ("git", "sed", "rm", "mkdir", "cut", "dirname", "cat"):
+        found = shutil.which(name)
+        assert found, name
+        (tools / name).symlink_to(found)
+    if valgrind:
+        (tools / "valgrind").write_text("#!/bin/sh\n")
+    for f in (repo / "scripts" / "perf-ab.sh", repo / "scripts" / "setup.sh", repo / ".venv" / "bin" / "perfbudget",
+              *tools.iterdir()):
+        f.chmod(0o755)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    for message in ("first", "second"):
+        subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", message], check=True)
+    calls = tmp_path / "calls"
+    env = {"PATH": str(tools), "PERFBUDGET_CALLS": str(calls), "HOME": str(tmp_path)}
+    cpus = sorted(os.sched_getaffinity(0))
+    bash = shutil.which("bash")
+    assert bash
+    done = subprocess.run([bash, str(repo / "scripts" / "perf-ab.sh"), "--max-pairs", "4"], capture_output=True,
+                          text=True, cwd=repo, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = calls.read_text().splitlines()
+    counted = [c for c in lines if "--instructions" in c]
+    timing = [c for c in lines if c.startswith("ab") and "--instructions" not in c]
+    assert len(timing) == 1 and "--max-pairs 4" in timing[0]
+    if valgrind and len(cpus) > 1:
+        others = ",".join(map(str, cpus[:-1]))
+        assert len(counted) == 1 and f"--cpus {others}" in counted[0]
+        assert counted[0].endswith("-- perf_tests -m instructions -p no:randomly")
+        assert timing[0].endswith("-- perf_tests -m not instructions")
+        assert any(c.startswith("merge .perfbudget/results-ab.json .perfbudget/results-ab-instructions.json") for c in lines)
+    else:
+        assert counted == [] and timing[0].endswith("-- perf_tests")
+        assert not any(c.startswith("merge") for c in lines)
 
 
 def test_pushes_to_main_keep_the_ab_results_in_the_history_and_check_it(wf: dict[str, Any]) -> None:

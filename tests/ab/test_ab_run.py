@@ -204,6 +204,36 @@ def test_cpus_are_pinned_as_asked(make_repo: Callable[..., Path]) -> None:
         ABConfig(root=repo, base="HEAD", cpus=(100_000,))
 
 
+def test_instruction_count_sides_run_at_once_on_every_cpu_without_turns(make_repo: Callable[..., Path]) -> None:
+    repo = make_repo({"src/fakelib/__init__.py": lib(), "budgets/cpu.yaml": BUDGETS})
+    result = run(repo, instructions=True, min_pairs=1, max_pairs=1)
+    (pair,) = result.pairs
+    assert pair.invalid == "" and pair.turns.grants("base") == pair.turns.grants("head") == 0
+    assert pair.turns.joined == () and result.results.meta["ab"]["cpus"] == []
+    everything = sorted(os.sched_getaffinity(0))
+    assert all(side_log(pair.sides[s].results)["cpus"] == everything for s in ("base", "head"))
+    assert pair.sides["base"].returncode == pair.sides["head"].returncode == 0
+    flops = next(r for r in result.results.records if r.metric == "flops")
+    assert flops.outcome == "pass" and "same as the base (1000)" in flops.reason
+
+
+def test_an_instruction_run_and_a_timing_run_of_one_checkout_can_run_at_once(make_repo: Callable[..., Path]) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    repo = make_repo({"src/fakelib/__init__.py": lib(), "budgets/cpu.yaml": BUDGETS})
+    with ThreadPoolExecutor(2) as pool:
+        counts = pool.submit(run, repo, instructions=True, min_pairs=1, max_pairs=1,
+                             out=repo / ".perfbudget" / "counts.json")
+        timing = pool.submit(run, repo, max_pairs=6)
+        counts_run, timing_run = counts.result(), timing.result()
+    assert counts_run.pairs[0].sides["base"].returncode == 0 and timing_run.exit_code == 0
+    # Each run has its own base worktree and pairs: neither refreshed the other's away.
+    sides = {p.sides["base"].results.parent.parent for p in (*counts_run.pairs, *timing_run.pairs)}
+    assert sides == {repo / ".perfbudget" / "ab", repo / ".perfbudget" / "ab" / "instructions"}
+    assert (repo / ".perfbudget" / "ab" / "base").is_dir()
+    assert (repo / ".perfbudget" / "ab" / "instructions" / "base").is_dir()
+
+
 def test_the_command_line_takes_pytest_args_after_a_double_dash() -> None:
     args = build_parser().parse_args(["--base", "origin/main", "--merge-base", "--max-pairs", "8", "--",
                                       "perf_tests", "-k", "encoder", "--perf-strict"])

@@ -234,6 +234,7 @@ def run_pair(
     env: Mapping[str, str] | None = None,
     tests: Sequence[str] | None = None,
     replaces: int | None = None,
+    lockstep: bool = True,
 ) -> PairRun:
     """Run both sides of pair ``index`` to the end, taking turns, and return how it went.
 
@@ -250,6 +251,9 @@ def run_pair(
         env: base environment of the sides (default: this process's).
         tests: the nodeids both sides run, in order (``None``: the user's selection).
         replaces: the invalid pair this one re-runs (recorded only).
+        lockstep: the sides take turns (timing); ``False`` runs them at once with no
+            coordinator, for measurements that do not depend on the machine's state
+            (instruction counts).
 
     The pair comes back ``invalid`` when a side's turn-taking client reported a loss in
     ``<side>.turns`` (``PERFBUDGET_TURNS_REPORT``) or the coordinator refused a process.
@@ -261,7 +265,7 @@ def run_pair(
     # Unix socket paths are limited to ~107 bytes: keep it in a short temporary folder.
     sockdir = Path(tempfile.mkdtemp(prefix="perfbudget-ab-"))
     sockpath = sockdir / "turns.sock"
-    coordinator = Coordinator(sockpath, first=first).start()
+    coordinator = Coordinator(sockpath, first=first).start() if lockstep else None
     procs: dict[str, subprocess.Popen[bytes]] = {}
     started: dict[str, float] = {}
     ended: dict[str, float] = {}
@@ -274,7 +278,9 @@ def run_pair(
     killed: set[str] = set()
     try:
         for side in (first, *(s for s in SIDES if s != first)):
-            extra = {ENV_SOCKET: str(sockpath), ENV_SIDE: side, ENV_REPORT: str(reports[side])}
+            extra = {ENV_SIDE: side, ENV_REPORT: str(reports[side])}
+            if coordinator is not None:
+                extra[ENV_SOCKET] = str(sockpath)
             if burst_ms is not None:
                 extra[ENV_BURST_MS] = f"{burst_ms:g}"
             argv = list(command(SideSetup(side=side, tree=trees[side], results=results[side], tests=chosen)))
@@ -294,7 +300,8 @@ def run_pair(
             for side, proc in procs.items():
                 if side not in ended and proc.poll() is not None:
                     ended[side] = time.monotonic()
-                    coordinator.side_exited(side)
+                    if coordinator is not None:
+                        coordinator.side_exited(side)
             if time.monotonic() - t0 > timeout_s:
                 timed_out = True
                 break
@@ -305,8 +312,9 @@ def run_pair(
                 _kill(proc)
                 killed.add(side)
                 ended.setdefault(side, time.monotonic())
-                coordinator.side_exited(side)
-        turn_log = coordinator.close()
+                if coordinator is not None:
+                    coordinator.side_exited(side)
+        turn_log = coordinator.close() if coordinator is not None else TurnLog(turns=(), joined=(), left=())
         shutil.rmtree(sockdir, ignore_errors=True)
     sides = {
         s: SideRun(side=s, results=results[s], log=logs[s],

@@ -75,8 +75,9 @@ class ABConfig:
         out: the merged results file (default ``<root>/.perfbudget/ab/results.json``).
         pytest_args: what both sides pass to pytest (tests to select, options).
         burst_ms: burst length for the sides (``None``: the instrument's default).
-        cpus: CPUs both sides are pinned to: ``None`` one CPU (``pairs.one_cpu``), ``()``
-            not pinned (e.g. when the measured code needs several host threads).
+        cpus: CPUs both sides are pinned to: ``None`` one CPU (``pairs.one_cpu``; not pinned
+            with ``instructions``), ``()`` not pinned (e.g. when the measured code needs several
+            host threads).
         policy: the A/B decision settings.
         strict: an inconclusive check fails the run (``perfbudget ab --perf-strict``).
         allow_missing_base: a base that cannot run is judged as "not compared" against the
@@ -131,7 +132,9 @@ class ABConfig:
 
     @property
     def workdir(self) -> Path:
-        return self.root / AB_DIR
+        """The run's folder: its base worktree, shims, pairs and results. Instruction counts keep
+        their own, so that they can run alongside a timing run of the same checkout."""
+        return self.root / AB_DIR / "instructions" if self.instructions else self.root / AB_DIR
 
     @property
     def results_path(self) -> Path:
@@ -188,7 +191,7 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
     deadline = t0 + config.max_minutes * 60.0
     root = config.root.resolve()
     try:
-        base = prepare_base(root, config.base, merge_base=config.merge_base)
+        base = prepare_base(root, config.base, merge_base=config.merge_base, path=config.workdir / "base")
         head = head_commit(root)
     except GitError as exc:
         raise UsageError(str(exc)) from None
@@ -205,8 +208,11 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
     if command is None:
         command = pytest_command(config.pytest_args)
         if config.instructions:
-            command, env = _under_callgrind(command, workdir / "instructions", env)
-    cpus = one_cpu() if config.cpus is None else config.cpus
+            command, env = _under_callgrind(command, workdir / "callgrind", env)
+    # Instruction counts do not depend on what else the machine runs: the two callgrind sides
+    # run at once (no turn-taking) on every CPU, instead of sharing one.
+    default_cpus = () if config.instructions else one_cpu()
+    cpus = default_cpus if config.cpus is None else config.cpus
 
     operators_file = workdir / "operators.json"
     operators_file.unlink(missing_ok=True)
@@ -238,7 +244,7 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
         say(f"perfbudget ab: pair {index} ({first} first; {what}) ...")
         run = run_pair(index, trees=trees, shims=shims, workdir=workdir, command=command, first=first,
                        timeout_s=max(deadline - now, 1.0), burst_ms=config.burst_ms, cpus=cpus, tests=tests, env=env,
-                       replaces=None if to_replace is None else to_replace.index)
+                       replaces=None if to_replace is None else to_replace.index, lockstep=not config.instructions)
         pair, side_problems = _pair_records(run)
         run = replace(run, ran=_nodeids(pair.head))
         runs.append(run)

@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..fileio import lock
+
 __all__ = [
     "AB_DIR",
     "BaseTree",
@@ -80,14 +82,16 @@ def head_commit(root: Path) -> str:
     return f"{sha}-dirty" if dirty else sha
 
 
-def prepare_base(root: Path, ref: str, *, merge_base: bool = False) -> BaseTree:
-    """Check out the base commit, fresh, as a detached worktree under ``<root>/.perfbudget/ab/base``.
+def prepare_base(root: Path, ref: str, *, merge_base: bool = False, path: Path | None = None) -> BaseTree:
+    """Check out the base commit, fresh, as a detached worktree (``<root>/.perfbudget/ab/base``).
 
     Args:
         root: the repository root (this checkout).
         ref: any commit-ish (``origin/main``, a SHA).
         merge_base: use ``git merge-base HEAD ref`` instead of ``ref`` itself (what a pull
             request changes is measured against the commit it branched from).
+        path: where the worktree goes (default ``<root>/.perfbudget/ab/base``); two runs at
+            once (timing and instruction counts) each use their own.
 
     Raises:
         GitError: ``ref`` is not a commit here, or the worktree cannot be made.
@@ -99,16 +103,19 @@ def prepare_base(root: Path, ref: str, *, merge_base: bool = False) -> BaseTree:
                        "actions/checkout with fetch-depth: 0)") from None
     if merge_base:
         commit = git("merge-base", "HEAD", commit, cwd=root)
-    path = root / AB_DIR / "base"
-    # Refresh: a worktree left by an earlier run may hold another commit or build outputs.
-    if path.exists():
-        try:
-            git("worktree", "remove", "--force", str(path), cwd=root)
-        except GitError:
-            shutil.rmtree(path)  # not a registered worktree (or a broken one): just a folder
-    git("worktree", "prune", cwd=root)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    git("worktree", "add", "--detach", "--force", str(path), commit, cwd=root)
+    path = root / AB_DIR / "base" if path is None else path
+    # One run at a time changes the repository's worktree list (git's own files are not safe
+    # against two `worktree add/remove/prune` at once).
+    with lock(root / AB_DIR / "worktrees.lock"):
+        # Refresh: a worktree left by an earlier run may hold another commit or build outputs.
+        if path.exists():
+            try:
+                git("worktree", "remove", "--force", str(path), cwd=root)
+            except GitError:
+                shutil.rmtree(path)  # not a registered worktree (or a broken one): just a folder
+        git("worktree", "prune", cwd=root)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        git("worktree", "add", "--detach", "--force", str(path), commit, cwd=root)
     return BaseTree(path=path, ref=ref, commit=commit, merge_base=merge_base)
 
 
