@@ -11,7 +11,7 @@ import pytest
 from history_support import ab_results, date, sha, stored_results
 
 from perfbudget.history import HistoryStore, checks_from_results, run_of
-from perfbudget.history.analysis import analyze, findings_since
+from perfbudget.history.analysis import analyze, analyze_store, findings_since
 from perfbudget.history.chain import chain_of, cumulative
 from perfbudget.history.changepoints import ChangeConfig, chained_drifts, level_shifts, segment_sum
 from perfbudget.results import load_results
@@ -148,3 +148,18 @@ def test_a_missing_link_ends_the_chain_and_says_so(tmp_path: Path) -> None:
         links, gaps = chain_of(store.series("encoder-train", "step_ms"))
     assert [link.commit for link in links] == [sha(20)]
     assert gaps and f"parent {sha(19)[:8]} has no A/B ratio" in gaps[0]
+
+
+def test_ab_runs_on_different_machines_are_one_chain(tmp_path: Path) -> None:
+    """Hosted runners differ from job to job: each ratio was measured within one, so the chain goes on."""
+    rng = np.random.default_rng(9)
+    with HistoryStore(tmp_path / "h.db") as store:
+        for i in range(1, 21):
+            step = 1.10 if i == 12 else 1.0
+            res = ab_results(sha(i), sha(i - 1), list(np.exp(math.log(step) + rng.normal(0, 0.005, 3))), sd=0.005)
+            run = run_of(res, source=f"ab{i}.json", date=date(i), machine=f"cpu-runner-kind-{i % 3}")
+            store.add(run, checks_from_results(res))
+        [analysis] = analyze_store(store, names=[("encoder-train", "step_ms")])
+    assert analysis.machine == "3 machines" and len(analysis.links) == 20 and analysis.gaps == []
+    assert [(d.first, d.last) for d in analysis.drifts] == [(11, 11)]
+    assert analysis.links[11].commit == sha(12)

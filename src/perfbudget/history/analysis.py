@@ -21,6 +21,7 @@ class SeriesAnalysis:
     key: str
     metric: str
     machine: str
+    """The machine identity; for A/B history, the one machine or ``N machines``."""
     mode: Mode
     unit: str
     direction: str
@@ -57,22 +58,28 @@ def analyze(points: Sequence[Point], *, config: ChangeConfig | None = None, conf
     (on a drifting machine they are mostly noise), except for exact checks, which have no interval.
 
     Raises:
-        ValueError: points of several machines or modes, or none.
+        ValueError: points of two series (:func:`~perfbudget.history.store.by_machine`), or none.
     """
     if not points:
         raise ValueError("analyze needs at least one point, got none")
     groups = by_machine(points)
     if len(groups) != 1:
-        raise ValueError(f"analyze takes one machine and mode, got {sorted(groups)}")
+        raise ValueError(f"analyze takes one series (stored runs of one machine, or A/B runs), got {sorted(groups)}")
     config = config or ChangeConfig()
     first = points[0]
     valued = [p for p in points if p.check.value is not None and p.check.value >= 0]
     links, gaps = chain_of(points) if first.run.mode == "ab" else ([], [])
-    shifts = [] if links else level_shifts([p.check.value or 0.0 for p in valued], config=config)
+    machines = sorted({p.run.machine for p in points})
+    shifts: list[Shift] = []
+    if not links and len(machines) == 1:
+        shifts = level_shifts([p.check.value or 0.0 for p in valued], config=config)
+    elif not links:
+        gaps = [*gaps, f"values from {len(machines)} machines and no head/parent intervals: not searched"]
     drifts = chained_drifts([link.log_ratio for link in links], [link.log_se for link in links],
                             None if any(link.df is None for link in links) else [link.df or 0.0 for link in links],
                             config=config) if links else []
-    return SeriesAnalysis(key=first.check.key, metric=first.check.metric, machine=first.run.machine,
+    machine = machines[0] if len(machines) == 1 else f"{len(machines)} machines"
+    return SeriesAnalysis(key=first.check.key, metric=first.check.metric, machine=machine,
                           mode=first.run.mode, unit=first.check.unit, direction=first.check.direction,
                           points=valued, shifts=shifts, links=links,
                           cumulative=cumulative_series(links, confidence=confidence), drifts=drifts, gaps=gaps)

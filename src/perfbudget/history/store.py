@@ -418,9 +418,10 @@ def _check(row: Sequence[object]) -> Check:
 
 
 def by_machine(points: Iterable[Point]) -> dict[tuple[str, Mode], list[Point]]:
-    """Points grouped by ``(machine, mode)``, each group in the order given: one series per machine
-    and mode (absolute values of two machines, or ratios and values, are not one series)."""
+    """Points grouped into series, each in the order given: stored runs by ``(machine, "stored")``
+    (absolute values of two machines are not one series), A/B runs all in ``("", "ab")``: each
+    head/parent ratio was measured within one machine, so the chain runs across machines."""
     out: dict[tuple[str, Mode], list[Point]] = {}
     for p in points:
-        out.setdefault((p.run.machine, p.run.mode), []).append(p)
+        out.setdefault((p.run.machine if p.run.mode == "stored" else "", p.run.mode), []).append(p)
     return out
