@@ -21,7 +21,7 @@ FLOORS: dict[str, int] = {
     "judge": 3, "results": 3,
     "recorder": 4, "report": 4,
     "outcome": 5, "show": 5, "ab": 5,
-    "session": 6,
+    "session": 6, "history": 6,  # history reads results and the A/B run's statistics
     "xdist": 7, "cli": 7, "hookspec": 7, "instructions_run": 4,
     "plugin": 8,
     ROOT: 9,
@@ -173,3 +173,10 @@ def test_the_instrument_below_the_recorder_never_imports_pytest() -> None:
                        if FLOORS[_floor_of(m)] <= PYTEST_FREE_UP_TO and names & {"pytest", "_pytest"})
     assert not offenders, f"measure, budgets, judge and the modules below the recorder import pytest: {offenders}"
     assert {"measure", "budgets", "judge"} <= {f for f, n in FLOORS.items() if n <= PYTEST_FREE_UP_TO}
+
+
+def test_the_history_never_imports_pytest() -> None:
+    """``perfbudget.history`` runs in a CI job and from a notebook, never inside pytest."""
+    offenders = sorted(m for m, names in _top_levels(ROOT).items()
+                       if _floor_of(m) == "history" and names & {"pytest", "_pytest"})
+    assert not offenders and any(_floor_of(m) == "history" for m in MODULES), offenders

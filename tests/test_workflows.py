@@ -53,7 +53,9 @@ def test_workflow_files_match_githubs_schema() -> None:
 def test_triggers_permissions_and_pinned_actions(wf: dict[str, Any]) -> None:
     assert {"pull_request", "push"} <= set(wf["on"]) and wf["on"]["push"]["branches"] == ["main"]
     assert wf["permissions"] == {"contents": "read"}
-    assert wf["concurrency"]["cancel-in-progress"] is True
+    # A pull request's newer push cancels its older run; a push to main never (each is a link of the history).
+    assert wf["concurrency"]["cancel-in-progress"] == "${{ github.event_name == 'pull_request' }}"
+    assert "github.sha" in wf["concurrency"]["group"]
     uses = [s["uses"] for job in wf["jobs"].values() for s in steps(job) if "uses" in s]
     assert uses and all(re.fullmatch(r"actions/[a-z-]+@v\d+", u) for u in uses), uses
 
@@ -102,7 +104,7 @@ def _perfbudget_commands(wf: dict[str, Any]) -> list[list[str]]:
         for s in steps(job):
             script = re.sub(r"\$\{\{[^}]*\}\}", "x", str(s.get("run", "")))
             for line in script.replace("\\\n", " ").splitlines():
-                line = line.split(">>", 1)[0].strip()
+                line = line.split(">>", 1)[0].split(" | ", 1)[0].strip()  # the command, not what takes its output
                 if "perfbudget " in line and "bin/perfbudget" in line:
                     argv = shlex.split(line.replace('"${files[@]}"', "a.json b.json"))
                     out.append(argv[argv.index(next(a for a in argv if a.endswith("bin/perfbudget"))) + 1:])
@@ -111,11 +113,11 @@ def _perfbudget_commands(wf: dict[str, Any]) -> list[list[str]]:
 
 def test_every_perfbudget_command_in_the_workflow_parses(wf: dict[str, Any]) -> None:
     commands = _perfbudget_commands(wf)
-    assert {c[0] for c in commands} == {"report", "merge", "ab"}
+    assert {c[0] for c in commands} == {"report", "merge", "ab", "history"}
     parser = build_parser()
     for argv in commands:
         args = parser.parse_args(argv)  # exits (fails the test) on a bad flag
-        assert args.command in ("report", "merge", "ab")
+        assert args.command in ("report", "merge", "ab", "history")
         if argv[0] == "ab":
             assert args.base and args.merge_base and "perf_tests" in args.pytest_args
 
@@ -233,3 +235,21 @@ def test_perf_ab_script_runs_instruction_counts_beside_the_timing_pairs(tmp_path
     else:
         assert counted == [] and timing[0].endswith("-- perf_tests")
         assert not any(c.startswith("merge") for c in lines)
+
+
+def test_pushes_to_main_keep_the_ab_results_in_the_history_and_check_it(wf: dict[str, Any]) -> None:
+    job = wf["jobs"]["history"]
+    assert job["needs"] == ["ab"] and "!cancelled()" in job["if"]
+    assert "github.event_name == 'push'" in job["if"] and "refs/heads/main" in job["if"]
+    assert job["permissions"] == {"contents": "write"}  # the branch perf-history is pushed
+    checkout = next(s for s in steps(job) if str(s.get("uses", "")).startswith("actions/checkout"))
+    assert checkout["with"]["fetch-depth"] == 0
+    download = next(s for s in steps(job) if str(s.get("uses", "")).startswith("actions/download-artifact"))
+    assert download["with"]["name"] == "perf-shard-ab"  # what the ab job uploads
+    text = runs(job)
+    order = [text.index(x) for x in ("scripts/setup.sh", "scripts/perf-history.sh ab-results/results-ab.json",
+                                     "perfbudget history report", "perfbudget history check --since")]
+    assert order == sorted(order)
+    assert "set -o pipefail" in text and 'exit "$status"' in text  # the check's exit status is the step's
+    upload = next(s for s in steps(job) if str(s.get("uses", "")).startswith("actions/upload-artifact"))
+    assert upload["with"]["name"] == "perf-history" and "history.html" in upload["with"]["path"]

@@ -22,6 +22,7 @@ from .device import DeviceInfo
 from .exitcodes import ExitCode
 from .extras import ExtraError
 from .fileio import atomic_write
+from .history.cli import register as register_history
 from .instructions_run import run_instructions
 from .judge import STABLE_MACHINE_ENV, stable_identity
 from .report import (
@@ -298,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("pytest_args", nargs="*", metavar="-- PYTEST_ARGS", help="arguments for pytest")
     i.set_defaults(func=cmd_instructions)
     register_ab(sub)  # perfbudget ab: the lockstep A/B run (its own module)
+    register_history(sub)  # perfbudget history: main's results kept, plotted, checked for drift
     return p
 
 

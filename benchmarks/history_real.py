@@ -1,0 +1,134 @@
+"""A real main-branch history (issue 18, 4b): a scratch repository of consecutive commits, one perf test,
+a real lockstep A/B run of every commit against its parent, each kept in a history; one +2 % step
+planted three times in a row. Times code: run it on a quiet machine, never beside another timing run.
+
+The scratch repository (``--workdir``) has a library whose step does ``4000 * FACTOR`` additions and
+one test timing it through perfbudget's public API. Commit 0 has ``FACTOR = 1.0``; of the
+``--commits`` commits after it, numbers 3, 4 and 5 each multiply ``FACTOR`` by 1.02; the others
+change only a comment. For every commit: ``perfbudget ab --base HEAD~1`` there, then
+``perfbudget history add``; at the end ``perfbudget history show``, ``check --since`` commit 0, and
+``report``.
+
+Usage: python benchmarks/history_real.py [--commits 8] [--workdir /tmp/perfbudget-history-real] [--dry-run]
+       (--dry-run builds the repository and prints the commands, without timing anything)
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PERFBUDGET = ROOT / ".venv" / "bin" / "perfbudget"
+PLANTED = (3, 4, 5)
+STEP = 1.02
+
+LIB = """\
+# revision {rev}
+FACTOR = {factor!r}
+
+
+def step():
+    x = 0
+    for i in range(int(4000 * FACTOR)):
+        x += i
+    return x
+"""
+
+TEST = """\
+import pytest
+
+import scratchlib
+
+
+@pytest.mark.budget("scratch-step")
+def test_step(perf):
+    perf.time("step_ms", scratchlib.step, warmup_ms=50, min_samples=30, max_ms=1500)
+"""
+
+BUDGETS = """\
+schema: 1
+device:
+  type: cpu
+budgets:
+  scratch-step:
+    step_ms:
+      value: 1.0
+      tolerance: 0.5
+      ab_tolerance: 0.05
+"""
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.name=history", "-c", "user.email=history@example.invalid", "-C",
+                           str(repo), *args], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def build(repo: Path, commits: int) -> list[str]:
+    """The scratch repository; returns its commits, oldest first (commit 0 first)."""
+    if repo.exists():
+        shutil.rmtree(repo)
+    (repo / "src" / "scratchlib").mkdir(parents=True)
+    (repo / "perf").mkdir()
+    (repo / "budgets").mkdir()
+    subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
+    (repo / ".gitignore").write_text("/.perfbudget/\n__pycache__/\nhistory.db\n")
+    (repo / "perf" / "test_step.py").write_text(TEST)
+    (repo / "budgets" / "cpu.yaml").write_text(BUDGETS)
+    shas = []
+    factor = 1.0
+    for i in range(commits + 1):
+        if i in PLANTED:
+            factor = round(factor * STEP, 6)
+        (repo / "src" / "scratchlib" / "__init__.py").write_text(LIB.format(rev=i, factor=factor))
+        git(repo, "add", "-A")
+        git(repo, "commit", "-q", "-m", f"commit {i}" + (f": step x{STEP}" if i in PLANTED else ""))
+        shas.append(git(repo, "rev-parse", "HEAD"))
+    return shas
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--commits", type=int, default=8, help="commits after commit 0 (>= 8 for the issue)")
+    p.add_argument("--workdir", type=Path, default=Path("/tmp/perfbudget-history-real"))
+    p.add_argument("--max-pairs", type=int, default=4)
+    p.add_argument("--dry-run", action="store_true", help="build the repository and print the commands only")
+    args = p.parse_args(argv)
+    repo = args.workdir / "repo"
+    shas = build(repo, args.commits)
+    db = args.workdir / "history.db"
+    commands: list[list[str]] = []
+    for i, sha in enumerate(shas[1:], start=1):
+        out = args.workdir / f"ab-{i:02d}.json"
+        commands += [["git", "-C", str(repo), "checkout", "-q", sha],
+                     [str(PERFBUDGET), "ab", "--base", "HEAD~1", "--max-pairs", str(args.max_pairs), "--out", str(out),
+                      "--", "perf", "-q"],
+                     [str(PERFBUDGET), "history", "add", str(out), "--db", str(db)]]
+    commands += [[str(PERFBUDGET), "history", "show", "scratch-step.step_ms", "--db", str(db)],
+                 [str(PERFBUDGET), "history", "check", "--since", shas[0], "--db", str(db)],
+                 [str(PERFBUDGET), "history", "report", "--db", str(db), "-o", str(args.workdir / "history.html")]]
+    if args.dry_run:
+        print(f"# scratch repository: {repo} ({len(shas)} commits; planted x{STEP} at {PLANTED})")
+        for c in commands:
+            print(shlex.join(c))
+        return 0
+    if db.exists():
+        db.unlink()
+    for c in commands:
+        print("$ " + shlex.join(c), flush=True)
+        # `ab` exits 1 when a commit fails its own A/B (the planted steps may): that is data here;
+        # `history check` exits 1 when it finds the drift.
+        done = subprocess.run(c, cwd=repo)
+        if done.returncode not in (0, 1):
+            print(f"history_real: {c[0]} exited {done.returncode}", file=sys.stderr)
+            return done.returncode
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,356 @@
+"""Simulated main-branch histories: how well the history's change points and chained A/B ratios find
+planted regressions, per change-point library, with per-pair noise drawn from this project's A/A runs.
+
+Each history has 60 commits. A plant is one commit at +5 % or +10 %, or five consecutive commits at
++2 % each (creeping, +10.4 % in all), at a random commit in 20..40; A/A histories have none. Every
+commit is measured two ways:
+
+- absolute: one value per commit (a stored-mode run on a stable machine): the level times
+  exp(e), e one draw of a per-pair log-ratio from the A/A runs;
+- A/B: ``pairs`` process pairs, each ln(head/parent) = the commit's step + one draw; the ratio,
+  its interval and per-pair sd from ``perfbudget.ab.verdict.judge_ratios`` (the verdict's own
+  pooling with the prior), its standard error = sd / sqrt(pairs).
+
+Draws: the A/A per-pair log-ratios, centred within each run and scaled by sqrt(n / (n - 1)) to undo
+the centring, resampled with replacement: ``benchmarks/ab-gate-cpu.json`` (the 5 encoder A/A runs)
+and the per-pair ratios in ``benchmarks/ab-suite-aa-cpu.md`` (the whole-suite A/A).
+
+A detector is evaluated as the history grows, at the last planted commit and 2, 5, 10 and 19
+commits later; commits to detection count from the last planted commit. False change points are
+counted on the whole 60 commits, away from the plant (any direction).
+
+Usage: python benchmarks/history_sim.py [--histories 30] [--seed 18] [--out TABLE.md]
+       python benchmarks/history_sim.py --example-db history.db   (one simulated history as a store:
+       what docs/history-page.png shows, rendered by `perfbudget history report --db history.db`)
+Candidates that are not installed are listed as such (``pip install --no-deps apache-otava
+signal-processing-algorithms structlog more-itertools`` adds the two that are not dependencies).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import re
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from perfbudget.ab.verdict import PRIOR_DF, PRIOR_SD, judge_ratios
+from perfbudget.history.changepoints import (
+    Breakpoints,
+    ChangeConfig,
+    chained_drifts,
+    level_shifts,
+    pelt_breakpoints,
+    segment_sum,
+)
+
+HERE = Path(__file__).resolve().parent
+N_COMMITS = 60
+PLANT_AT = (20, 40)
+LAGS = (0, 2, 5, 10, 19)
+TOLERANCE = 0.05
+WINDOW = 10
+"""``history check --since HEAD~10``: the cumulative check's window, in merges."""
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A check whose A/A noise drives a simulated history."""
+
+    name: str
+    draws: np.ndarray
+    pairs: int
+    """Process pairs per A/B run (the median the A/A runs took)."""
+
+
+@dataclass(frozen=True)
+class Plant:
+    name: str
+    steps: tuple[float, ...]
+    """Relative change of each consecutive planted commit."""
+
+
+PLANTS = (
+    Plant("A/A (none)", ()),
+    Plant("single +5 %", (0.05,)),
+    Plant("single +10 %", (0.10,)),
+    Plant("creeping 5 x +2 %", (0.02,) * 5),
+)
+
+
+def _centred(ratios: Sequence[float]) -> list[float]:
+    logs = [math.log(r) for r in ratios]
+    if len(logs) < 2:
+        return []
+    mean = statistics.fmean(logs)
+    scale = math.sqrt(len(logs) / (len(logs) - 1))
+    return [(x - mean) * scale for x in logs]
+
+
+def _suite_md_ratios(path: Path) -> dict[str, list[float]]:
+    """Per-pair head/base ratios of each check in the whole-suite A/A table."""
+    out = {}
+    for line in path.read_text().splitlines():
+        m = re.match(r"\| `([^`]+)` \| \w+ \| \d+ \| ([\d., ]+) \|", line)
+        if m:
+            out[m.group(1)] = [float(x) for x in m.group(2).split(",")]
+    return out
+
+
+def profiles() -> list[Profile]:
+    gate = json.loads((HERE / "ab-gate-cpu.json").read_text())
+    suite = _suite_md_ratios(HERE / "ab-suite-aa-cpu.md")
+    pooled: dict[str, list[float]] = {}
+    for scenario in gate["scenarios"]:
+        if scenario["kind"] != "aa":
+            continue
+        for run in scenario["done"]:
+            for name, check in run["checks"].items():
+                pooled.setdefault(name, []).extend(_centred(check["pair_ratios"]))
+    for name, ratios in suite.items():
+        pooled.setdefault(name, []).extend(_centred(ratios))
+    chosen = (("encoder-train.step_ms", 3), ("encoder-train.op_share[aten::mm]", 6), ("tiny-mlp-train.step_ms", 6))
+    return [Profile(name, np.asarray(pooled[name]), pairs) for name, pairs in chosen]
+
+
+@dataclass
+class History:
+    values: list[float]
+    log_ratios: list[float]
+    log_se: list[float]
+    dfs: list[float]
+    first: int
+    """First planted commit (-1: none)."""
+    last: int
+
+
+def simulate(profile: Profile, plant: Plant, rng: np.random.Generator) -> History:
+    steps = np.zeros(N_COMMITS)
+    first = last = -1
+    if plant.steps:
+        first = int(rng.integers(PLANT_AT[0], PLANT_AT[1] + 1))
+        last = first + len(plant.steps) - 1
+        steps[first:last + 1] = np.log1p(plant.steps)
+    level = np.cumsum(steps)
+    values = list(40.0 * np.exp(level + rng.choice(profile.draws, N_COMMITS)))
+    log_ratios, log_se, dfs = [], [], []
+    for i in range(N_COMMITS):
+        pair_ratios = np.exp(steps[i] + rng.choice(profile.draws, profile.pairs))
+        v = judge_ratios(list(pair_ratios), tolerance=TOLERANCE, direction="lower", prior_sd=PRIOR_SD["timing"])
+        log_ratios.append(math.log(v.ratio))
+        log_se.append(v.sd / math.sqrt(v.pairs))
+        dfs.append(v.df)
+    return History(values, log_ratios, log_se, dfs, first, last)
+
+
+# ---------------------------------------------------------------- candidates
+
+
+def otava_breakpoints(series: Sequence[float], penalty: float) -> list[int]:
+    """Apache Otava's E-divisive with a t-test (windows of 30 commits, p < 0.001 as its default)."""
+    from otava.analysis import compute_change_points
+
+    cps, _ = compute_change_points(list(series), window_len=30, max_pvalue=0.001)
+    return [*sorted({int(c.index) for c in cps} - {0, len(series)}), len(series)]
+
+
+def spa_breakpoints(series: Sequence[float], penalty: float) -> list[int]:
+    """MongoDB's signal-processing-algorithms E-divisive (permutation test, p < 0.01, 100 permutations)."""
+    from signal_processing_algorithms.energy_statistics.energy_statistics import e_divisive
+
+    np.random.seed(0)  # its permutations draw from numpy's global generator: the same table every run
+    cps = e_divisive(np.asarray(series, dtype=float), pvalue=0.01, permutations=100)
+    return [*sorted({int(c) for c in cps} - {0, len(series)}), len(series)]
+
+
+CANDIDATES: dict[str, tuple[Breakpoints, str]] = {
+    "ruptures (PELT, l2)": (pelt_breakpoints, "ruptures"),
+    "Apache Otava (E-divisive, t-test)": (otava_breakpoints, "otava"),
+    "signal-processing-algorithms (E-divisive)": (spa_breakpoints, "signal_processing_algorithms"),
+}
+
+
+def available(module: str) -> str | None:
+    """``None`` when importable, else the error."""
+    try:
+        __import__(module)
+    except Exception as exc:  # an import error of any kind says the candidate cannot run here
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+# ---------------------------------------------------------------- detectors
+
+
+Detector = Callable[[History, int], list[tuple[int, int, float]]]
+"""``(history, k) -> changes``: each ``(first, last, change)`` found in commits 0..k."""
+
+
+def level_detector(breakpoints: Breakpoints, config: ChangeConfig) -> Detector:
+    def detect(h: History, k: int) -> list[tuple[int, int, float]]:
+        return [(s.index, s.index, s.change) for s in level_shifts(h.values[:k + 1], config=config,
+                                                                    breakpoints=breakpoints)]
+    return detect
+
+
+def chain_detector(breakpoints: Breakpoints, config: ChangeConfig) -> Detector:
+    def detect(h: History, k: int) -> list[tuple[int, int, float]]:
+        drifts = chained_drifts(h.log_ratios[:k + 1], h.log_se[:k + 1], h.dfs[:k + 1], config=config,
+                                breakpoints=breakpoints)
+        return [(d.first, d.last, d.change) for d in drifts]
+    return detect
+
+
+def cumulative_detector(h: History, k: int) -> list[tuple[int, int, float]]:
+    """``history check --since HEAD~10 --tolerance 0.05``: the chained ratio of the last 10 merges."""
+    if k + 1 < WINDOW:
+        return []
+    lo_i = k + 1 - WINDOW
+    ratio, (lo, _) = segment_sum(h.log_ratios[lo_i:k + 1], h.log_se[lo_i:k + 1], h.dfs[lo_i:k + 1], 0.95)
+    return [(lo_i, k, ratio - 1)] if lo > 1 + TOLERANCE else []
+
+
+@dataclass
+class Tally:
+    detected: int = 0
+    histories: int = 0
+    delays: list[int] = field(default_factory=list)
+    false: int = 0
+    commits: int = 0
+
+
+def hits(changes: list[tuple[int, int, float]], h: History, *, level: bool) -> bool:
+    lo, hi = (h.first - 1, h.last + 2) if level else (h.first, h.last)
+    return any(c > 0 and first <= hi and last >= lo for first, last, c in changes)
+
+
+def evaluate(detector: Detector, hist: list[History], *, level: bool, cumulative: bool = False) -> Tally:
+    t = Tally()
+    for h in hist:
+        t.histories += 1
+        if h.first >= 0:
+            for lag in LAGS:
+                k = min(h.last + lag, N_COMMITS - 1)
+                if hits(detector(h, k), h, level=level):
+                    t.detected += 1
+                    t.delays.append(k - h.last)
+                    break
+        if cumulative:
+            if h.first < 0:  # false alarms: every commit checked in an A/A history
+                t.false += sum(1 for k in range(WINDOW - 1, N_COMMITS) if detector(h, k))
+                t.commits += N_COMMITS - WINDOW + 1
+            continue
+        changes = detector(h, N_COMMITS - 1)
+        lo, hi = (h.first - 1, h.last + 2) if level else (h.first, h.last)
+        t.false += sum(1 for first, last, _ in changes if h.first < 0 or not (first <= hi and last >= lo))
+        t.commits += N_COMMITS
+    return t
+
+
+def write_example_db(path: Path, seed: int) -> None:
+    """One simulated history in a store: an operator's share of the step by A/B (a creeping drift,
+    5 x +2 % from commit 30, drawn until the chain finds it: 21 of 30 histories do), and a step time
+    on a stable machine (one +10 % merge)."""
+    from perfbudget.history import Check, HistoryStore, Run
+    from perfbudget.vocabulary import Outcome
+
+    rng = np.random.default_rng(seed)
+    step, share = profiles()[0], profiles()[1]
+    creep = History([], [], [], [], -1, -1)
+    while creep.first != 30 or not chained_drifts(creep.log_ratios, creep.log_se, creep.dfs):
+        creep = simulate(share, PLANTS[3], rng)
+    jump = simulate(step, PLANTS[2], rng)
+    path.unlink(missing_ok=True)
+    with HistoryStore(path) as store:
+        for i in range(N_COMMITS):
+            commit, parent = (hashlib.sha1(f"commit {j}".encode()).hexdigest() for j in (i + 1, i))
+            d = f"2026-{10 + i // 30:02d}-{1 + i % 30:02d}T12:00:00Z"
+            r, se = creep.log_ratios[i], creep.log_se[i]
+            share_now = creep.values[i] / 40.0 * 0.31
+            ab = Check(nodeid="perf_tests/test_encoder.py::test_operators[cpu]", key="encoder-train",
+                       metric="op_share[aten::mm]", unit="fraction", kind="timing", direction="lower",
+                       outcome=Outcome.PASS, value=share_now, ratio=math.exp(r),
+                       ratio_ci=(math.exp(r - 2.5 * se), math.exp(r + 2.5 * se)), log_se=se, df=creep.dfs[i],
+                       pairs=share.pairs)
+            store.add(Run(commit=commit, parent=parent, date=d, machine="cpu-amd-epyc-25-1-1-avx2", mode="ab"), [ab])
+            ms = jump.values[i] / 4.0
+            stored = Check(nodeid="perf_tests/test_encoder.py::test_step_latency[cuda]", key="encoder-train",
+                           metric="step_ms", unit="ms", kind="timing", direction="lower", outcome=Outcome.PASS,
+                           value=ms, ci=(ms * 0.985, ms * 1.015))
+            store.add(Run(commit=commit, parent=parent, date=d, machine="nvidia-h200-sm90-141gib-1980mhz",
+                          mode="stored"), [stored])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--histories", type=int, default=30, help="histories per profile and plant (default 30)")
+    p.add_argument("--seed", type=int, default=18)
+    p.add_argument("--candidates", default="all", metavar="NAMES",
+                   help="comma-separated module names to compare (ruptures, otava, signal_processing_algorithms); "
+                        "default all that are installed")
+    p.add_argument("--out", type=Path, help="write the Markdown table here (else standard output)")
+    p.add_argument("--example-db", type=Path, metavar="PATH", help="write one simulated history to this store and stop")
+    args = p.parse_args(argv)
+    if args.example_db:
+        write_example_db(args.example_db, args.seed)
+        print(f"wrote {args.example_db}")
+        return 0
+    t0 = time.monotonic()
+    rng = np.random.default_rng(args.seed)
+    profs = profiles()
+    config = ChangeConfig()
+    sims = {(pr.name, pl.name): [simulate(pr, pl, rng) for _ in range(args.histories)] for pr in profs for pl in PLANTS}
+    wanted = {name for name, (_, module) in CANDIDATES.items()
+              if args.candidates == "all" or module in args.candidates.split(",")}
+    missing = {name: err for name, (_, module) in CANDIDATES.items()
+               if name in wanted and (err := available(module)) is not None}
+    rows = []
+    methods: list[tuple[str, str, Detector, bool, bool]] = []
+    for name, (bp, _) in CANDIDATES.items():
+        if name in missing or name not in wanted:
+            continue
+        methods.append(("absolute series", name, level_detector(bp, config), True, False))
+        methods.append(("chained A/B log-ratios", name, chain_detector(bp, config), False, False))
+    methods.append(("chained A/B, cumulative", f"since HEAD~{WINDOW}, CI beyond +{TOLERANCE:.0%}",
+                    cumulative_detector, False, True))
+    for pr in profs:
+        for series, name, det, level, cumulative in methods:
+            cells, false, commits = [], 0, 0
+            for pl in PLANTS:
+                t = evaluate(det, sims[(pr.name, pl.name)], level=level, cumulative=cumulative)
+                false += t.false
+                commits += t.commits
+                if pl.steps:
+                    delay = f"{statistics.median(t.delays):.0f}" if t.delays else "-"
+                    cells.append(f"{t.detected}/{t.histories} ({delay})")
+            rows.append(f"| `{pr.name}` ({pr.pairs} pairs) | {series} | {name} | " + " | ".join(cells)
+                        + f" | {100 * false / max(commits, 1):.2f} |")
+    sds = ", ".join(f"`{pr.name}` {np.std(pr.draws) * 100:.1f} % ({len(pr.draws)} draws)" for pr in profs)
+    text = "\n".join([
+        "| check (noise) | series | detector | single +5 % | single +10 % | creeping 5 x +2 % | false per 100 commits |",
+        "|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+        f"Cells: histories detected / histories (median commits from the last planted commit to detection). "
+        f"{args.histories} histories of {N_COMMITS} commits per check and plant, seed {args.seed}; "
+        f"per-pair sd of the draws: {sds}; change-point settings: {config}; prior per-pair sd "
+        f"{PRIOR_SD['timing']:.1%} worth {PRIOR_DF:g} df (the A/B verdict's).",
+        *(f"Not run: {name}: {err}" for name, err in missing.items()),
+        f"Wall time: {time.monotonic() - t0:.0f} s.",
+    ])
+    if args.out:
+        args.out.write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""Main-branch history: every merge's results kept in one SQLite file (``history.store``), change
+points on each check's series (``history.changepoints``), the cumulative head/parent ratio chained
+along first parents (``history.chain``), one check's history analysed and checked since a ref
+(``history.analysis``), a self-contained HTML page (``history.report``) and the
+``perfbudget history`` command (``history.cli``). Never imports pytest."""
+
+from .analysis import Finding, SeriesAnalysis, analyze, analyze_store, findings_since
+from .chain import Cumulative, Link, chain_of, cumulative, cumulative_series
+from .changepoints import ChangeConfig, Drift, Shift, chained_drifts, level_shifts
+from .commits import CommitError, git_commit_info, git_rev, run_of
+from .report import render_history
+from .store import (
+    SCHEMA_VERSION,
+    Check,
+    HistoryError,
+    HistoryStore,
+    Mode,
+    Point,
+    Run,
+    by_machine,
+    checks_from_results,
+    mode_of,
+)
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "ChangeConfig",
+    "Check",
+    "CommitError",
+    "Cumulative",
+    "Drift",
+    "Finding",
+    "HistoryError",
+    "HistoryStore",
+    "Link",
+    "Mode",
+    "Point",
+    "Run",
+    "SeriesAnalysis",
+    "Shift",
+    "analyze",
+    "analyze_store",
+    "by_machine",
+    "chain_of",
+    "chained_drifts",
+    "checks_from_results",
+    "cumulative",
+    "cumulative_series",
+    "findings_since",
+    "git_commit_info",
+    "git_rev",
+    "level_shifts",
+    "mode_of",
+    "render_history",
+    "run_of",
+]

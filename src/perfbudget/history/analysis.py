@@ -1,0 +1,160 @@
+"""One check's history analysed (level shifts of its values, the chain of its A/B ratios and the drifts
+in it), and what ``history check`` reports since a commit: the regressions, each with the commits to bisect."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .chain import Cumulative, Link, chain_of, cumulative, cumulative_series
+from .changepoints import ChangeConfig, Drift, Shift, chained_drifts, level_shifts
+from .store import HistoryStore, Mode, Point, by_machine
+
+__all__ = ["Finding", "SeriesAnalysis", "analyze", "analyze_store", "findings_since"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SeriesAnalysis:
+    """One check on one machine in one mode, analysed."""
+
+    key: str
+    metric: str
+    machine: str
+    """The machine identity; for A/B history, the one machine or ``N machines``."""
+    mode: Mode
+    unit: str
+    direction: str
+    points: list[Point]
+    """Points with a value, oldest first: what :attr:`shifts` index."""
+    shifts: list[Shift]
+    """Level shifts of the values (meaningful for stored runs on a stable machine, and for exact metrics)."""
+    links: list[Link] = field(default_factory=list)
+    """A/B: the chain of head/parent ratios, oldest merge first."""
+    cumulative: list[Cumulative] = field(default_factory=list)
+    """A/B: the change since the chain's start at each link."""
+    drifts: list[Drift] = field(default_factory=list)
+    """A/B: runs of merges in :attr:`links` that changed the level."""
+    gaps: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"{self.key}.{self.metric}"
+
+    def worse(self, change: float) -> bool:
+        """Whether a relative change is a regression for this metric (either way when its direction is unknown)."""
+        if self.direction == "lower":
+            return change > 0
+        if self.direction == "higher":
+            return change < 0
+        return change != 0
+
+
+def analyze(points: Sequence[Point], *, config: ChangeConfig | None = None, confidence: float = 0.95) -> SeriesAnalysis:
+    """Analyse one check's points of one machine and mode (oldest first).
+
+    Values of stored runs are searched for level shifts. For A/B runs, checks with a head/parent
+    interval (timing, rates) are chained and their drifts searched; their absolute values are not
+    (on a drifting machine they are mostly noise), except for exact checks, which have no interval.
+
+    Raises:
+        ValueError: points of two series (:func:`~perfbudget.history.store.by_machine`), or none.
+    """
+    if not points:
+        raise ValueError("analyze needs at least one point, got none")
+    groups = by_machine(points)
+    if len(groups) != 1:
+        raise ValueError(f"analyze takes one series (stored runs of one machine, or A/B runs), got {sorted(groups)}")
+    config = config or ChangeConfig()
+    first = points[0]
+    valued = [p for p in points if p.check.value is not None and p.check.value >= 0]
+    links, gaps = chain_of(points) if first.run.mode == "ab" else ([], [])
+    machines = sorted({p.run.machine for p in points})
+    shifts: list[Shift] = []
+    if not links and len(machines) == 1:
+        shifts = level_shifts([p.check.value or 0.0 for p in valued], config=config)
+    elif not links:
+        gaps = [*gaps, f"values from {len(machines)} machines and no head/parent intervals: not searched"]
+    drifts = chained_drifts([link.log_ratio for link in links], [link.log_se for link in links],
+                            None if any(link.df is None for link in links) else [link.df or 0.0 for link in links],
+                            config=config) if links else []
+    machine = machines[0] if len(machines) == 1 else f"{len(machines)} machines"
+    return SeriesAnalysis(key=first.check.key, metric=first.check.metric, machine=machine,
+                          mode=first.run.mode, unit=first.check.unit, direction=first.check.direction,
+                          points=valued, shifts=shifts, links=links,
+                          cumulative=cumulative_series(links, confidence=confidence), drifts=drifts, gaps=gaps)
+
+
+def analyze_store(store: HistoryStore, *, config: ChangeConfig | None = None, confidence: float = 0.95,
+                  names: Sequence[tuple[str, str]] | None = None) -> list[SeriesAnalysis]:
+    """Every check of the store (or those of ``names``), one analysis per machine and mode."""
+    out = []
+    for key, metric in names if names is not None else store.names():
+        for (_, _), points in sorted(by_machine(store.series(key, metric)).items()):
+            out.append(analyze(points, config=config, confidence=confidence))
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class Finding:
+    """A regression ``history check`` reports: which check, what changed, which commits to bisect."""
+
+    check: str
+    """``encoder-train.step_ms``."""
+    machine: str
+    mode: Mode
+    what: str
+    """``change point``, ``drift`` or ``cumulative``."""
+    change: float
+    """Relative change (0.1: +10 %); infinite from a level of 0."""
+    ci: tuple[float, float] | None
+    """Its interval as a ratio, where it has one."""
+    good: str
+    """The last commit before the change (``git bisect good``)."""
+    bad: str
+    """The first commit at the new level, or the last of a drift (``git bisect bad``)."""
+    merges: int = 1
+
+    def describe(self) -> str:
+        ci = f" ({self.ci[0] - 1:+.1%} to {self.ci[1] - 1:+.1%})" if self.ci else ""
+        span = f" over {self.merges} merges" if self.merges > 1 else ""
+        change = f"{self.change:+.1%}" if math.isfinite(self.change) else f"from 0 ({self.change:+})"
+        return (f"{self.check} on {self.machine} ({self.mode}): {self.what} {change}{ci}{span}; "
+                f"commits {self.good[:12]}..{self.bad[:12]} (git bisect start {self.bad[:12]} {self.good[:12]})")
+
+
+def findings_since(analysis: SeriesAnalysis, since_date: str, *, tolerance: float = 0.05,
+                   confidence: float = 0.95) -> tuple[list[Finding], str | None]:
+    """Regressions after ``since_date`` (UTC, as runs keep dates): level shifts and drifts for the worse, and
+    a cumulative chained ratio whose interval lies entirely beyond ``1 + tolerance`` (``1 - tolerance``
+    for rates).
+
+    Returns:
+        ``(findings, cumulative line)``: the second is the cumulative change since then, for the
+        report, or ``None`` without A/B links after ``since_date``.
+    """
+    out = []
+    base = dict(check=analysis.name, machine=analysis.machine, mode=analysis.mode)
+    pts = analysis.points
+    for s in analysis.shifts:
+        if pts[s.index].run.date > since_date and analysis.worse(s.change):
+            out.append(Finding(**base, what="change point", change=s.change, ci=None,  # type: ignore[arg-type]
+                               good=pts[s.index - 1].run.commit, bad=pts[s.index].run.commit))
+    links = analysis.links
+    for d in analysis.drifts:
+        if links[d.last].point.run.date > since_date and analysis.worse(d.change):
+            out.append(Finding(**base, what="drift", change=d.change, ci=d.ci,  # type: ignore[arg-type]
+                               good=links[d.first].parent or links[d.first].commit, bad=links[d.last].commit,
+                               merges=d.last - d.first + 1))
+    after = [link for link in links if link.point.run.date > since_date]
+    if not after:
+        return out, None
+    cum = cumulative(after, confidence=confidence)
+    lo, hi = cum.ci
+    beyond = lo > 1 + tolerance if analysis.direction != "higher" else hi < 1 - tolerance
+    line = (f"{analysis.name} on {analysis.machine}: {cum.change:+.1%} ({lo - 1:+.1%} to {hi - 1:+.1%}, "
+            f"{confidence:.0%}) over {cum.merges} merge(s) since {cum.since[:12]}")
+    if beyond:
+        out.append(Finding(**base, what=f"cumulative beyond {tolerance:.0%}", change=cum.change,  # type: ignore[arg-type]
+                           ci=cum.ci, good=cum.since, bad=cum.until, merges=cum.merges))
+    return out, line

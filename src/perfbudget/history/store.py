@@ -1,0 +1,427 @@
+"""The history store: one SQLite file holding every run's checks by commit, machine and mode; versioned,
+one transaction per write, refused when corrupt or newer than this version reads."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sqlite3
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from types import TracebackType
+from typing import Literal
+
+from ..ab.compare import ABInfo
+from ..ab.verdict import PRIOR_DF, t_quantile
+from ..extras import ExtraError
+from ..results import Record, Results
+from ..vocabulary import Outcome
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "Check",
+    "HistoryError",
+    "HistoryStore",
+    "Mode",
+    "Point",
+    "Run",
+    "by_machine",
+    "checks_from_results",
+    "mode_of",
+    "utc_date",
+]
+
+SCHEMA_VERSION = 1
+"""Version of the store's tables. Bump it when they change in a way this version would misread,
+and add the step from the previous version to :data:`_MIGRATIONS`."""
+
+_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {}
+"""``version -> step``: the step turns a store of ``version`` into one of ``version + 1``, inside the
+write transaction. Empty: version 1 is the first form."""
+
+Mode = Literal["stored", "ab"]
+"""How a run judged timing: against stored budgets (absolute values) or lockstep A/B (head/parent ratios)."""
+
+BUSY_TIMEOUT_S = 60.0
+"""How long a writer waits for another writer's transaction before giving up."""
+
+_TABLES = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY,
+    commit_sha TEXT NOT NULL,
+    parent_sha TEXT,
+    date_utc TEXT NOT NULL,
+    machine TEXT NOT NULL,
+    mode TEXT NOT NULL CHECK (mode IN ('stored', 'ab')),
+    source TEXT NOT NULL DEFAULT '',
+    UNIQUE (commit_sha, machine, mode)
+);
+CREATE TABLE IF NOT EXISTS checks (
+    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    nodeid TEXT NOT NULL,
+    key TEXT NOT NULL,
+    metric TEXT NOT NULL,
+    unit TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    direction TEXT NOT NULL,
+    outcome TEXT NOT NULL,
+    value REAL,
+    ci_low REAL,
+    ci_high REAL,
+    ratio REAL,
+    ratio_low REAL,
+    ratio_high REAL,
+    log_se REAL,
+    df REAL,
+    pairs INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (run_id, nodeid, key, metric)
+);
+CREATE INDEX IF NOT EXISTS checks_by_name ON checks (key, metric);
+"""
+
+_TABLE_NAMES = ("meta", "runs", "checks")
+
+
+class HistoryError(Exception):
+    """The store cannot be read or written; the message names the file (and the key and value)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Run:
+    """One run kept in the history: which commit, measured where, how."""
+
+    commit: str
+    """Full SHA of the commit measured (the head of an A/B run)."""
+    parent: str | None
+    """Its first parent (the base of an A/B run), when known."""
+    date: str
+    """Commit date, UTC, ``2026-12-02T04:26:29Z``: the history's order."""
+    machine: str
+    """Machine identity (:attr:`perfbudget.device.DeviceInfo.identity`) the run was measured on."""
+    mode: Mode
+    """``stored`` (absolute values) or ``ab`` (head/parent ratios measured in one job)."""
+    source: str = ""
+    """The results file it came from."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("stored", "ab"):
+            raise ValueError(f"mode: expected 'stored' or 'ab', got {self.mode!r}")
+        if not self.commit:
+            raise ValueError("commit: expected a commit SHA, got an empty string")
+
+    @property
+    def short(self) -> str:
+        """The commit's first 8 hex digits, for labels."""
+        return self.commit[:8]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Check:
+    """One check of one run, as the history keeps it (a results :class:`~perfbudget.results.Record`, reduced)."""
+
+    nodeid: str
+    key: str
+    metric: str
+    unit: str = ""
+    kind: str = ""
+    direction: str = ""
+    """``lower`` (times: up is worse) or ``higher`` (rates); empty when the metric is unknown."""
+    outcome: Outcome
+    value: float | None = None
+    """The head's value, in ``unit``."""
+    ci: tuple[float, float] | None = None
+    """Interval of ``value`` (stored mode: the median's CI)."""
+    ratio: float | None = None
+    """A/B: head / parent."""
+    ratio_ci: tuple[float, float] | None = None
+    """A/B: the ratio's CI."""
+    log_se: float | None = None
+    """A/B: standard error of ln(ratio) (per-pair sd / sqrt(pairs)); what chaining adds up."""
+    df: float | None = None
+    """A/B: degrees of freedom behind ``log_se``."""
+    pairs: int = 0
+    """A/B: process pairs behind the ratio."""
+
+    @property
+    def name(self) -> str:
+        """``encoder-train.step_ms``: what ``history show`` takes."""
+        return f"{self.key}.{self.metric}"
+
+    @classmethod
+    def from_record(cls, r: Record, *, prior_df: float = PRIOR_DF) -> Check:
+        """Reduce a results record; the A/B side's standard error comes from the pooled per-pair sd the
+        verdict used (``extra["ab"]["sd"]``), or, lacking it, from the CI's half-width and its t quantile.
+
+        Raises:
+            ValueError: a record whose ``extra["ab"]`` does not read, naming it.
+        """
+        ratio = ratio_ci = log_se = df = None
+        pairs = 0
+        b = r.base
+        if b is not None and b.ratio is not None and _positive(b.ratio):
+            ratio, pairs = b.ratio, b.pairs
+            if b.ratio_ci is not None and all(_positive(x) for x in b.ratio_ci):
+                ratio_ci = b.ratio_ci
+            try:
+                info = ABInfo.from_extra(r.extra)
+            except ExtraError as exc:
+                raise ValueError(f"record {r.nodeid} {r.key}.{r.metric}: {exc}") from None
+            if pairs >= 1:
+                df = prior_df + pairs - 1
+                if info is not None and info.sd is not None and info.sd > 0:
+                    log_se = info.sd / math.sqrt(pairs)
+                elif ratio_ci is not None and df > 0:
+                    confidence = info.confidence if info is not None and info.confidence else 0.95
+                    half = (math.log(ratio_ci[1]) - math.log(ratio_ci[0])) / 2
+                    log_se = half / t_quantile(0.5 + confidence / 2, df)
+        value = r.value if r.value is not None and math.isfinite(r.value) else None
+        ci = r.ci if r.ci is not None and all(math.isfinite(x) for x in r.ci) else None
+        return cls(nodeid=r.nodeid, key=r.key, metric=r.metric, unit=r.unit, kind=r.kind, direction=r.direction,
+                   outcome=Outcome(r.outcome), value=value, ci=ci, ratio=ratio, ratio_ci=ratio_ci, log_se=log_se,
+                   df=df, pairs=pairs)
+
+
+def _positive(x: float) -> bool:
+    return math.isfinite(x) and x > 0
+
+
+@dataclass(frozen=True)
+class Point:
+    """One check of one run: a point of a series."""
+
+    run: Run
+    check: Check
+
+
+def mode_of(results: Results) -> Mode:
+    """``ab`` for the results of ``perfbudget ab``, else ``stored``."""
+    return "ab" if results.meta.get("mode") == "ab" or "ab" in results.meta else "stored"
+
+
+def checks_from_results(results: Results) -> list[Check]:
+    """Every record of ``results`` as a :class:`Check` (records of one check on several nodeids are kept apart)."""
+    policy = results.meta.get("ab", {}).get("policy", {}) if isinstance(results.meta.get("ab"), dict) else {}
+    prior_df = policy.get("prior_df", PRIOR_DF) if isinstance(policy, dict) else PRIOR_DF
+    if isinstance(prior_df, bool) or not isinstance(prior_df, (int, float)):
+        prior_df = PRIOR_DF
+    return [Check.from_record(r, prior_df=float(prior_df)) for r in results.records]
+
+
+def utc_date(text: str) -> str:
+    """An ISO 8601 date (``2026-12-02T05:26:29+01:00``) as UTC with a ``Z``; a date without an offset is UTC.
+
+    Raises:
+        ValueError: naming the text.
+    """
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"expected an ISO 8601 date such as 2026-12-02T05:26:29+01:00, got {text!r}") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return when.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class HistoryStore:
+    """The history in one SQLite file: opened (created when missing), checked, read and written.
+
+    Writes are one transaction each, begun with ``BEGIN IMMEDIATE`` (the write lock is taken
+    first, so two writers queue, within the busy timeout, instead of failing half-way).
+    SQLite's rollback journal makes each transaction atomic and durable: a writer killed
+    mid-transaction leaves a hot journal that the next opener rolls back, so the file holds
+    every earlier run and none of the killed one. The default journal (not WAL) keeps the store
+    one file, as it is kept on a branch.
+
+    Args:
+        path: the database file; created with its folder when missing.
+        timeout_s: how long to wait for another writer.
+
+    Raises:
+        HistoryError: the file is not a SQLite database or not a history store, is corrupt, or
+            has a schema newer than :data:`SCHEMA_VERSION`.
+    """
+
+    def __init__(self, path: str | Path, *, timeout_s: float = BUSY_TIMEOUT_S) -> None:
+        self.path = Path(path)
+        if self.path.is_dir():
+            raise HistoryError(f"{self.path}: is a folder, not a history database")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            # isolation_level=None: this class opens and ends every transaction itself.
+            self._db = sqlite3.connect(self.path, timeout=timeout_s, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise HistoryError(f"{self.path}: cannot open: {exc}") from None
+        try:
+            self._db.execute("PRAGMA foreign_keys = ON")
+            self._open()
+        except sqlite3.DatabaseError as exc:
+            self._db.close()
+            raise HistoryError(f"{self.path}: not a readable history database ({exc}); restore it from "
+                               "the history branch or move it aside to start a new one") from None
+        except BaseException:
+            self._db.close()
+            raise
+
+    # ------------------------------------------------------------------ schema
+
+    def _open(self) -> None:
+        check = self._db.execute("PRAGMA quick_check").fetchone()
+        if check is None or check[0] != "ok":
+            raise HistoryError(f"{self.path}: corrupt database: {check[0] if check else 'no answer'}; restore it "
+                               "from the history branch or move it aside to start a new one")
+        version = self._version()
+        if version == SCHEMA_VERSION:
+            return
+        with self._write():
+            version = self._version()  # another process may have created or migrated it meanwhile
+            if version is None:
+                for statement in _TABLES.split(";"):
+                    if statement.strip():
+                        self._db.execute(statement)
+                self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)",
+                                 (str(SCHEMA_VERSION),))
+                return
+            while version < SCHEMA_VERSION:
+                _MIGRATIONS[version](self._db)
+                version += 1
+                self._db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(version),))
+
+    def _version(self) -> int | None:
+        """The stored schema version; ``None`` for a new (empty) database.
+
+        Raises:
+            HistoryError: a database of other tables, a missing or bad version, or a newer one.
+        """
+        tables = {row[0] for row in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if not tables:
+            return None
+        if "meta" not in tables:
+            raise HistoryError(f"{self.path}: not a perfbudget history database (no meta table; tables: "
+                               f"{', '.join(sorted(tables))})")
+        row = self._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        raw = None if row is None else row[0]
+        if raw is None or not str(raw).isdigit() or int(raw) < 1:
+            raise HistoryError(f"{self.path}: schema_version: expected a positive integer, got {raw!r}")
+        version = int(raw)
+        if version > SCHEMA_VERSION:
+            raise HistoryError(f"{self.path}: schema_version {version} is newer than this perfbudget reads "
+                               f"({SCHEMA_VERSION}); upgrade perfbudget to read it")
+        missing = [t for t in _TABLE_NAMES if t not in tables]
+        if missing and version == SCHEMA_VERSION:
+            raise HistoryError(f"{self.path}: schema_version {version} but no {', '.join(missing)} table")
+        return version
+
+    # ------------------------------------------------------------------ writing
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[None]:
+        """One write transaction: the write lock first (``BEGIN IMMEDIATE``), all or nothing."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def add(self, run: Run, checks: Iterable[Check]) -> int:
+        """Keep ``run`` and its checks, replacing what the store had for the same commit, machine and
+        mode (adding a results file twice is a no-op), in one transaction.
+
+        Returns:
+            The number of checks written.
+        """
+        written = 0
+        try:
+            with self._write():
+                self._db.execute("DELETE FROM runs WHERE commit_sha = ? AND machine = ? AND mode = ?",
+                                 (run.commit, run.machine, run.mode))
+                cur = self._db.execute(
+                    "INSERT INTO runs (commit_sha, parent_sha, date_utc, machine, mode, source) VALUES (?, ?, ?, ?, ?, ?)",
+                    (run.commit, run.parent, utc_date(run.date), run.machine, run.mode, run.source))
+                run_id = cur.lastrowid
+                for c in checks:
+                    self._db.execute(
+                        "INSERT OR REPLACE INTO checks VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (run_id, c.nodeid, c.key, c.metric, c.unit, c.kind, c.direction, str(c.outcome), c.value,
+                         *(c.ci or (None, None)), c.ratio, *(c.ratio_ci or (None, None)), c.log_se, c.df, c.pairs))
+                    written += 1
+        except sqlite3.OperationalError as exc:  # "database is locked" after the busy timeout, a full disk
+            raise HistoryError(f"{self.path}: cannot write run {run.short} on {run.machine}: {exc}") from None
+        return written
+
+    # ------------------------------------------------------------------ reading
+
+    def runs(self) -> list[Run]:
+        """Every run, oldest commit first."""
+        return [_run(row) for row in self._db.execute(
+            f"SELECT {_RUN_COLUMNS} FROM runs ORDER BY date_utc, id")]
+
+    def names(self) -> list[tuple[str, str]]:
+        """``(key, metric)`` of every check kept, sorted."""
+        return [(k, m) for k, m in self._db.execute("SELECT DISTINCT key, metric FROM checks ORDER BY key, metric")]
+
+    def series(self, key: str, metric: str) -> list[Point]:
+        """Every point of one check, oldest commit first (all machines and modes: group them with
+        :func:`by_machine`)."""
+        rows = self._db.execute(
+            f"SELECT {_RUN_COLUMNS}, {_CHECK_COLUMNS} FROM checks JOIN runs ON runs.id = checks.run_id "
+            "WHERE key = ? AND metric = ? ORDER BY date_utc, runs.id, nodeid", (key, metric))
+        return [Point(_run(row[:6]), _check(row[6:])) for row in rows]
+
+    def resolve(self, ref: str) -> list[str]:
+        """Stored commits whose SHA starts with ``ref``."""
+        like = ref.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        return [c for (c,) in self._db.execute(
+            "SELECT DISTINCT commit_sha FROM runs WHERE commit_sha LIKE ? ESCAPE '\\'", (like,))]
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> HistoryStore:
+        return self
+
+    def __exit__(self, tp: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+
+_RUN_COLUMNS = "commit_sha, parent_sha, date_utc, machine, mode, source"
+_CHECK_COLUMNS = ("nodeid, key, metric, unit, kind, direction, outcome, value, ci_low, ci_high, ratio, ratio_low, "
+                  "ratio_high, log_se, df, pairs")
+
+
+def _run(row: Sequence[object]) -> Run:
+    commit, parent, date, machine, mode, source = row
+    return Run(commit=str(commit), parent=None if parent is None else str(parent), date=str(date),
+               machine=str(machine), mode="ab" if mode == "ab" else "stored", source=str(source))
+
+
+def _pair(lo: object, hi: object) -> tuple[float, float] | None:
+    return None if lo is None or hi is None else (float(lo), float(hi))  # type: ignore[arg-type]
+
+
+def _check(row: Sequence[object]) -> Check:
+    (nodeid, key, metric, unit, kind, direction, outcome, value, ci_low, ci_high, ratio, ratio_low, ratio_high,
+     log_se, df, pairs) = row
+    return Check(nodeid=str(nodeid), key=str(key), metric=str(metric), unit=str(unit), kind=str(kind),
+                 direction=str(direction), outcome=Outcome(outcome),
+                 value=None if value is None else float(value),  # type: ignore[arg-type]
+                 ci=_pair(ci_low, ci_high),
+                 ratio=None if ratio is None else float(ratio),  # type: ignore[arg-type]
+                 ratio_ci=_pair(ratio_low, ratio_high),
+                 log_se=None if log_se is None else float(log_se),  # type: ignore[arg-type]
+                 df=None if df is None else float(df),  # type: ignore[arg-type]
+                 pairs=int(pairs))  # type: ignore[call-overload]
+
+
+def by_machine(points: Iterable[Point]) -> dict[tuple[str, Mode], list[Point]]:
+    """Points grouped into series, each in the order given: stored runs by ``(machine, "stored")``
+    (absolute values of two machines are not one series), A/B runs all in ``("", "ab")``: each
+    head/parent ratio was measured within one machine, so the chain runs across machines."""
+    out: dict[tuple[str, Mode], list[Point]] = {}
+    for p in points:
+        out.setdefault((p.run.machine if p.run.mode == "stored" else "", p.run.mode), []).append(p)
+    return out

@@ -1,0 +1,165 @@
+"""Change points on absolute series and chained A/B ratios, the cumulative ratio's interval, and what
+``history check`` finds, on histories built from results files."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from history_support import ab_results, date, sha, stored_results
+
+from perfbudget.history import HistoryStore, checks_from_results, run_of
+from perfbudget.history.analysis import analyze, analyze_store, findings_since
+from perfbudget.history.chain import chain_of, cumulative
+from perfbudget.history.changepoints import ChangeConfig, chained_drifts, level_shifts, segment_sum
+from perfbudget.results import load_results
+
+
+def noise(n: int, sd: float, seed: int = 1) -> np.ndarray:
+    return np.random.default_rng(seed).normal(0.0, sd, n)
+
+
+def test_a_planted_step_in_an_absolute_series_is_one_change_point_at_its_commit() -> None:
+    level = np.r_[np.zeros(25), np.full(25, math.log(1.10))]
+    shifts = level_shifts(list(40.0 * np.exp(level + noise(50, 0.02, seed=2))))
+    assert [s.index for s in shifts] == [25]
+    assert shifts[0].change == pytest.approx(0.10, abs=0.02)
+
+
+def test_noise_alone_has_no_change_point_and_a_short_series_none_at_all() -> None:
+    assert level_shifts(list(40.0 * np.exp(noise(60, 0.03, seed=2)))) == []
+    assert level_shifts([40.0, 44.0, 48.0]) == []
+
+
+def test_an_exact_metric_changes_where_its_value_does() -> None:
+    assert [s.index for s in level_shifts([1e9] * 10 + [1.06e9] * 5)] == [10]
+
+
+def test_a_count_that_leaves_zero_is_a_change_point_from_zero() -> None:
+    [shift] = level_shifts([0.0] * 10 + [2.0] * 5)  # graph breaks appear
+    assert (shift.index, shift.before, shift.after, shift.label) == (10, 0.0, 2.0, "0 -> 2")
+    assert shift.change == math.inf
+
+
+def test_level_shifts_refuse_values_that_are_negative_or_not_finite() -> None:
+    with pytest.raises(ValueError, match="finite values >= 0"):
+        level_shifts([1.0, -1.0, 2.0, 1.0, 1.0, 1.0])
+
+
+def test_a_creeping_drift_of_five_small_merges_is_one_drift_over_exactly_them() -> None:
+    steps = np.r_[np.zeros(20), np.full(5, math.log(1.02)), np.zeros(20)]
+    se = [0.006] * 45
+    drifts = chained_drifts(list(steps + noise(45, 0.006, seed=3)), se, [5.0] * 45)
+    assert [(d.first, d.last) for d in drifts] == [(20, 24)]
+    assert drifts[0].ratio == pytest.approx(1.02**5, abs=0.02)
+    assert drifts[0].ci[0] > 1.0
+    # Each merge alone is +2 % +- 1.5 %: none of them would have failed a pull request at 5 %.
+    assert all(abs(x) < 0.05 for x in steps)
+
+
+def test_a_single_large_merge_is_a_drift_of_one() -> None:
+    steps = np.r_[np.zeros(20), [math.log(1.10)], np.zeros(20)]
+    drifts = chained_drifts(list(steps + noise(41, 0.01, seed=4)), [0.01] * 41)
+    assert [(d.first, d.last) for d in drifts] == [(20, 20)]
+
+
+def test_chained_drifts_refuse_missing_standard_errors() -> None:
+    with pytest.raises(ValueError, match="standard errors"):
+        chained_drifts([0.0, 0.1], [0.01, 0.0])
+    with pytest.raises(ValueError, match="2 log-ratios but 1"):
+        chained_drifts([0.0, 0.1], [0.01])
+
+
+def test_the_cumulative_interval_adds_log_variances_with_welch_satterthwaite_df() -> None:
+    ratio, (lo, hi) = segment_sum([math.log(1.02)] * 5, [0.01] * 5, [5.0] * 5, 0.95)
+    # var 5e-4, df (5e-4)^2 / (5 * 1e-8 / 5) = 25, t(0.975, 25) = 2.0595
+    half = 2.0595 * math.sqrt(5e-4)
+    assert ratio == pytest.approx(1.02**5)
+    assert (lo, hi) == (pytest.approx(1.02**5 * math.exp(-half), rel=1e-4),
+                        pytest.approx(1.02**5 * math.exp(half), rel=1e-4))
+
+
+def test_change_config_names_a_bad_value() -> None:
+    with pytest.raises(ValueError, match="chain_confidence: expected a number in"):
+        ChangeConfig(chain_confidence=1.5)
+
+
+# ---------------------------------------------------------------- from results files
+
+
+def _stored_history(tmp_path: Path, levels: list[float]) -> HistoryStore:
+    store = HistoryStore(tmp_path / "history.db")
+    for i, ms in enumerate(levels):
+        path = stored_results(ms).write(tmp_path / f"r{i}.json")
+        store.add(run_of(load_results(path), source=str(path), commit=sha(i), parent=sha(i - 1) if i else None,
+                         date=date(i)), checks_from_results(load_results(path)))
+    return store
+
+
+def _ab_history(tmp_path: Path, steps: list[float], seed: int = 5, sd: float = 0.005) -> HistoryStore:
+    rng = np.random.default_rng(seed)
+    store = HistoryStore(tmp_path / "history.db")
+    for i, step in enumerate(steps, start=1):
+        pairs = list(np.exp(math.log(step) + rng.normal(0, sd, 4)))
+        path = ab_results(sha(i), sha(i - 1), pairs, sd=sd).write(tmp_path / f"ab{i}.json")
+        res = load_results(path)
+        store.add(run_of(res, source=str(path), date=date(i)), checks_from_results(res))
+    return store
+
+
+def test_a_stored_history_from_results_files_finds_the_step_and_names_the_commits(tmp_path: Path) -> None:
+    levels = list(40.0 * np.exp(np.r_[np.zeros(15), np.full(15, math.log(1.10))] + noise(30, 0.02, seed=6)))
+    with _stored_history(tmp_path, levels) as store:
+        analysis = analyze(store.series("encoder-train", "step_ms"))
+        assert [s.index for s in analysis.shifts] == [15]
+        found, line = findings_since(analysis, date(5))
+        assert line is None  # stored runs have no chain
+        assert [(f.what, f.good, f.bad) for f in found] == [("change point", sha(14), sha(15))]
+        assert "git bisect start" in found[0].describe()
+        assert findings_since(analysis, date(20))[0] == []  # before --since: not reported
+        flops = analyze(store.series("encoder-train", "flops"))
+        assert flops.shifts == []
+
+
+def test_an_ab_history_from_results_files_finds_the_creeping_drift_and_the_cumulative_change(tmp_path: Path) -> None:
+    steps = [1.0] * 12 + [1.02] * 5 + [1.0] * 8
+    with _ab_history(tmp_path, steps) as store:
+        points = store.series("encoder-train", "step_ms")
+        links, gaps = chain_of(points)
+        assert len(links) == 25 and gaps == []
+        analysis = analyze(points)
+        assert analysis.shifts == []  # A/B timing is judged on the chain, not on absolute values
+        assert [(d.first, d.last) for d in analysis.drifts] == [(12, 16)]
+        found, line = findings_since(analysis, date(10), tolerance=0.05)
+        assert line is not None and "since " + sha(10)[:12] in line
+        whats = {f.what: f for f in found}
+        assert set(whats) == {"drift", "cumulative beyond 5%"}
+        assert (whats["drift"].good, whats["drift"].bad, whats["drift"].merges) == (sha(12), sha(17), 5)
+        assert whats["cumulative beyond 5%"].ci is not None and whats["cumulative beyond 5%"].ci[0] > 1.05
+        assert cumulative(links).ratio == pytest.approx(1.02**5, rel=0.03)
+
+
+def test_a_missing_link_ends_the_chain_and_says_so(tmp_path: Path) -> None:
+    with _ab_history(tmp_path, [1.0] * 6) as store:
+        res = ab_results(sha(20), sha(19), [1.0, 1.0], sd=0.01)
+        store.add(run_of(res, source="late.json", date=date(20)), checks_from_results(res))
+        links, gaps = chain_of(store.series("encoder-train", "step_ms"))
+    assert [link.commit for link in links] == [sha(20)]
+    assert gaps and f"parent {sha(19)[:8]} has no A/B ratio" in gaps[0]
+
+
+def test_ab_runs_on_different_machines_are_one_chain(tmp_path: Path) -> None:
+    """Hosted runners differ from job to job: each ratio was measured within one, so the chain goes on."""
+    rng = np.random.default_rng(9)
+    with HistoryStore(tmp_path / "h.db") as store:
+        for i in range(1, 21):
+            step = 1.10 if i == 12 else 1.0
+            res = ab_results(sha(i), sha(i - 1), list(np.exp(math.log(step) + rng.normal(0, 0.005, 3))), sd=0.005)
+            run = run_of(res, source=f"ab{i}.json", date=date(i), machine=f"cpu-runner-kind-{i % 3}")
+            store.add(run, checks_from_results(res))
+        [analysis] = analyze_store(store, names=[("encoder-train", "step_ms")])
+    assert analysis.machine == "3 machines" and len(analysis.links) == 20 and analysis.gaps == []
+    assert [(d.first, d.last) for d in analysis.drifts] == [(11, 11)]
+    assert analysis.links[11].commit == sha(12)

@@ -1,0 +1,149 @@
+"""``perfbudget history add|show|report|check`` end to end on results files, with their exit codes."""
+
+from __future__ import annotations
+
+import io
+import math
+import re
+import shutil
+import sqlite3
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from history_support import ab_results, date, sha, stored_results
+
+from perfbudget.cli import main
+from perfbudget.exitcodes import ExitCode
+
+
+def cli(*argv: str) -> tuple[int, str]:
+    out = io.StringIO()
+    code = main(list(argv), out=out)
+    return code, out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def built_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """30 stored runs of one machine, +10 % from commit 15 on (built once; tests take a copy)."""
+    tmp_path = tmp_path_factory.mktemp("stored")
+    db = tmp_path / "history.db"
+    noise = np.random.default_rng(2).normal(0, 0.02, 30)
+    for i in range(30):
+        ms = 40.0 * math.exp((math.log(1.1) if i >= 15 else 0.0) + noise[i])
+        path = stored_results(ms).write(tmp_path / f"r{i}.json")
+        parent = ["--parent", sha(i - 1)] if i else []
+        code, _ = cli("history", "add", str(path), "--db", str(db), "--commit", sha(i), *parent, "--date", date(i))
+        assert code == ExitCode.OK
+    return db
+
+
+@pytest.fixture
+def stored_db(built_db: Path, tmp_path: Path) -> Path:
+    db = tmp_path / "history.db"
+    shutil.copyfile(built_db, db)
+    return db
+
+
+def test_add_is_idempotent_per_commit_machine_and_mode(tmp_path: Path, stored_db: Path) -> None:
+    path = stored_results(40.0).write(tmp_path / "again.json")
+    code, text = cli("history", "add", str(path), "--db", str(stored_db), "--commit", sha(3), "--date", date(3))
+    assert code == ExitCode.OK and "30 run(s) in all" in text
+    ab = ab_results(sha(30), sha(29), [1.01, 1.0]).write(tmp_path / "ab.json")
+    code, text = cli("history", "add", str(ab), "--db", str(stored_db), "--date", date(30))
+    assert code == ExitCode.OK and f"kept 1 check(s) of {sha(30)[:8]} (ab," in text and "31 run(s)" in text
+
+
+def test_add_takes_the_commit_its_parent_and_date_from_git(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = tmp_path / "repo"
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    for msg in ("one", "two"):
+        subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", msg], check=True,
+                       env={"GIT_COMMITTER_DATE": "2026-11-30T10:00:00+01:00", "PATH": "/usr/bin:/bin"})
+    head, parent = (subprocess.run([*git, "rev-parse", r], capture_output=True, text=True, check=True).stdout.strip()
+                    for r in ("HEAD", "HEAD~1"))
+    monkeypatch.chdir(repo)
+    path = stored_results(40.0).write(tmp_path / "r.json")
+    code, text = cli("history", "add", str(path), "--db", str(tmp_path / "h.db"))
+    assert code == ExitCode.OK, text
+    from perfbudget.history import HistoryStore
+
+    with HistoryStore(tmp_path / "h.db") as store:
+        [run] = store.runs()
+    assert (run.commit, run.parent, run.date) == (head, parent, "2026-11-30T09:00:00Z")
+
+
+def test_add_outside_git_without_a_commit_says_what_to_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    path = stored_results(40.0).write(tmp_path / "r.json")
+    code, _ = cli("history", "add", str(path), "--db", str(tmp_path / "h.db"))
+    assert code == ExitCode.USAGE
+
+
+def test_show_prints_the_series_with_its_change_point(stored_db: Path) -> None:
+    code, text = cli("history", "show", "encoder-train.step_ms", "--db", str(stored_db))
+    assert code == ExitCode.OK
+    assert re.search(r"---- change point: [\d.]+ -> [\d.]+ ms \(\+\d+\.\d%\) WORSE\n  " + sha(15)[:8], text), text
+    code, _ = cli("history", "show", "encoder-train.step_mss", "--db", str(stored_db))
+    assert code == ExitCode.USAGE
+
+
+def test_check_fails_naming_the_commits_to_bisect_and_passes_after_them(stored_db: Path) -> None:
+    code, text = cli("history", "check", "--since", sha(5)[:10], "--db", str(stored_db))
+    assert code == ExitCode.FAILED
+    assert "change point +" in text and f"commits {sha(14)[:12]}..{sha(15)[:12]}" in text
+    assert f"git bisect start {sha(15)[:12]} {sha(14)[:12]}" in text
+    code, text = cli("history", "check", "--since", sha(20), "--db", str(stored_db))
+    assert code == ExitCode.OK and "no change point or cumulative drift" in text
+
+
+def test_check_fails_on_a_cumulative_drift_beyond_the_tolerance(tmp_path: Path) -> None:
+    db = tmp_path / "h.db"
+    rng = np.random.default_rng(8)
+    for i in range(1, 13):
+        step = 1.025 if i > 4 else 1.0  # eight merges of +2.5 %: each passes its pull request at 5 %
+        pairs = list(np.exp(math.log(step) + rng.normal(0, 0.004, 4)))
+        path = ab_results(sha(i), sha(i - 1), pairs, sd=0.004).write(tmp_path / f"ab{i}.json")
+        assert cli("history", "add", str(path), "--db", str(db), "--date", date(i))[0] == ExitCode.OK
+    code, text = cli("history", "check", "--since", sha(4), "--db", str(db), "--tolerance", "0.05")
+    assert code == ExitCode.FAILED
+    assert "cumulative beyond 5%" in text and f"commits {sha(4)[:12]}..{sha(12)[:12]}" in text
+    code, text = cli("history", "check", "--since", sha(4), "--db", str(db), "--tolerance", "0.3")
+    assert "cumulative beyond" not in text
+
+
+def test_report_writes_one_self_contained_page(tmp_path: Path, stored_db: Path) -> None:
+    page = tmp_path / "history.html"
+    code, _ = cli("history", "report", "--db", str(stored_db), "-o", str(page))
+    assert code == ExitCode.OK
+    text = page.read_text()
+    assert text.count("<svg") == 2  # step_ms and flops
+    assert "step_ms (ms)" in text and re.search(r">\+(9|10|11)\.\d%<", text)  # the change point's label
+    assert sha(15)[:8] in text and "commit (oldest to newest" in text
+    # Nothing fetched: no script, no stylesheet or image from elsewhere.
+    assert "<script" not in text and not re.search(r"(src|href)=['\"]?https?:", text)
+
+
+@pytest.mark.parametrize("case", ["missing", "corrupt", "newer"])
+def test_a_database_that_cannot_be_read_exits_2_naming_it(tmp_path: Path, stored_db: Path, case: str,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "other.db"
+    if case == "corrupt":
+        db.write_bytes(b"garbage" * 600)
+    elif case == "newer":
+        db = stored_db
+        with sqlite3.connect(db) as raw:
+            raw.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    code, _ = cli("history", "check", "--since", sha(1), "--db", str(db))
+    assert code == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert err.startswith(f"perfbudget history check: error: {db}")
+    if case == "newer":
+        assert "schema_version 99 is newer than this perfbudget reads (1)" in err
+
+
+def test_an_unknown_ref_exits_2(stored_db: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _ = cli("history", "check", "--since", "no-such-ref", "--db", str(stored_db))
+    assert code == ExitCode.USAGE and "--since no-such-ref: not a commit" in capsys.readouterr().err
