@@ -113,13 +113,12 @@ def _perfbudget_commands(wf: dict[str, Any]) -> list[list[str]]:
 
 def test_every_perfbudget_command_in_the_workflow_parses(wf: dict[str, Any]) -> None:
     commands = _perfbudget_commands(wf)
-    assert {c[0] for c in commands} == {"report", "merge", "ab", "history"}
+    # `perfbudget ab` runs inside scripts/perf-ab.sh (pull requests and pushes alike).
+    assert {c[0] for c in commands} == {"report", "merge", "history"}
     parser = build_parser()
     for argv in commands:
         args = parser.parse_args(argv)  # exits (fails the test) on a bad flag
-        assert args.command in ("report", "merge", "ab", "history")
-        if argv[0] == "ab":
-            assert args.base and args.merge_base and "perf_tests" in args.pytest_args
+        assert args.command in ("report", "merge", "history")
 
 
 def test_pull_requests_and_pushes_judge_timing_by_lockstep_ab(wf: dict[str, Any]) -> None:
@@ -128,13 +127,13 @@ def test_pull_requests_and_pushes_judge_timing_by_lockstep_ab(wf: dict[str, Any]
     checkout = next(s for s in steps(job) if str(s.get("uses", "")).startswith("actions/checkout"))
     assert checkout["with"]["fetch-depth"] == 0  # the base commit must be in the clone
     text = runs(job)
-    assert text.index("scripts/setup.sh") < text.index("perfbudget ab")
-    pr = next(s for s in steps(job) if "perfbudget ab" in str(s.get("run", "")))
+    assert text.index("scripts/setup.sh") < text.index("scripts/perf-ab.sh")
+    pr, push = (s for s in steps(job) if "scripts/perf-ab.sh" in str(s.get("run", "")))
     assert pr["if"] == "${{ github.event_name == 'pull_request' }}"
-    assert re.search(r"\.venv/bin/perfbudget ab --base \$\{\{ github\.event\.pull_request\.base\.sha \}\} "
-                     r"--merge-base\s.*-- perf_tests", text)
-    push = next(s for s in steps(job) if "scripts/perf-ab.sh" in str(s.get("run", "")))
-    assert push["if"] == "${{ github.event_name != 'pull_request' }}"
+    assert pr["env"] == {"PERFBUDGET_AB_BASE": "${{ github.event.pull_request.base.sha }}",
+                         "PERFBUDGET_AB_MERGE_BASE": "1"}
+    assert push["if"] == "${{ github.event_name != 'pull_request' }}" and "env" not in push
+    assert text.index("apt-get install -y --no-install-recommends valgrind") < text.index("scripts/perf-ab.sh")
     upload = next(s for s in steps(job) if str(s.get("uses", "")).startswith("actions/upload-artifact"))
     assert upload["with"]["name"] == "perf-shard-ab" and "!cancelled()" in upload["if"]
     assert ".perfbudget/results-ab.json" in upload["with"]["path"]  # merged by the report job
