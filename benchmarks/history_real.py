@@ -98,6 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--workdir", type=Path, default=Path("/tmp/perfbudget-history-real"))
     p.add_argument("--max-pairs", type=int, default=4)
     p.add_argument("--dry-run", action="store_true", help="build the repository and print the commands only")
+    p.add_argument("--out", type=Path, default=None,
+                   help="also write a Markdown transcript (each commit's A/B verdict, history show and check)")
     args = p.parse_args(argv)
     repo = args.workdir / "repo"
     shas = build(repo, args.commits)
@@ -119,14 +121,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if db.exists():
         db.unlink()
+    transcript = [f"Scratch repository: {len(shas)} commits; planted x{STEP} at commits {PLANTED}.", ""]
     for c in commands:
         print("$ " + shlex.join(c), flush=True)
         # `ab` exits 1 when a commit fails its own A/B (the planted steps may): that is data here;
         # `history check` exits 1 when it finds the drift.
-        done = subprocess.run(c, cwd=repo)
+        done = subprocess.run(c, cwd=repo, capture_output=True, text=True)
+        print(done.stdout + done.stderr, end="", flush=True)
         if done.returncode not in (0, 1):
             print(f"history_real: {c[0]} exited {done.returncode}", file=sys.stderr)
             return done.returncode
+        if c[1] == "ab":
+            line = next((ln for ln in (done.stdout + done.stderr).splitlines() if "scratch-step" in ln
+                         and "step_ms" in ln), "")
+            transcript.append(f"- `{Path(c[7]).stem}` (commit vs its parent) ab exit {done.returncode}: `{line.strip()}`")
+        elif c[1] == "history" and c[2] != "add":
+            transcript += ["", f"`$ perfbudget {' '.join(c[2:4])}` (exit {done.returncode}):", "", "```",
+                           (done.stdout + done.stderr).rstrip(), "```"]
+    if args.out is not None:
+        args.out.write_text("# A real main-branch history, measured\n\nCommand: `python benchmarks/history_real.py "
+                            + " ".join(argv if argv is not None else sys.argv[1:]) + "`\n\n" + "\n".join(transcript)
+                            + "\n")
     return 0
 
 
