@@ -46,7 +46,7 @@ if [ "${PERFBUDGET_AB_INSTRUCTIONS:-1}" != "0" ] && command -v valgrind >/dev/nu
     timing=(perf_tests -m "not instructions")
     rm -f .perfbudget/results-ab-instructions.json
     ab --instructions --cpus "$cpus" --max-minutes 20 --out .perfbudget/results-ab-instructions.json \
-        -- perf_tests -m instructions -p no:randomly > .perfbudget/ab-instructions.log 2>&1 &
+        -- perf_tests -m instructions -p no:randomly --durations=0 > .perfbudget/ab-instructions.log 2>&1 &
     pid=$!
 fi
 set +e

@@ -228,7 +228,7 @@ def test_perf_ab_script_runs_instruction_counts_beside_the_timing_pairs(tmp_path
     if valgrind and len(cpus) > 1:
         others = ",".join(map(str, cpus[:-1]))
         assert len(counted) == 1 and f"--cpus {others}" in counted[0]
-        assert counted[0].endswith("-- perf_tests -m instructions -p no:randomly")
+        assert counted[0].endswith("-- perf_tests -m instructions -p no:randomly --durations=0")
         assert timing[0].endswith("-- perf_tests -m not instructions")
         assert any(c.startswith("merge .perfbudget/results-ab.json .perfbudget/results-ab-instructions.json") for c in lines)
     else:
