@@ -293,6 +293,13 @@ def platform_line() -> str:
     return f"{os.cpu_count()} vCPU {model!r}"
 
 
+def save(out: Path, scenarios: list[Scenario], plain_s: dict[str, float], commands: list[str]) -> None:
+    """The table, and the JSON that ``--resume`` reads."""
+    out.write_text(table(scenarios, plain_s, "`; `".join(commands)))
+    out.with_suffix(".json").write_text(json.dumps(
+        {"plain_s": plain_s, "commands": commands, "scenarios": [s.__dict__ for s in scenarios]}, indent=1))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--aa", type=int, default=20, help="A/A runs")
@@ -341,7 +348,6 @@ def main() -> int:
             else:
                 same.done += d["done"]
     commands = [*earlier_commands, *commands]
-    command = "`; `".join(commands)
     for tests in {s.tests for s in scenarios if " ".join(s.tests) not in plain_s}:
         t0 = time.perf_counter()
         subprocess.run([sys.executable, "-m", "pytest", *tests, "-q", "-p", "no:cacheprovider"], cwd=clone, env=env,
@@ -365,10 +371,8 @@ def main() -> int:
         print(f"ab-gate: {s.name} run {len(s.done)}/{s.runs}: {got.get('pairs')} pairs, {got['wall_s']:.0f} s, "
               + ", ".join(f"{k.split('.', 1)[1]}={c['outcome']}" for k, c in got["checks"].items()
                           if family(k) in TIMING), flush=True)
-        args.out.write_text(table(scenarios, plain_s, command))
-        # After every run: a run stopped early keeps what it measured (and can be resumed).
-        (args.out.with_suffix(".json")).write_text(json.dumps(
-            {"plain_s": plain_s, "commands": commands, "scenarios": [s.__dict__ for s in scenarios]}, indent=1))
+        save(args.out, scenarios, plain_s, commands)  # after every run: a run stopped early keeps what it measured
+    save(args.out, scenarios, plain_s, commands)
     shutil.rmtree(tmp, ignore_errors=True)
     print(args.out.read_text())
     return 0
