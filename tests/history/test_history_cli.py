@@ -114,6 +114,21 @@ def test_check_fails_on_a_cumulative_drift_beyond_the_tolerance(tmp_path: Path) 
     assert "cumulative beyond" not in text
 
 
+def test_check_finds_what_came_after_the_ref_when_commits_share_a_date(tmp_path: Path) -> None:
+    # Commits made within one second (a scripted series, a fast-forward) carry one date: the
+    # history's order, not the date, says what came after --since.
+    db = tmp_path / "h.db"
+    rng = np.random.default_rng(8)
+    for i in range(1, 13):
+        step = 1.025 if i > 4 else 1.0
+        pairs = list(np.exp(math.log(step) + rng.normal(0, 0.004, 4)))
+        path = ab_results(sha(i), sha(i - 1), pairs, sd=0.004).write(tmp_path / f"ab{i}.json")
+        assert cli("history", "add", str(path), "--db", str(db), "--date", date(0))[0] == ExitCode.OK
+    code, text = cli("history", "check", "--since", sha(4), "--db", str(db), "--tolerance", "0.05")
+    assert code == ExitCode.FAILED, text
+    assert "8 run(s)" in text and "cumulative beyond 5%" in text and f"commits {sha(4)[:12]}..{sha(12)[:12]}" in text
+
+
 def test_report_writes_one_self_contained_page(tmp_path: Path, stored_db: Path) -> None:
     page = tmp_path / "history.html"
     code, _ = cli("history", "report", "--db", str(stored_db), "-o", str(page))

@@ -123,11 +123,14 @@ class Finding:
                 f"commits {self.good[:12]}..{self.bad[:12]} (git bisect start {self.bad[:12]} {self.good[:12]})")
 
 
-def findings_since(analysis: SeriesAnalysis, since_date: str, *, tolerance: float = 0.05,
-                   confidence: float = 0.95) -> tuple[list[Finding], str | None]:
-    """Regressions after ``since_date`` (UTC, as runs keep dates): level shifts and drifts for the worse, and
-    a cumulative chained ratio whose interval lies entirely beyond ``1 + tolerance`` (``1 - tolerance``
-    for rates).
+def findings_since(analysis: SeriesAnalysis, since_date: str, *, since_commit: str | None = None,
+                   tolerance: float = 0.05, confidence: float = 0.95) -> tuple[list[Finding], str | None]:
+    """Regressions after the ``since_commit`` run of the series (else after ``since_date``, UTC, as runs
+    keep dates): level shifts and drifts for the worse, and a cumulative chained ratio whose
+    interval lies entirely beyond ``1 + tolerance`` (``1 - tolerance`` for rates).
+
+    The series' own order decides where the commit is, not its date: commits made within one
+    second (a scripted series, a fast-forward of several) share a date.
 
     Returns:
         ``(findings, cumulative line)``: the second is the cumulative change since then, for the
@@ -136,20 +139,26 @@ def findings_since(analysis: SeriesAnalysis, since_date: str, *, tolerance: floa
     out = []
     base = dict(check=analysis.name, machine=analysis.machine, mode=analysis.mode)
     pts = analysis.points
+    order = {p.run.commit: i for i, p in enumerate(pts)}  # a commit's last place in the series
+    cut = order.get(since_commit) if since_commit else None
+
+    def after(point: Point) -> bool:
+        return order[point.run.commit] > cut if cut is not None else point.run.date > since_date
+
     for s in analysis.shifts:
-        if pts[s.index].run.date > since_date and analysis.worse(s.change):
+        if after(pts[s.index]) and analysis.worse(s.change):
             out.append(Finding(**base, what="change point", change=s.change, ci=None,  # type: ignore[arg-type]
                                good=pts[s.index - 1].run.commit, bad=pts[s.index].run.commit))
     links = analysis.links
     for d in analysis.drifts:
-        if links[d.last].point.run.date > since_date and analysis.worse(d.change):
+        if after(links[d.last].point) and analysis.worse(d.change):
             out.append(Finding(**base, what="drift", change=d.change, ci=d.ci,  # type: ignore[arg-type]
                                good=links[d.first].parent or links[d.first].commit, bad=links[d.last].commit,
                                merges=d.last - d.first + 1))
-    after = [link for link in links if link.point.run.date > since_date]
-    if not after:
+    later = [link for link in links if after(link.point)]
+    if not later:
         return out, None
-    cum = cumulative(after, confidence=confidence)
+    cum = cumulative(later, confidence=confidence)
     lo, hi = cum.ci
     beyond = lo > 1 + tolerance if analysis.direction != "higher" else hi < 1 - tolerance
     line = (f"{analysis.name} on {analysis.machine}: {cum.change:+.1%} ({lo - 1:+.1%} to {hi - 1:+.1%}, "

@@ -181,12 +181,15 @@ def cmd_check(args: argparse.Namespace, out: TextIO) -> int:
     with _open(args) as store:
         since, since_date = _since_date(store, args.since)
         analyses = _analyses(store)
-        after = [r for r in store.runs() if r.date > since_date]
+        runs = store.runs()
+        # After the since commit's last run in the history's order (dates can tie), else by date.
+        at = [i for i, r in enumerate(runs) if r.commit == since]
+        after = runs[at[-1] + 1:] if at else [r for r in runs if r.date > since_date]
     if not analyses:
         raise _InputError(f"{args.db}: the history is empty")
     findings, lines = [], []
     for a in analyses:
-        found, line = findings_since(a, since_date, tolerance=args.tolerance)
+        found, line = findings_since(a, since_date, since_commit=since, tolerance=args.tolerance)
         findings += found
         if line:
             lines.append(line)
