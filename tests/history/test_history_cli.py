@@ -127,6 +127,9 @@ def test_check_finds_what_came_after_the_ref_when_commits_share_a_date(tmp_path:
     code, text = cli("history", "check", "--since", sha(4), "--db", str(db), "--tolerance", "0.05")
     assert code == ExitCode.FAILED, text
     assert "8 run(s)" in text and "cumulative beyond 5%" in text and f"commits {sha(4)[:12]}..{sha(12)[:12]}" in text
+    # A ref with no run of its own (the first commit, only ever a parent) starts at its child's run.
+    code, text = cli("history", "check", "--since", sha(0), "--db", str(db), "--tolerance", "0.05")
+    assert code == ExitCode.FAILED and "12 run(s)" in text, text
 
 
 def test_report_writes_one_self_contained_page(tmp_path: Path, stored_db: Path) -> None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from .chain import Cumulative, Link, chain_of, cumulative, cumulative_series
 from .changepoints import ChangeConfig, Drift, Shift, chained_drifts, level_shifts
-from .store import HistoryStore, Mode, Point, by_machine
+from .store import HistoryStore, Mode, Point, Run, by_machine
 
 __all__ = ["Finding", "SeriesAnalysis", "analyze", "analyze_store", "findings_since"]
 
@@ -123,6 +123,15 @@ class Finding:
                 f"commits {self.good[:12]}..{self.bad[:12]} (git bisect start {self.bad[:12]} {self.good[:12]})")
 
 
+def first_after(runs: Sequence[Run], commit: str) -> int | None:
+    """Index of the first of ``runs`` (in the history's order) that came after ``commit``: the one after
+    ``commit``'s own last run, else the first whose parent is ``commit``; ``None`` when neither is there."""
+    own = [i for i, r in enumerate(runs) if r.commit == commit]
+    if own:
+        return own[-1] + 1
+    return next((i for i, r in enumerate(runs) if r.parent == commit), None)
+
+
 def findings_since(analysis: SeriesAnalysis, since_date: str, *, since_commit: str | None = None,
                    tolerance: float = 0.05, confidence: float = 0.95) -> tuple[list[Finding], str | None]:
     """Regressions after the ``since_commit`` run of the series (else after ``since_date``, UTC, as runs
@@ -139,11 +148,11 @@ def findings_since(analysis: SeriesAnalysis, since_date: str, *, since_commit: s
     out = []
     base = dict(check=analysis.name, machine=analysis.machine, mode=analysis.mode)
     pts = analysis.points
-    order = {p.run.commit: i for i, p in enumerate(pts)}  # a commit's last place in the series
-    cut = order.get(since_commit) if since_commit else None
+    first = first_after([p.run for p in pts], since_commit) if since_commit else None
+    later_commits = {p.run.commit for p in pts[first:]} if first is not None else None
 
     def after(point: Point) -> bool:
-        return order[point.run.commit] > cut if cut is not None else point.run.date > since_date
+        return point.run.commit in later_commits if later_commits is not None else point.run.date > since_date
 
     for s in analysis.shifts:
         if after(pts[s.index]) and analysis.worse(s.change):

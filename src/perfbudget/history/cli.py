@@ -12,7 +12,7 @@ from typing import Any, TextIO
 from ..exitcodes import ExitCode
 from ..fileio import atomic_write
 from ..results import load_results
-from .analysis import SeriesAnalysis, analyze_store, findings_since
+from .analysis import SeriesAnalysis, analyze_store, findings_since, first_after
 from .commits import CommitError, git_commit_info, run_of
 from .report import render_history
 from .store import HistoryError, HistoryStore, checks_from_results
@@ -167,6 +167,10 @@ def _since_date(store: HistoryStore, ref: str) -> tuple[str, str]:
     if info is not None:
         return info[0], info[2]
     found = store.resolve(ref)
+    if not found:  # a commit the history holds only as a parent (the first commit of a chain)
+        found = sorted({r.parent for r in store.runs() if r.parent and r.parent.startswith(ref)})
+        if len(found) == 1:
+            return found[0], min(r.date for r in store.runs() if r.parent == found[0])
     if len(found) == 1:
         dates = [r.date for r in store.runs() if r.commit == found[0]]
         return found[0], min(dates)
@@ -182,9 +186,9 @@ def cmd_check(args: argparse.Namespace, out: TextIO) -> int:
         since, since_date = _since_date(store, args.since)
         analyses = _analyses(store)
         runs = store.runs()
-        # After the since commit's last run in the history's order (dates can tie), else by date.
-        at = [i for i, r in enumerate(runs) if r.commit == since]
-        after = runs[at[-1] + 1:] if at else [r for r in runs if r.date > since_date]
+        # In the history's order (dates can tie), else by date.
+        start = first_after(runs, since)
+        after = runs[start:] if start is not None else [r for r in runs if r.date > since_date]
     if not analyses:
         raise _InputError(f"{args.db}: the history is empty")
     findings, lines = [], []
