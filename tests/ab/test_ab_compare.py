@@ -118,12 +118,29 @@ def test_every_compared_check_stores_its_detectable_effect() -> None:
 
 
 def test_min_pairs_keeps_a_check_undecided_until_it_has_them() -> None:
-    first = [pair([rec("step_ms", steps(13.0), key="x")], [rec("step_ms", steps(10.0), key="x")])]
-    assert compare_pairs(first, budgets=budgets()).undecided == ()  # its CI is decided already
-    held = compare_pairs(first, budgets=budgets(), min_pairs=2)
-    assert held.undecided == ((NODE, "x", "step_ms"),) and held.records[0].outcome == "fail"  # provisional
-    final = compare_pairs(first, budgets=budgets(), min_pairs=2, final=True)
-    assert final.undecided == () and final.records[0].outcome == "fail"
+    quiet = [pair([rec("step_ms", steps(9.0), key="x")], [rec("step_ms", steps(10.0), key="x")])]
+    assert compare_pairs(quiet, budgets=budgets()).undecided == ()  # its CI is decided already
+    held = compare_pairs(quiet, budgets=budgets(), min_pairs=2)
+    assert held.undecided == ((NODE, "x", "step_ms"),) and held.records[0].outcome == "pass"  # provisional
+    final = compare_pairs(quiet, budgets=budgets(), min_pairs=2, final=True)
+    assert final.undecided == () and final.records[0].outcome == "pass"
+
+
+def test_a_failure_is_confirmed_by_one_more_pair_than_min_pairs() -> None:
+    slow = [pair([rec("step_ms", steps(r), key="x")], [rec("step_ms", steps(10.0), key="x")]) for r in (13.0, 12.6, 12.8)]
+    node = (NODE, "x", "step_ms")
+    # Beyond the tolerance after min_pairs pairs: provisional, another pair is wanted.
+    assert compare_pairs(slow[:1], budgets=budgets()).undecided == (node,)
+    held = compare_pairs(slow[:2], budgets=budgets(), min_pairs=2)
+    assert held.undecided == (node,) and held.records[0].outcome == "fail"  # provisional
+    # The run ended first: inconclusive, never a failure on two pairs that may share a speed mode.
+    ended = compare_pairs(slow[:2], budgets=budgets(), min_pairs=2, final=True)
+    (r,) = ended.records
+    assert ended.inconclusive == (node,) and r.outcome == "inconclusive"
+    assert "not confirmed: a failure needs 3 pairs" in r.reason
+    # Confirmed by the third.
+    confirmed = compare_pairs(slow, budgets=budgets(), min_pairs=2, final=True)
+    assert confirmed.records[0].outcome == "fail" and confirmed.undecided == confirmed.inconclusive == ()
 
 
 def test_checks_of_tests_not_rerun_keep_their_earlier_pairs() -> None:

@@ -308,7 +308,6 @@ def test_an_invalid_re_run_is_dropped_and_no_valid_pair_fails(
     assert result.results.records == [] and result.exit_code == 1
 
 
-# The head is 50 % slower in pair 2 only: two pairs that disagree, against a tolerance of 0.
 # The step's samples are fixed, not timed: head/base reads 1.0 in pair 1 and 1.5 in pair 2,
 # an interval that straddles a tolerance of 0 after both pairs however busy the machine is.
 UNRESOLVABLE_LIB = """\
