@@ -87,13 +87,14 @@ def assert_never_both_running(result: ABRun) -> None:
 
 def test_aa_passes_through_real_turn_taking(make_repo: Callable[..., Path]) -> None:
     repo = make_repo({"src/fakelib/__init__.py": lib(), "budgets/cpu.yaml": BUDGETS})
-    # A sub-millisecond step timed for 90 ms a side is noisy from pair to pair on these VMs (the
-    # machine's speed moves within a process): 6 pairs resolve its A/A, where 4 sometimes did not.
+    # A sub-millisecond step timed for 90 ms a side: on a loaded machine its per-pair sd reaches
+    # 16 %, and an A/A may end inconclusive (benchmarks/process-modes-cpu.md). What an A/A must
+    # never be is a failure; the verdict on fixed ratios is tested below, without the machine.
     result = run(repo, max_pairs=6)
     assert result.exit_code == 0, [r.reason for r in result.results.records]
     step, flops = result.results.records
-    assert step.metric == "step_ms" and step.outcome == "pass" and step.base is not None, step.reason
-    assert 2 <= step.base.pairs <= 6 and 0.8 < step.base.ratio < 1.2  # type: ignore[operator]
+    assert step.metric == "step_ms" and step.base is not None, step.reason
+    assert step.outcome in ("pass", "inconclusive") and 2 <= step.base.pairs <= 6, step.reason
     assert flops.outcome == "pass" and "same as the base (1000)" in flops.reason
     assert result.pairs[0].first == "base" and result.pairs[1].first == "head"
     assert all(p.turns.grants("base") >= 6 and p.turns.grants("head") >= 6 for p in result.pairs)
