@@ -50,8 +50,11 @@ def test_a_write_failing_midway_leaves_the_old_file_and_no_temp(tmp_path: Path) 
 
 
 INTERRUPTED_WRITER = r"""
-import sys
+import signal, sys
 from perfbudget.fileio import atomic_write
+# A process started in the background by a non-interactive shell inherits SIGINT ignored (as
+# `cmd &` in a script does): make the interrupt reach Python here, however the tests were started.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 n = 0
 while True:
     atomic_write(sys.argv[1], str(n % 10) * 2_000_000)
