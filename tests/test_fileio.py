@@ -70,11 +70,16 @@ def test_a_writer_stopped_mid_write_leaves_a_whole_file(tmp_path: Path, sig: sig
     for attempt in range(3):
         p = subprocess.Popen([sys.executable, "-c", INTERRUPTED_WRITER, str(target)], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
-        assert p.stdout is not None
-        assert p.stdout.readline() == "written\n"
-        time.sleep(0.02 * attempt)
-        os.kill(p.pid, sig)
-        p.wait(timeout=60)
+        try:
+            assert p.stdout is not None
+            assert p.stdout.readline() == "written\n"
+            time.sleep(0.02 * attempt)
+            os.kill(p.pid, sig)
+            p.wait(timeout=60)
+        finally:
+            if p.poll() is None:  # never leave a writer looping behind a failed test
+                p.kill()
+                p.wait()
         text = target.read_text()
         assert len(text) == 2_000_000 and len(set(text)) == 1  # one whole version, never a part or a mix
         leftovers = [q.name for q in tmp_path.iterdir() if q != target]
