@@ -18,6 +18,7 @@ from .budgets.update import UpdateReport, apply_updates, git_commit
 from .device import DeviceInfo, DeviceType
 from .fileio import atomic_write, lock
 from .judge import AB_PRECISION_ENV, STABLE_MACHINE_ENV, ab_precision, stable_identity
+from .measure.instructions import running_under_valgrind
 from .measure.machine import describe
 from .metrics import lookup
 from .preflight import DEFAULT_MAX_LOAD_PER_CORE
@@ -174,6 +175,12 @@ class PerfSession:
         GPU's lock exclusively, so tests on different GPUs run side by side while CPU
         timing still runs alone.
         """
+        if running_under_valgrind():
+            # Under callgrind a test counts instructions, which no other process disturbs: it needs
+            # no machine to itself, and must not hold back timing pairs that run beside it
+            # (scripts/perf-ab.sh runs both from one checkout, so they share this lock file).
+            yield
+            return
         lock_dir = self.rootdir / ".perfbudget"
         lock_dir.mkdir(parents=True, exist_ok=True)
         with contextlib.ExitStack() as stack:
