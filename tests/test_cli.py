@@ -17,6 +17,7 @@ from perfbudget.cli import EXIT_INPUT, EXIT_OK, EXIT_REGRESSION, diff_results, e
 from perfbudget.device import DeviceInfo
 from perfbudget.exitcodes import ExitCode
 from perfbudget.results import load_results
+from perfbudget.vocabulary import Outcome
 
 DATA = Path(__file__).parent / "data" / "results"
 REGRESSION, BASE, AB = str(DATA / "regression.json"), str(DATA / "base.json"), str(DATA / "ab.json")
@@ -127,6 +128,31 @@ def test_merge_shards_equals_the_whole_and_refuses_overlap(tmp_path: Path, capsy
     err = capsys.readouterr().err
     assert "regression.json: record perf_tests/test_encoder.py::test_encoder_train_step encoder-train." in err
     assert "is also in" in err and "shard-1.json; shards must not overlap" in err
+
+
+def test_merge_reconciles_each_shards_not_measured_budgets(tmp_path: Path) -> None:
+    """Each shard's session reports the budgets it did not record; one shard measuring a budget makes
+    another shard's report of it moot, and two shards reporting the same one report it once."""
+    one, two = load_results(DATA / "shard-1.json"), load_results(DATA / "shard-2.json")
+    measured_in_two = two.records[0]
+    assert measured_in_two.outcome != "not_measured"
+    unrecorded = replace(measured_in_two, nodeid="", outcome=Outcome.NOT_MEASURED, value=None,
+                         reason="budgeted but no test of this run recorded it")
+    elsewhere = replace(unrecorded, metric="peak_bytes_never_recorded")
+    one.records += [unrecorded, elsewhere]
+    two.records += [elsewhere]
+    paths = [tmp_path / "one.json", tmp_path / "two.json"]
+    one.write(paths[0])
+    two.write(paths[1])
+    merged = tmp_path / "merged.json"
+    code, text = run("merge", *map(str, paths), "-o", str(merged))
+    assert code == EXIT_OK, text
+    records = load_results(merged).records
+    assert [r for r in records if r.metric == measured_in_two.metric and r.key == measured_in_two.key
+            and r.outcome == Outcome.NOT_MEASURED] == []
+    assert [(r.metric, r.outcome) for r in records if r.metric == "peak_bytes_never_recorded"] == [
+        ("peak_bytes_never_recorded", Outcome.NOT_MEASURED)]
+    assert len(records) == 14  # the 13 measured records, and the one budget no shard recorded
 
 
 # --------------------------------------------------------------------------- diff

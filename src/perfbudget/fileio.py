@@ -5,14 +5,14 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import tempfile
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
 __all__ = ["atomic_write", "lock"]
 
 DEFAULT_MODE = 0o644
-"""Permissions of a new file (``mkstemp`` creates 0600; results and budgets are meant to be shared)."""
+"""Permissions of a new file (the temp file is created 0600; results and budgets are meant to be shared)."""
 
 
 def atomic_write(path: str | os.PathLike[str], data: str | bytes, *, encoding: str = "utf-8") -> Path:
@@ -35,8 +35,17 @@ def atomic_write(path: str | os.PathLike[str], data: str | bytes, *, encoding: s
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     raw = data.encode(encoding) if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # The temp file's name is chosen before it exists, inside the clean-up's reach: an interrupt
+    # between creating it and knowing its name (as ``mkstemp`` allows) would leave it behind.
+    tmp = ""
     try:
+        while True:
+            tmp = str(path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp")
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+                break
+            except FileExistsError:  # another writer's temp file: never removed by this one
+                tmp = ""
         with os.fdopen(fd, "wb") as fh:
             fh.write(raw)
             fh.flush()
@@ -48,8 +57,9 @@ def atomic_write(path: str | os.PathLike[str], data: str | bytes, *, encoding: s
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        if tmp:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
         raise
     _fsync_dir(path.parent)
     return path

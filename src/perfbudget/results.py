@@ -345,13 +345,36 @@ def _migrate(data: dict[str, Any], path: Path) -> dict[str, Any]:
     return data
 
 
+def is_unrecorded_budget(r: Record) -> bool:
+    """A session's report that a budget applied but no test of *that* shard recorded it."""
+    return r.outcome == Outcome.NOT_MEASURED and not r.nodeid
+
+
+def _where(r: Record) -> tuple[str, str, str]:
+    return (r.device.label if r.device is not None else "", r.key, r.metric)
+
+
 def merge_results(parts: Iterable[Results]) -> Results:
-    """Merge shards (xdist workers or CI matrix jobs) into one, ordered by test and metric."""
+    """Merge shards (xdist workers or CI matrix jobs) into one, ordered by test and metric.
+
+    Each shard's session reports the budgets it did not measure; a shard that measured one makes
+    the other shards' report of it moot (dropped), and several shards reporting the same budget as
+    not measured report it once.
+    """
     out = Results()
     shards = []
+    records: list[Record] = []
     for p in parts:
-        out.records.extend(p.records)
+        records.extend(p.records)
         shards.append(p.meta)
+    measured = {_where(r) for r in records if not is_unrecorded_budget(r)}
+    reported: set[tuple[str, str, str]] = set()
+    for r in records:
+        if is_unrecorded_budget(r):
+            if _where(r) in measured or _where(r) in reported:
+                continue
+            reported.add(_where(r))
+        out.records.append(r)
     out.records.sort(key=lambda r: (r.nodeid, r.key, r.metric))
     if shards:
         out.meta = dict(shards[0])
