@@ -138,7 +138,7 @@ budgets:
     step_ms:
       value: 1.0
       tolerance: 0.3
-      ab_tolerance: 0.5
+      ab_tolerance: 1.0
   counts:
     flops:
       value: 1000
@@ -148,6 +148,9 @@ budgets:
 
 def test_later_pairs_rerun_only_undecided_tests_and_an_unresolvable_check_is_inconclusive(
         make_repo: Callable[..., Path]) -> None:
+    # The quiet check is timed for real, beside the other unit tests: its 0.1 ms step read a per-pair
+    # sd of 17.5 % there (head/base 1.17 for the same code), so its tolerance (+100 %) is one that
+    # two pairs decide under any load; the noisy ones swing 1.5x by construction, every pair.
     files = {"src/mylib/__init__.py": STEPS_LIB, "perf/test_steps.py": STEPS_TEST, "budgets/cpu.yaml": STEPS_BUDGETS}
     repo = make_repo(files, {"src/mylib/__init__.py": STEPS_LIB + "\n# the head's change\n"})
     result = run_ab(ABConfig(root=repo, base="HEAD", min_pairs=2, max_pairs=3, burst_ms=30,
