@@ -49,6 +49,9 @@ ROOT = Path(__file__).resolve().parent.parent
 #: The suite's encoder checks: step latency/throughput and the per-operator checks.
 TESTS = ("perf_tests/test_encoder.py", "-k", "step_latency or operators")
 SUITE = ("perf_tests",)
+#: The suite's smallest timed steps, where whole processes differ most (process-modes-cpu.md):
+#: the tiny MLP's training step and the decoder's serving latencies.
+SMALL = ("perf_tests/test_tiny.py", "perf_tests/test_decoder.py", "-k", "tiny_mlp_step_time or serving_latency")
 TIMING = ("step_ms", "throughput_samples_per_s", "op_self_ms", "op_share", "ttft_ms", "token_ms", "e2e_ms_p50",
           "e2e_ms_p90", "tokens_per_s", "speedup", "compile_s", "latency_ms")
 #: The whole suite's A/A should finish within this (the issue's target for a pull-request check).
@@ -95,7 +98,7 @@ print(min(cfg.d_model, max(1, round(frac * mm / per_column))))
 @dataclass
 class Scenario:
     name: str
-    kind: str  # "aa", "suite-aa", "step", "op"
+    kind: str  # "aa", "suite-aa", "small-aa", "step", "op"
     frac: float
     runs: int
     done: list[dict] = field(default_factory=list)
@@ -104,12 +107,14 @@ class Scenario:
 
     @property
     def tests(self) -> tuple[str, ...]:
-        return SUITE if self.kind == "suite-aa" else TESTS
+        return {"suite-aa": SUITE, "small-aa": SMALL}.get(self.kind, TESTS)
 
     def label(self) -> str:
         """What was planted, and what it did to the time as measured in these runs."""
         if self.kind == "aa":
             return "A/A, encoder (false alarms)"
+        if self.kind == "small-aa":
+            return "A/A, small steps: tiny MLP step, decoder serving (false alarms)"
         if self.kind == "suite-aa":
             how = (" (one fixed sample set per check, `--precision 0`)" if self.precision == 0 else
                    f" (sampled to a within-pair precision of ±{self.precision:.0%}, `--precision {self.precision:g}`)"
@@ -234,7 +239,7 @@ def table(scenarios: list[Scenario], plain_s: dict[str, float], command: str) ->
     lines += ["", "Per-check per-pair sd of ln(head/base) in the A/A runs, per scenario (median over runs; the raw "
                   "sd of the pair ratios, and the pooled sd the verdict uses, with the prior), the smallest change "
                   "each run could resolve (median MDE) and the pairs it got:", ""]
-    aa = [s for s in scenarios if s.kind in ("aa", "suite-aa") and s.done]
+    aa = [s for s in scenarios if s.kind in ("aa", "suite-aa", "small-aa") and s.done]
     lines += ["| check | " + " | ".join(f"{s.name}: raw sd / pooled sd / MDE / pairs" for s in aa) + " |",
               "|---|" + "---|" * len(aa)]
     per_sd: dict[str, dict[str, list[tuple[float | None, float, float | None, int]]]] = defaultdict(dict)
@@ -300,6 +305,18 @@ def save(out: Path, scenarios: list[Scenario], plain_s: dict[str, float], comman
         {"plain_s": plain_s, "commands": commands, "scenarios": [s.__dict__ for s in scenarios]}, indent=1))
 
 
+def start_neighbour(clone: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """What `.ci/run` puts beside the timing pairs: the suite's instruction tests under callgrind,
+    pinned to every CPU but the last (the one the A/B sides take turns on), over and over."""
+    cpus = sorted(os.sched_getaffinity(0))[:-1]
+    if not cpus or shutil.which("valgrind") is None:
+        raise SystemExit("--neighbour needs valgrind and a second CPU")
+    loop = (f"while true; do {sys.executable} -m perfbudget.cli instructions --out .perfbudget/neighbour -- "
+            "perf_tests -m instructions -q -p no:cacheprovider -p no:randomly; done")
+    return subprocess.Popen(["taskset", "-c", ",".join(map(str, cpus)), "bash", "-c", loop], cwd=clone, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--aa", type=int, default=20, help="A/A runs")
@@ -310,6 +327,11 @@ def main() -> int:
     ap.add_argument("--suite-aa-fixed", type=int, default=0,
                     help="A/A runs of the whole suite with one fixed sample set per check (--precision 0), to "
                          "compare the per-pair sd with --suite-aa's")
+    ap.add_argument("--small-aa", type=int, default=0,
+                    help="A/A runs of the smallest steps (tiny MLP, decoder serving), where per-process speed "
+                         "modes are largest")
+    ap.add_argument("--neighbour", action="store_true",
+                    help="keep the other CPUs busy as .ci/run does: instruction counts under callgrind, in a loop")
     ap.add_argument("--max-pairs", type=int, default=6)
     ap.add_argument("--minutes", type=float, default=80.0, help="stop starting runs after this long")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "ab-gate-cpu.md")
@@ -319,6 +341,8 @@ def main() -> int:
     args = ap.parse_args()
     command = " ".join(["python benchmarks/ab_gate.py", *sys.argv[1:]])
     scenarios = [Scenario("A/A", "aa", 0.0, args.aa)]
+    if args.small_aa:
+        scenarios.append(Scenario("A/A small steps", "small-aa", 0.0, args.small_aa))
     if args.suite_aa:
         scenarios.append(Scenario("A/A suite, precision", "suite-aa", 0.0, args.suite_aa, precision=0.01))
     if args.suite_aa_fixed:
@@ -348,11 +372,12 @@ def main() -> int:
             else:
                 same.done += d["done"]
     commands = [*earlier_commands, *commands]
-    for tests in {s.tests for s in scenarios if " ".join(s.tests) not in plain_s}:
+    for tests in {s.tests for s in scenarios if s.runs and " ".join(s.tests) not in plain_s}:
         t0 = time.perf_counter()
         subprocess.run([sys.executable, "-m", "pytest", *tests, "-q", "-p", "no:cacheprovider"], cwd=clone, env=env,
                        capture_output=True)
         plain_s[" ".join(tests)] = time.perf_counter() - t0
+    neighbour = start_neighbour(clone, env) if args.neighbour else None
     commits: dict[tuple[str, float], str] = {}
     deadline = time.monotonic() + args.minutes * 60
     i = 0
@@ -360,7 +385,7 @@ def main() -> int:
         # Interleaved: the scenario furthest from its target (by fraction done) goes next.
         s = min((s for s in scenarios if len(s.done) < s.runs), key=lambda s: len(s.done) / s.runs)
         head = base
-        if s.kind not in ("aa", "suite-aa"):
+        if s.kind not in ("aa", "suite-aa", "small-aa"):
             if (s.kind, s.frac) not in commits:
                 commits[(s.kind, s.frac)] = plant(clone, base, s.kind, s.frac)
             head = commits[(s.kind, s.frac)]
@@ -373,6 +398,9 @@ def main() -> int:
                           if family(k) in TIMING), flush=True)
         save(args.out, scenarios, plain_s, commands)  # after every run: a run stopped early keeps what it measured
     save(args.out, scenarios, plain_s, commands)
+    if neighbour is not None:
+        neighbour.kill()
+        neighbour.wait()
     shutil.rmtree(tmp, ignore_errors=True)
     print(args.out.read_text())
     return 0
