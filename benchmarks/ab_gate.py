@@ -263,6 +263,14 @@ def table(scenarios: list[Scenario], plain_s: dict[str, float], command: str) ->
                          f"{'+' + format(statistics.median(mdes), '.1%') if mdes else '-'} / "
                          f"{statistics.median(p for _, _, _, p in xs):g}")
         lines.append(f"| `{k}` | " + " | ".join(cells) + " |")
+    lines += ["", "Do a run's pairs replicate it? Per check, the sd of the run means of ln(head/base) over the "
+                  "A/A runs, beside what independent pairs would give (the mean within-run variance over the mean "
+                  "pairs, square-rooted): a ratio well above 1 is a run-level offset that the pairs of one run "
+                  "share and cannot show, so their interval is too narrow for it.", "",
+              "| scenario | check | runs | sd of run means | expected from the pairs | ratio |", "|---|---|---|---|---|---|"]
+    for s in aa:
+        for k, (observed, expected, n) in sorted(_run_level(s.done).items()):
+            lines.append(f"| {s.name} | `{k}` | {n} | {observed:.1%} | {expected:.1%} | {observed / expected:.1f} |")
     lines += ["", "Per-check ratios (head/base, one value per run):", ""]
     for s in scenarios:
         per: dict[str, list[str]] = defaultdict(list)
@@ -278,6 +286,25 @@ def table(scenarios: list[Scenario], plain_s: dict[str, float], command: str) ->
               "failing, or any timing check failing); `failing / inconclusive / timing checks` counts every timing "
               "check of every run."]
     return "\n".join(lines) + "\n"
+
+
+def _run_level(runs: list[dict]) -> dict[str, tuple[float, float, int]]:
+    """Per check with >= 5 runs of >= 2 pairs: (sd of the run means of ln ratio, the sd those means
+    would have if pairs were independent replicates, runs)."""
+    per: dict[str, list[list[float]]] = defaultdict(list)
+    for r in runs:
+        for k, c in r.get("checks", {}).items():
+            logs = [math.log(x) for x in c.get("pair_ratios") or [] if x and x > 0]
+            if len(logs) >= 2:
+                per[k].append(logs)
+    out = {}
+    for k, xs in per.items():
+        if len(xs) < 5:
+            continue
+        expected = math.sqrt(statistics.mean(statistics.variance(x) / len(x) for x in xs))
+        if expected > 0:
+            out[k] = (statistics.stdev(statistics.mean(x) for x in xs), expected, len(xs))
+    return out
 
 
 def _raw_sd(ratios: list[float]) -> float | None:

@@ -103,6 +103,10 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "compiles: the test (or its fixtures) runs torch.compile; such tests run after every other "
         "perf test, because compiling leaves the process changed",
     )
+    from .measure import placement, turns
+
+    if turns.active():  # a side of a lockstep A/B run: its own draw of memory placement, before any set-up
+        placement.shift()
     session = PerfSession.from_config(config)
     gpu = getattr(config, "workerinput", {}).get(xdist.GPU_KEY)
     if gpu is not None:
@@ -111,8 +115,6 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.pluginmanager.hasplugin("xdist") and not session.is_worker:
         config.pluginmanager.register(xdist.ControllerHooks(session), _XDIST_NAME)
     if session.mode == RunMode.COLLECT:
-        from .measure import turns
-
         turns.join()
 
 
