@@ -1,12 +1,12 @@
 """A fresh draw of physical memory placement for each process of a lockstep A/B run.
 
 On these VMs a small step's speed depends on where its memory lands (page colours in the
-physically indexed caches): forcing transparent huge pages moved the tiny MLP's step by
-10-20 % with the order the two sides allocated in (benchmarks/ab-gate-small-cpu.md). Without
-intervention, the processes of consecutive pairs get their pages back from the kernel's free
-lists in much the same order, so every pair of one run shares one placement: the pairs agree
-with each other, their interval is narrow, and the whole run sits at an offset no pair can
-show (an A/A of the tiny MLP read head/base 1.17, CI 1.12-1.23, on three pairs).
+physically indexed caches; backing the heap with transparent huge pages moved the tiny MLP's
+step by 10-20 % with the order in which the two sides allocated). Without intervention, the
+processes of consecutive pairs get their pages back from the kernel's free lists in much the
+same order, so every pair of one run shares one placement: the pairs agree with each other,
+their interval is narrow, and the whole run sits at an offset no pair can show (an A/A of the
+tiny MLP read head/base 1.17, CI 1.12-1.23, on three pairs: benchmarks/ab-gate-small-cpu.md).
 
 The remedy is Stabilizer's (Curtsinger & Berger, ASPLOS 2013): randomise the layout in every
 process, so that placement is a fresh draw per pair, its effect becomes part of the pair-to-
