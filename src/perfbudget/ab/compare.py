@@ -360,15 +360,15 @@ def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_
     state: str = rv.state
     if not ctx.final and rv.pairs < ctx.min_pairs:
         state = "undecided"  # min_pairs holds per check: a first-pair verdict may still be a side's start-up luck
-    unconfirmed = rv.state == "fail" and rv.pairs <= ctx.min_pairs
-    if unconfirmed:
+    if rv.state == "fail" and rv.pairs <= ctx.min_pairs:
         # A failure is confirmed by one more pair, as stored mode confirms before failing: a small
         # step's processes can run in speed modes that two pairs may share by chance
         # (benchmarks/process-modes-cpu.md), which the prior alone would read as a change.
-        state = "inconclusive" if ctx.final else "undecided"
+        state = "undecided"
         if ctx.final:
             rv = replace(rv, state="inconclusive", reason=f"{rv.reason}; not confirmed: a failure needs "
                          f"{ctx.min_pairs + 1} pairs and the run ended before another: inconclusive")
+            state = rv.state
     base_value = stats.median(base_stats)
     reason = f"{rv.reason} [tolerance from {source}]"
     if skipped:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import gc
 import hashlib
 import os
@@ -135,8 +136,13 @@ def build_helper(cache_dir: Path | None = None) -> ctypes.CDLL | Unmeasurable:
     return loaded
 
 
+@functools.cache
 def running_under_valgrind() -> bool:
-    """Whether this process runs on valgrind's synthetic CPU (any tool)."""
+    """Whether this process runs on valgrind's synthetic CPU (any tool); asked once per process.
+
+    The session asks it before every perf test (a process under callgrind takes no timing lock):
+    on a machine without ``valgrind/callgrind.h`` each uncached ask would run the compiler again.
+    """
     helper = build_helper()
     if not isinstance(helper, Unmeasurable):
         return bool(helper.perfbudget_running_on_valgrind())
