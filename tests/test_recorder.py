@@ -103,8 +103,14 @@ def test_instruction_profiles_round_trip_and_name_the_functions_that_moved() -> 
 
     before = InstructionProfile.of("callgrind Ir", [("at::mm", 10.0, 900.0), ("gelu", 50.0, 50.0)])
     after = InstructionProfile.of("callgrind Ir", [("at::mm", 10.0, 1300.0), ("gelu", 50.0, 50.0),
-                                                  ("at::add", 40.0, 40.0)])
+                                                  ("at::add", 40.0, 40.0)], history_dependent_per_step=120.5)
     assert InstructionProfile.from_extra(after.to_extra()) == after
+    assert InstructionProfile.from_extra(after.to_extra()).history_dependent_per_step == 120.5
+    older = {"instruction_profile": {"counter": "callgrind Ir", "functions": [["f", 1, 2]]}}  # written before the field
+    assert InstructionProfile.from_extra(older).history_dependent_per_step == 0.0  # type: ignore[union-attr]
+    with pytest.raises(ExtraError, match="history_dependent_per_step"):
+        InstructionProfile.from_extra({"instruction_profile": {**older["instruction_profile"],
+                                                               "history_dependent_per_step": "many"}})
     lines = after.moved_against(before)
     assert lines[0].startswith("at::mm: 900 -> 1,300 per step (+400)") and any("at::add" in x for x in lines)
     assert not any(x.startswith("gelu") for x in lines)

@@ -321,16 +321,23 @@ class InstructionProfile:
     counter: str
     """The counter of the count the profile belongs to (``callgrind Ir``)."""
     functions: tuple[tuple[str, float, float], ...]
-    """``(function, self per step, inclusive per step)``, heaviest inclusive first."""
+    """``(function, self per step, inclusive per step)``, heaviest inclusive first (every function
+    counted, history-dependent ones included)."""
+    history_dependent_per_step: float = 0.0
+    """Instructions per step in history-dependent functions (allocators, dictionary and type
+    lookups), counted but left out of the recorded value."""
 
     @classmethod
-    def of(cls, counter: str, functions: Iterable[tuple[str, float, float]], *, k: int = 40) -> InstructionProfile:
+    def of(cls, counter: str, functions: Iterable[tuple[str, float, float]], *, k: int = 40,
+           history_dependent_per_step: float = 0.0) -> InstructionProfile:
         rows = sorted(((str(f), float(s), float(i)) for f, s, i in functions), key=lambda r: (-r[2], r[0]))
-        return cls(counter=counter, functions=tuple(rows[:k]))
+        return cls(counter=counter, functions=tuple(rows[:k]), history_dependent_per_step=history_dependent_per_step)
 
     def to_extra(self) -> dict[str, Any]:
-        """``{"instruction_profile": {"counter": ..., "functions": [[name, self, inclusive], ...]}}``."""
-        return {INSTRUCTION_PROFILE: {"counter": self.counter, "functions": [list(r) for r in self.functions]}}
+        """``{"instruction_profile": {"counter": ..., "functions": [[name, self, inclusive], ...],
+        "history_dependent_per_step": ...}}``."""
+        return {INSTRUCTION_PROFILE: {"counter": self.counter, "functions": [list(r) for r in self.functions],
+                                      "history_dependent_per_step": self.history_dependent_per_step}}
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any]) -> InstructionProfile | None:
@@ -346,10 +353,14 @@ class InstructionProfile:
         ok = isinstance(rows, list) and all(
             isinstance(r, list) and len(r) == 3 and isinstance(r[0], str)
             and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in r[1:]) for r in rows)
+        left_out = value.get("history_dependent_per_step", 0.0) if isinstance(value, Mapping) else None
+        if not isinstance(left_out, (int, float)) or isinstance(left_out, bool):
+            ok = False
         if not ok or not isinstance(value.get("counter"), str):
             raise ExtraError(f"extra[{INSTRUCTION_PROFILE!r}]: expected {{'counter': str, 'functions': "
-                             f"[[name, self, inclusive], ...]}}, got {value!r}")
-        return cls(counter=value["counter"], functions=tuple((r[0], float(r[1]), float(r[2])) for r in rows or ()))
+                             f"[[name, self, inclusive], ...], 'history_dependent_per_step': number}}, got {value!r}")
+        return cls(counter=value["counter"], functions=tuple((r[0], float(r[1]), float(r[2])) for r in rows or ()),
+                   history_dependent_per_step=float(left_out or 0.0))
 
     def moved_against(self, before: InstructionProfile, k: int = 8) -> list[str]:
         """Readable lines: the functions whose inclusive instructions per step moved most from ``before``."""

@@ -475,7 +475,11 @@ class PerfRecorder:
         (``perfbudget instructions -- <pytest args>``), else by the CPU's instructions counter
         where one opens; otherwise the metric is recorded unmeasurable with how to run it.
         The two counters are different metrics and are never compared with each other. A
-        callgrind count keeps its heaviest functions with the record
+        callgrind count leaves out the instructions of history-dependent functions (the memory
+        allocators, CPython's dictionary and type-attribute lookups: their work depends on what
+        the process did before, and the same step read up to 0.7 % apart in different sessions;
+        :func:`perfbudget.measure.instructions.history_dependent`); the hardware counter cannot
+        tell functions apart and counts everything. A callgrind count keeps its heaviest functions with the record
         (:class:`~perfbudget.extras.InstructionProfile`, which two records can be compared by
         function with), and a failure names them.
         """
@@ -488,12 +492,17 @@ class PerfRecorder:
         if got.dump is not None:
             dump = instructions.read_dump(got.dump)
             profile = InstructionProfile.of(got.counter, ((f.function, f.self_ir / got.steps, f.inclusive_ir / got.steps)
-                                                          for f in dump.functions.values() if not f.straddles))
+                                                          for f in dump.functions.values() if not f.straddles),
+                                            history_dependent_per_step=got.history_dependent / got.steps)
             extra = profile.to_extra()
 
             def explain() -> Explanation:
-                return Explanation(lines=("heaviest functions (inclusive instructions per step, callgrind):",
-                                          *(f"  {line}" for line in profile.top_lines())))
+                return Explanation(lines=(
+                    f"{got.total / got.steps:,.0f} instructions per step counted; {got.history_dependent / got.steps:,.0f} "
+                    "of them in history-dependent functions (allocators, dictionary and type lookups), left out "
+                    "of the value",
+                    "heaviest functions (inclusive instructions per step, callgrind):",
+                    *(f"  {line}" for line in profile.top_lines())))
         else:
             def explain() -> Explanation:
                 return Explanation(lines=(f"counted by {got.counter}: no per-function attribution; run under "

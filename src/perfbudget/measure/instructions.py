@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import errno
 import functools
 import gc
 import hashlib
+import itertools
 import os
 import platform
 import re
@@ -35,6 +37,7 @@ __all__ = [
     "build_helper",
     "callgrind_hint",
     "dumps_in",
+    "history_dependent",
     "instructions",
     "moved_functions",
     "moves_between",
@@ -65,14 +68,19 @@ class InstructionCount:
     """Instructions executed by ``steps`` calls of a step, set-up and warm-up excluded."""
 
     per_step: float
-    """Instructions per call: ``total / steps`` (includes the measuring loop's own few instructions per call)."""
+    """Instructions per call, history-dependent functions left out: ``(total - history_dependent) / steps``
+    (includes the measuring loop's own few instructions per call)."""
     total: int
-    """Instructions over all measured calls."""
+    """Instructions over all measured calls, every function counted."""
     steps: int
     counter: Counter
     """The counter that produced the value; budgets and comparisons must not mix counters."""
     dump: Path | None = None
     """The callgrind dump holding exactly the measured calls (None for the hardware counter)."""
+    history_dependent: int = 0
+    """Of ``total``, the instructions of functions whose work depends on the process's history more
+    than on the step (:func:`history_dependent`), left out of ``per_step``. Always 0 for the
+    hardware counter, which cannot tell functions apart."""
 
 
 # --------------------------------------------------------------------------- the callgrind helper
@@ -225,13 +233,10 @@ def open_hardware_counter() -> HardwareCounter | Unmeasurable:
 
 
 def _run(step: Callable[[], object], steps: int) -> None:
-    for _ in range(steps):
-        step()
-
-
-# The interpreter specialises a loop's bytecode after its first iterations: done here, once, so
-# that no measurement (the first included) counts the specialising.
-_run(lambda: None, 64)
+    # A loop in C: a Python loop's call site is specialised by the interpreter for the callable
+    # it saw last, and re-specialised (after a back-off) when another step comes, so its cost
+    # inside the counted calls would depend on which step was measured before.
+    collections.deque(itertools.starmap(step, itertools.repeat((), steps)), maxlen=0)
 
 
 def _dump_base() -> Path:
@@ -246,15 +251,19 @@ def _dumps(base: Path) -> set[Path]:
 _calibrated: list[Path] = []
 
 
-def _count_callgrind(step: Callable[[], object], steps: int, label: str) -> InstructionCount | Unmeasurable:
+def _calibrate_callgrind() -> None:
+    """The first pass through the requests costs more (the interpreter specialises this module's
+    calls, ctypes sets up its call path): spent once on an empty step, in a dump that is deleted,
+    so the first real measurement counts like every later one. Called before the step's warm-up,
+    so the measuring loop's call site is specialised for the step again before it is counted."""
     if not _calibrated:
-        # The first pass through the requests costs more (the interpreter specialises this
-        # function's calls, ctypes sets up its call path): spent once on an empty step, in a dump
-        # that is deleted, so the first real measurement counts like every later one.
         _calibrated.append(_dump_base())
         first = _count_callgrind(lambda: None, 1, "calibration")
         if isinstance(first, InstructionCount) and first.dump is not None:
             first.dump.unlink(missing_ok=True)
+
+
+def _count_callgrind(step: Callable[[], object], steps: int, label: str) -> InstructionCount | Unmeasurable:
     base = _dump_base()
     before = _dumps(base)
     helper = build_helper()
@@ -277,13 +286,16 @@ def _count_callgrind(step: Callable[[], object], steps: int, label: str) -> Inst
         return Unmeasurable(reason=f"callgrind wrote no dump next to {base} (is the tool callgrind, and is "
                                    f"{CALLGRIND_OUT_ENV} its --callgrind-out-file?); {RUN_HINT}")
     dump = new[-1]
-    total = read_dump(dump, functions=False).total_ir
+    parsed = read_dump(dump)
+    total = parsed.total_ir
     if total <= 0:
         why = ("instrumentation is off (--instr-atstart=no) and the helper that starts it is missing: "
                f"{helper.reason}" if isinstance(helper, Unmeasurable) else "collection was on before the measurement "
                "(--collect-atstart=yes?), so the toggle turned it off")
         return Unmeasurable(reason=f"callgrind counted no instructions in {dump}: {why}; {RUN_HINT}")
-    return InstructionCount(per_step=total / steps, total=total, steps=steps, counter=CALLGRIND_IR, dump=dump)
+    dependent = sum(f.self_ir for f in parsed.functions.values() if history_dependent(f.function))
+    return InstructionCount(per_step=(total - dependent) / steps, total=total, steps=steps, counter=CALLGRIND_IR,
+                            dump=dump, history_dependent=dependent)
 
 
 def _count_hardware(counter: HardwareCounter, step: Callable[[], object], steps: int) -> InstructionCount:
@@ -337,6 +349,8 @@ def instructions(step: Callable[[], object], *, steps: int = 20, warmup: int = 1
             return Unmeasurable(reason=f"not running under valgrind, and {hardware.reason}; {callgrind_hint()}")
     elif not under_valgrind:
         return Unmeasurable(reason=f"not running under valgrind; {callgrind_hint()}")
+    if hardware is None:
+        _calibrate_callgrind()
     _run(step, warmup)
     enabled = gc.isenabled()
     gc.collect()
@@ -348,6 +362,62 @@ def instructions(step: Callable[[], object], *, steps: int = 20, warmup: int = 1
     finally:
         if enabled:
             gc.enable()
+
+
+# --------------------------------------------------------------------------- history-dependent functions
+
+# The same step, counted in processes with different histories (another test selection before
+# it, another instrument version, another count earlier in the process), moves by up to 0.7 %,
+# and all of the movement sits in these functions (benchmarks/instructions-history-cpu.md):
+# the memory allocators, whose free lists, bins and consolidations depend on every allocation
+# the process made before, and CPython's dictionary and type-attribute lookups, whose probe
+# lengths depend on hash collisions and on the type cache's contents. PyTorch's instruction-count
+# benchmarks strip the dictionary lookups for the same reason (``FunctionCounts.denoise``).
+# The rest of the step repeats to a few hundredths of a percent across those histories.
+_GLIBC_MALLOC: Final = frozenset({
+    "malloc", "free", "calloc", "realloc", "cfree", "memalign", "posix_memalign", "aligned_alloc", "valloc",
+    "pvalloc", "__libc_malloc", "__libc_free", "__libc_calloc", "__libc_realloc", "__libc_memalign",
+    "__posix_memalign", "_int_malloc", "_int_free", "_int_realloc", "_int_memalign", "_mid_memalign",
+    "_int_free_merge_chunk", "_int_free_create_chunk", "_int_free_maybe_consolidate", "malloc_consolidate",
+    "unlink_chunk", "alloc_perturb", "free_perturb", "sysmalloc", "systrim", "tcache_init", "tcache_get",
+    "tcache_put", "tcache_get_n", "tcache_put_n", "munmap_chunk", "mremap_chunk", "arena_get2", "heap_trim",
+})
+_CPYTHON: Final = frozenset({
+    # the object and raw allocators (obmalloc.c)
+    "PyObject_Malloc", "PyObject_Calloc", "PyObject_Realloc", "PyObject_Free", "_PyObject_Malloc",
+    "_PyObject_Calloc", "_PyObject_Realloc", "_PyObject_Free", "PyMem_Malloc", "PyMem_Calloc", "PyMem_Realloc",
+    "PyMem_Free", "PyMem_RawMalloc", "PyMem_RawCalloc", "PyMem_RawRealloc", "PyMem_RawFree", "_PyMem_RawMalloc",
+    "_PyMem_RawCalloc", "_PyMem_RawRealloc", "_PyMem_RawFree", "pymalloc_alloc", "pymalloc_free",
+    "pymalloc_realloc", "allocate_from_new_pool", "insert_to_usedpool", "insert_to_freepool", "new_arena",
+    "address_in_range",
+    # dictionary lookups (dictobject.c) and the type-attribute cache (typeobject.c)
+    "_Py_dict_lookup", "unicodekeys_lookup_unicode", "unicodekeys_lookup_generic", "dictkeys_generic_lookup",
+    "lookdict", "lookdict_unicode", "lookdict_unicode_nodummy", "lookdict_split", "_PyDict_GetItem_KnownHash",
+    "_PyDict_LoadGlobal", "_PyType_Lookup", "find_name_in_mro", "assign_version_tag",
+})
+_ALLOCATOR_LIBRARY = re.compile(r"^lib(jemalloc|tcmalloc(_minimal)?|mimalloc)\b")
+_CLONE_SUFFIX = re.compile(r"(\.(constprop|isra|part|cold|lto_priv)\.\d+)+$")
+
+
+def history_dependent(function: str) -> bool:
+    """Whether a callgrind function (``name [object file]``) is one whose instructions depend on
+    the process's history: a memory allocator's, or a CPython dictionary or type-attribute lookup.
+
+    Matched by name within its library (glibc, CPython) or by library (a preloaded jemalloc,
+    tcmalloc or mimalloc), so a user's own function of the same name is not left out.
+    """
+    name, _, obj = function.rpartition(" [")
+    if not _:
+        return False
+    obj = obj.removesuffix("]")
+    if _ALLOCATOR_LIBRARY.match(obj):
+        return True
+    base = _CLONE_SUFFIX.sub("", name)
+    if obj.startswith(("libc.so", "libc-")):
+        return base in _GLIBC_MALLOC
+    if "python" in obj.lower():
+        return base in _CPYTHON
+    return False
 
 
 # --------------------------------------------------------------------------- reading dumps
@@ -363,8 +433,10 @@ class FunctionCost:
     inclusive_ir: int
     """Self plus every call it made (recursion levels merged, so an inner call is not counted twice)."""
     straddles: bool = False
-    """On the stack when collection switched on or off (the measuring frames): callgrind charges it
-    remainders of calls from outside the dump, so its inclusive count (< 0 or > the total) means nothing."""
+    """A measuring frame: on the stack when collection switched on or off (callgrind charges it
+    remainders of calls from outside the dump, so its inclusive count, < 0 or > the total, means
+    nothing), or enclosing nearly everything counted (the loop that calls the step), which says
+    nothing about where the instructions went."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -473,6 +545,10 @@ def read_dump(path: str | Path, *, functions: bool = True) -> CallgrindDump:
     return CallgrindDump(path=path, total_ir=total, trigger=trigger, functions=_by_function(selfs, calls, total))
 
 
+_ENCLOSING = 0.99
+"""A function whose inclusive count is at least this share of the dump's total encloses the counted calls."""
+
+
 def _by_function(selfs: dict[str, int], calls: dict[str, int], total: int) -> dict[str, FunctionCost]:
     """Merge callgrind's recursion levels (``f'2`` runs inside ``f``): self costs add up, and the
     outermost level's inclusive cost already holds the inner ones."""
@@ -488,7 +564,7 @@ def _by_function(selfs: dict[str, int], calls: dict[str, int], total: int) -> di
     for base, rows in levels.items():
         rows.sort()
         inclusive = rows[0][2] if rows[0][0] == 1 else max(r[2] for r in rows)
-        straddles = any(r[2] < 0 or r[2] > total for r in rows)
+        straddles = any(r[2] < 0 or r[2] > total for r in rows) or (total > 0 and inclusive >= _ENCLOSING * total)
         out[base] = FunctionCost(function=base, self_ir=sum(r[1] for r in rows), inclusive_ir=inclusive,
                                  straddles=straddles)
     return out

@@ -16,7 +16,7 @@ def _as_json(got: ins.InstructionCount | ins.Unmeasurable) -> dict[str, object]:
     if isinstance(got, ins.Unmeasurable):
         return {"unmeasurable": got.reason}
     return {"per_step": got.per_step, "total": got.total, "steps": got.steps, "counter": got.counter,
-            "dump": str(got.dump)}
+            "dump": str(got.dump), "history_dependent": got.history_dependent}
 
 
 def test_probe(tmp_path: Path, perf: Any) -> None:
