@@ -454,3 +454,10 @@ def test_every_outcome_has_its_place_in_every_report() -> None:
     assert f"{Outcome.NOT_JUDGED}" == "not_judged" and Outcome("not_judged") is Outcome.NOT_JUDGED
     r = Record(nodeid="t", key="k", metric="step_ms", outcome=Outcome.NOT_JUDGED, value=1.0)
     assert outcome_text(r) == "NOT JUDGED"
+
+
+def test_a_tolerance_under_one_percent_is_shown_as_itself() -> None:
+    from perfbudget.report.common import fmt_tolerance
+
+    # An instruction count's 0.5 % read "0%" in the terminal table: a limit nobody can check.
+    assert [fmt_tolerance(t) for t in (0.005, 0.05, 0.3125, 0.0)] == ["0.5%", "5%", "31.2%", "0%"]

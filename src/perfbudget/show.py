@@ -9,7 +9,7 @@ from .budgets.loader import BudgetSet
 from .budgets.schema import BudgetFile
 from .device import DeviceInfo, Selector
 from .metrics import parse_name
-from .report.common import fmt_value, text_table
+from .report.common import fmt_tolerance, fmt_value, text_table
 
 __all__ = ["explain_budgets"]
 
@@ -83,7 +83,7 @@ def explain_budgets(budgets: BudgetSet, info: DeviceInfo, *, key: str | None = N
             continue
         unit = parse_name(m).metric.unit
         src = f"{Path(win.source).name}:{win.line}" if win.line else Path(win.source).name
-        rows.append([k, m, fmt_value(win.value, unit), f"{win.tolerance:.0%}", src, ", ".join(shadowed) or "-"])
+        rows.append([k, m, fmt_value(win.value, unit), fmt_tolerance(win.tolerance), src, ", ".join(shadowed) or "-"])
     if rows:
         lines.append(text_table(["key", "metric", "budget", "tol", "from", "overrides"], rows))
     else:

@@ -173,6 +173,6 @@ def findings_since(analysis: SeriesAnalysis, since_date: str, *, since_commit: s
     line = (f"{analysis.name} on {analysis.machine}: {cum.change:+.1%} ({lo - 1:+.1%} to {hi - 1:+.1%}, "
             f"{confidence:.0%}) over {cum.merges} merge(s) since {cum.since[:12]}")
     if beyond:
-        out.append(Finding(**base, what=f"cumulative beyond {tolerance:.0%}", change=cum.change,  # type: ignore[arg-type]
+        out.append(Finding(**base, what=f"cumulative beyond {tolerance * 100:.3g}%", change=cum.change,  # type: ignore[arg-type]
                            ci=cum.ci, good=cum.since, bad=cum.until, merges=cum.merges))
     return out, line

@@ -198,7 +198,7 @@ def cmd_check(args: argparse.Namespace, out: TextIO) -> int:
         if line:
             lines.append(line)
     out.write(f"perfbudget history check: since {since[:12]} ({since_date}): {len(after)} run(s), "
-              f"{len(analyses)} series, tolerance {args.tolerance:.0%}\n")
+              f"{len(analyses)} series, tolerance {args.tolerance * 100:.3g}%\n")
     if not after:
         out.write(f"  nothing measured after {since[:12]}: nothing to check\n")
     for line in lines:

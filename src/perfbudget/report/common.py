@@ -34,6 +34,7 @@ __all__ = [
     "finite",
     "fmt_pct",
     "fmt_ratio",
+    "fmt_tolerance",
     "fmt_value",
     "has_base",
     "md_cell",
@@ -90,6 +91,11 @@ def fmt_pct(x: float | None, digits: int = 1) -> str:
     return "-" if x is None or not math.isfinite(x) else f"{x:.{digits}%}"
 
 
+def fmt_tolerance(t: float) -> str:
+    """A relative tolerance to 3 significant digits (``0.05`` -> ``5%``, ``0.005`` -> ``0.5%``)."""
+    return f"{t * 100:.3g}%"
+
+
 def fmt_ratio(x: float | None) -> str:
     """A head/base ratio to 4 digits (``1.079``), ``-`` when unknown."""
     return "-" if x is None else f"{x:.4g}"
@@ -117,7 +123,7 @@ def cv_text(r: Record) -> str:
 
 def budget_text(r: Record) -> str:
     """``38.2 ms ± 5%``, ``-`` for an unbudgeted record."""
-    return f"{fmt_value(r.budget.value, r.unit)} ± {r.budget.tolerance:.0%}" if r.budget else "-"
+    return f"{fmt_value(r.budget.value, r.unit)} ± {fmt_tolerance(r.budget.tolerance)}" if r.budget else "-"
 
 
 def budget_where(r: Record) -> str:

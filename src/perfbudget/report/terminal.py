@@ -20,6 +20,7 @@ from .common import (
     devices,
     failing_tests,
     finite,
+    fmt_tolerance,
     fmt_value,
     has_base,
     move_line,
@@ -34,7 +35,7 @@ from .common import (
 __all__ = ["detail_lines", "numbers_text", "records_table", "terminal_report"]
 
 def _row(r: Record, *, with_key: bool, vs_base: bool) -> list[str]:
-    tol = f"{r.budget.tolerance:.0%}" if r.budget else "-"
+    tol = fmt_tolerance(r.budget.tolerance) if r.budget else "-"
     cells = [r.metric, fmt_value(r.budget.value, r.unit) if r.budget else "-", tol, fmt_value(r.value, r.unit),
              ci_text(r.ci), str(r.n), cv_text(r)]
     if vs_base:
