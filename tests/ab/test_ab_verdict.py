@@ -11,6 +11,7 @@ from perfbudget.ab.verdict import (
     PRIOR_SD,
     ABPolicy,
     RatioVerdict,
+    chi2_sf,
     describe_change,
     detectable_effect,
     judge_ratios,
@@ -122,6 +123,34 @@ def test_observed_spread_widens_the_interval_of_a_noisy_check() -> None:
     v = judge([1.046, 0.964, 1.000, 1.063])
     assert v.state == "undecided" and v.sd == pytest.approx(0.03599, abs=1e-5)
     assert judge([1.046, 0.964, 1.000, 1.063, 1.02, 0.99], final=True).state == "pass"
+
+
+@pytest.mark.parametrize(("x", "df", "expected"), [
+    (3.841459, 1, 0.05), (6.634897, 1, 0.01), (11.344867, 3, 0.01), (2.0, 3, 0.5724067), (20.0, 5, 0.00124973),
+    (0.0, 2, 1.0), (50.0, 4, 3.61087e-10),
+])
+def test_chi2_survival_matches_the_table(x: float, df: float, expected: float) -> None:
+    assert chi2_sf(x, df) == pytest.approx(expected, rel=1e-5)
+
+
+def test_pairs_far_noisier_than_the_prior_set_it_aside() -> None:
+    # The tiny MLP step in a CI run whose two sides had the same code (documentation changed):
+    # four pairs all above 1, per-pair sd 11.3 %. Pooled with the 2.5 % prior the sd read 8.2 %
+    # and the CI 1.06-1.29 failed the check; the prior does not describe such a check.
+    pairs = [1.3205992638871502, 1.080048476926746, 1.0494494664694065, 1.2576288732307184]
+    pooled = judge_ratios(pairs, tolerance=0.05, direction="lower", prior_sd=0.025, prior_test=0.0, final=True)
+    assert pooled.state == "fail" and pooled.sd == pytest.approx(0.0816, abs=1e-4) and not pooled.prior_set_aside
+    v = judge(pairs, final=True)
+    assert v.state == "inconclusive" and v.prior_set_aside and v.df == 3.0
+    assert v.sd == pytest.approx(0.1127, abs=1e-4) and v.ci == pytest.approx((0.979, 1.401), abs=1e-3)
+    assert "far above the prior 2.5%, which is set aside" in v.reason
+    # A spread the prior explains keeps it: the segmentation pairs above, and two quiet pairs.
+    assert not judge([1.046, 0.964, 1.000, 1.063]).prior_set_aside
+    assert not judge([1.01, 0.99]).prior_set_aside and judge([1.01, 0.99]).state == "pass"
+    # A large change with a large spread still fails on its own spread.
+    assert judge([1.6, 1.3, 1.45, 1.75], final=True).state == "fail"
+    with pytest.raises(ValueError, match="prior_test must be in"):
+        ABPolicy(prior_test=1.0)
 
 
 def test_rates_are_judged_higher_is_better() -> None:

@@ -356,7 +356,8 @@ def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_
     else:
         tolerance, source = info.default_tolerance, f"default for {info.kind}"
     rv = judge_ratios(ratios, tolerance=tolerance, direction=info.direction, prior_sd=ctx.policy.sd_for(info.kind),
-                      prior_df=ctx.policy.prior_df, confidence=confidence, final=ctx.final)
+                      prior_df=ctx.policy.prior_df, prior_test=ctx.policy.prior_test, confidence=confidence,
+                      final=ctx.final)
     state: str = rv.state
     if not ctx.final and rv.pairs < ctx.min_pairs:
         state = "undecided"  # min_pairs holds per check: a first-pair verdict may still be a side's start-up luck
