@@ -69,6 +69,7 @@ STEPS_LIB = """\
 import os
 import re
 import sys
+import time
 
 
 def _pair():
@@ -93,7 +94,7 @@ def noisy():
 
 
 def quiet():
-    return spin(3000)
+    time.sleep(0.004)
 """
 
 # Written in this order: the head's order is the file's, not the alphabet's.
@@ -148,9 +149,10 @@ budgets:
 
 def test_later_pairs_rerun_only_undecided_tests_and_an_unresolvable_check_is_inconclusive(
         make_repo: Callable[..., Path]) -> None:
-    # The quiet check is timed for real, beside the other unit tests: its 0.1 ms step read a per-pair
-    # sd of 17.5 % there (head/base 1.17 for the same code), so its tolerance (+100 %) is one that
-    # two pairs decide under any load; the noisy ones swing 1.5x by construction, every pair.
+    # The quiet check is timed for real, beside the other unit tests: its step sleeps, so its time
+    # is the clock's, not the CPU's, and two pairs decide it under any load (a 0.1 ms spin loop
+    # read a per-pair sd of 17.5-33 % there, which the verdict rightly would not decide on two
+    # pairs); the noisy ones swing 1.5x by construction, every pair.
     files = {"src/mylib/__init__.py": STEPS_LIB, "perf/test_steps.py": STEPS_TEST, "budgets/cpu.yaml": STEPS_BUDGETS}
     repo = make_repo(files, {"src/mylib/__init__.py": STEPS_LIB + "\n# the head's change\n"})
     result = run_ab(ABConfig(root=repo, base="HEAD", min_pairs=2, max_pairs=3, burst_ms=30,
