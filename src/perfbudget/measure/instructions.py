@@ -254,8 +254,7 @@ _calibrated: list[Path] = []
 def _calibrate_callgrind() -> None:
     """The first pass through the requests costs more (the interpreter specialises this module's
     calls, ctypes sets up its call path): spent once on an empty step, in a dump that is deleted,
-    so the first real measurement counts like every later one. Called before the step's warm-up,
-    so the measuring loop's call site is specialised for the step again before it is counted."""
+    so the first real measurement counts like every later one. Called before the step's warm-up."""
     if not _calibrated:
         _calibrated.append(_dump_base())
         first = _count_callgrind(lambda: None, 1, "calibration")
