@@ -490,7 +490,7 @@ class PerfRecorder:
         metric = f"instructions[{'callgrind' if got.dump is not None else 'hardware'}]"
         extra: dict[str, Any] = {}
         if got.dump is not None:
-            dump = instructions.read_dump(got.dump)
+            dump = got.parsed or instructions.read_dump(got.dump)
             profile = InstructionProfile.of(got.counter, ((f.function, f.self_ir / got.steps, f.inclusive_ir / got.steps)
                                                           for f in dump.functions.values() if not f.straddles),
                                             history_dependent_per_step=got.history_dependent / got.steps)

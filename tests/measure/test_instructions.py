@@ -98,6 +98,18 @@ def test_history_dependent_functions_are_the_allocators_and_lookups_of_their_own
     assert [f for f in kept if ins.history_dependent(f)] == []
 
 
+def test_a_count_keeps_its_dump_as_read_so_attribution_does_not_read_it_again(tmp_path: Path) -> None:
+    files = [tmp_path / "a", tmp_path / "b"]
+    files[0].write_text(DUMP, encoding="utf-8")
+    files[1].write_text(DUMP.replace("1 30", "1 40").replace("totals: 915", "totals: 925"), encoding="utf-8")
+    counts = [ins.InstructionCount(per_step=0.0, total=0, steps=1, counter=ins.CALLGRIND_IR, dump=f,
+                                   parsed=ins.read_dump(f)) for f in files]
+    for f in files:
+        f.unlink()  # only the parsed copies remain
+    (moved,) = ins.moved_functions(*counts, k=1)
+    assert moved.function == "memcpy [libc.so.6]" and moved.self_delta_per_step == 10
+
+
 def test_moved_functions_ranks_by_inclusive_change(tmp_path: Path) -> None:
     before = tmp_path / "a"
     after = tmp_path / "b"

@@ -7,6 +7,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..report.common import fmt_tolerance
 from .chain import Cumulative, Link, chain_of, cumulative, cumulative_series
 from .changepoints import ChangeConfig, Drift, Shift, chained_drifts, level_shifts
 from .store import HistoryStore, Mode, Point, Run, by_machine
@@ -173,6 +174,6 @@ def findings_since(analysis: SeriesAnalysis, since_date: str, *, since_commit: s
     line = (f"{analysis.name} on {analysis.machine}: {cum.change:+.1%} ({lo - 1:+.1%} to {hi - 1:+.1%}, "
             f"{confidence:.0%}) over {cum.merges} merge(s) since {cum.since[:12]}")
     if beyond:
-        out.append(Finding(**base, what=f"cumulative beyond {tolerance * 100:.3g}%", change=cum.change,  # type: ignore[arg-type]
+        out.append(Finding(**base, what=f"cumulative beyond {fmt_tolerance(tolerance)}", change=cum.change,  # type: ignore[arg-type]
                            ci=cum.ci, good=cum.since, bad=cum.until, merges=cum.merges))
     return out, line

@@ -11,6 +11,7 @@ from typing import Any, TextIO
 
 from ..exitcodes import ExitCode
 from ..fileio import atomic_write
+from ..report.common import fmt_tolerance
 from ..results import load_results
 from .analysis import SeriesAnalysis, analyze_store, findings_since, first_after
 from .commits import CommitError, git_commit_info, run_of
@@ -198,7 +199,7 @@ def cmd_check(args: argparse.Namespace, out: TextIO) -> int:
         if line:
             lines.append(line)
     out.write(f"perfbudget history check: since {since[:12]} ({since_date}): {len(after)} run(s), "
-              f"{len(analyses)} series, tolerance {args.tolerance * 100:.3g}%\n")
+              f"{len(analyses)} series, tolerance {fmt_tolerance(args.tolerance)}\n")
     if not after:
         out.write(f"  nothing measured after {since[:12]}: nothing to check\n")
     for line in lines:

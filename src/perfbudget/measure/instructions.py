@@ -16,7 +16,7 @@ import shutil
 import struct
 import subprocess
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal
 
@@ -81,6 +81,8 @@ class InstructionCount:
     """Of ``total``, the instructions of functions whose work depends on the process's history more
     than on the step (:func:`history_dependent`), left out of ``per_step``. Always 0 for the
     hardware counter, which cannot tell functions apart."""
+    parsed: CallgrindDump | None = field(default=None, repr=False, compare=False)
+    """``dump`` as read when it was counted (its functions), so no caller reads it again."""
 
 
 # --------------------------------------------------------------------------- the callgrind helper
@@ -294,7 +296,7 @@ def _count_callgrind(step: Callable[[], object], steps: int, label: str) -> Inst
         return Unmeasurable(reason=f"callgrind counted no instructions in {dump}: {why}; {RUN_HINT}")
     dependent = sum(f.self_ir for f in parsed.functions.values() if history_dependent(f.function))
     return InstructionCount(per_step=(total - dependent) / steps, total=total, steps=steps, counter=CALLGRIND_IR,
-                            dump=dump, history_dependent=dependent)
+                            dump=dump, history_dependent=dependent, parsed=parsed)
 
 
 def _count_hardware(counter: HardwareCounter, step: Callable[[], object], steps: int) -> InstructionCount:
@@ -589,7 +591,7 @@ def _as_dump(x: InstructionCount | CallgrindDump | str | Path) -> tuple[Callgrin
     if isinstance(x, InstructionCount):
         if x.dump is None:
             raise ValueError(f"a {x.counter} count has no callgrind dump to attribute from")
-        return read_dump(x.dump), x.steps
+        return x.parsed or read_dump(x.dump), x.steps
     if isinstance(x, CallgrindDump):
         return x, 1
     return read_dump(x), 1
