@@ -116,3 +116,19 @@ def test_instruction_profiles_round_trip_and_name_the_functions_that_moved() -> 
     assert not any(x.startswith("gelu") for x in lines)
     with pytest.raises(ExtraError, match="instruction_profile"):
         InstructionProfile.from_extra({"instruction_profile": {"counter": "x", "functions": [["f", "1", 2]]}})
+
+
+def test_a_memory_phase_that_runs_nothing_records_no_metric_and_its_budget_is_not_measured(tmp_path: Path) -> None:
+    # The bf16 encoder's policy owns backward and the optimizer step: optimizer=None, one phase
+    # renamed. A budget left for the optimizer phase is reported, never passed on a 0 MiB value.
+    (tmp_path / "cpu.yaml").write_text(
+        "schema: 1\ndevice: {type: cpu}\nbudgets:\n  k:\n"
+        "    peak_allocated_mib[optimizer]: {value: 1.0}\n")
+    rec = PerfRecorder(Judge("k", ME, load_dir(tmp_path), JudgeConfig()))
+    model = torch.nn.Linear(16, 16)
+    x = torch.randn(8, 16)
+    got = rec.memory(lambda: model(x).sum(), optimizer=None, names={"backward": "backward_and_optimizer"})
+    assert set(got) == {"forward", "backward_and_optimizer"}
+    assert {r.metric for r in rec.records()} == {"peak_allocated_mib[forward]",
+                                                 "peak_allocated_mib[backward_and_optimizer]"}
+    assert [m for m, _ in rec.decision().not_measured] == ["peak_allocated_mib[optimizer]"]

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 __all__ = [
+    "BYTES_FLOOR_MIB",
     "KINDS",
     "METRICS",
     "Direction",
@@ -43,6 +44,18 @@ DEFAULT_TOLERANCE: dict[Kind, float] = {
     "rate": 0.05,
     "energy": 0.10,
 }
+
+#: A bytes budget (every bytes metric is in MiB) fails only beyond ``value x (1 + tolerance)``
+#: and beyond ``value + BYTES_FLOOR_MIB``, whichever is higher. The tolerance is relative, so
+#: a phase that ran and held nothing beyond the step's start (a budget of 0), or a few KiB,
+#: would otherwise allow no byte or a few bytes: one scalar the phase starts to keep (a loss
+#: kept for logging, a found-inf flag: 512 B each, the CUDA allocator's smallest block) would
+#: fail it. 4 KiB absorbs a handful of such scalars and stays well below any activation or
+#: gradient worth a budget (a test MLP's 32 KiB forward move still fails). Refusing to write
+#: a 0 budget instead would leave the phase unbudgeted for good: a skip on every run, a
+#: failure under --perf-strict, while "holds nothing" is a true and useful budget. From
+#: 200 KiB up the 2 % default is the wider one, so larger budgets are judged as before.
+BYTES_FLOOR_MIB = 4 / 1024
 
 
 @dataclass(frozen=True, kw_only=True)

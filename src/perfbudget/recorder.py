@@ -529,7 +529,9 @@ class PerfRecorder:
         Args:
             forward: returns the loss.
             backward: takes the loss (default ``loss.backward()``).
-            optimizer: an optimizer, a zero-argument callable, or ``None``.
+            optimizer: an optimizer, a zero-argument callable, or ``None``: then no optimizer
+                phase runs and nothing is recorded for it (a budget left for it is reported as
+                not measured, never passed on a 0).
             warmup: unmeasured steps first (the first step allocates optimizer state).
             names: phase renames for the metric argument, e.g. ``{"backward":
                 "backward_and_optimizer"}`` when one callable does both.

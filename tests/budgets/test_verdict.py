@@ -35,6 +35,29 @@ def test_bytes_within_two_percent() -> None:
     assert decide("k", "peak_allocated_mib[forward]", 97.9, b).outcome == "stale"
 
 
+def test_a_bytes_budget_of_zero_allows_a_few_kib_not_no_byte_at_all() -> None:
+    # A phase that ran and held nothing beyond the step's start measures 0 MiB; 2 % of 0 would
+    # fail the first scalar (512 B on CUDA) the phase starts to keep.
+    zero = budget("peak_allocated_mib[optimizer]", 0.0, 0.02)
+    kib = 1 / 1024
+    assert decide("k", "peak_allocated_mib[optimizer]", 0.0, zero).outcome == "pass"
+    one_block = decide("k", "peak_allocated_mib[optimizer]", 512 / 2**20, zero)
+    assert one_block.outcome == "pass" and one_block.limit == pytest.approx(4 * kib)
+    assert decide("k", "peak_allocated_mib[optimizer]", 4 * kib, zero).outcome == "pass"
+    assert decide("k", "peak_allocated_mib[optimizer]", 5 * kib, zero).outcome == "fail"
+    # Small budgets get the same floor; a real activation (a 32 KiB move of a 34 KiB phase) fails.
+    small = budget("peak_allocated_mib[forward]", 34 * kib, 0.02)
+    assert decide("k", "peak_allocated_mib[forward]", 38 * kib, small).outcome == "pass"
+    assert decide("k", "peak_allocated_mib[forward]", 66 * kib, small).outcome == "fail"
+    # From 200 KiB up the relative tolerance is the wider one, as before.
+    b = budget("peak_allocated_mib[forward]", 4.828, 0.02)
+    assert decide("k", "peak_allocated_mib[forward]", 4.828, b).limit == pytest.approx(4.828 * 1.02)
+    # The floor is in MiB: every bytes metric must be.
+    from perfbudget.metrics import METRICS
+
+    assert {m.unit for m in METRICS.values() if m.kind == "bytes"} == {"MiB"}
+
+
 def test_higher_is_better_exact() -> None:
     b = budget("theoretical_occupancy[k]", 0.5, 0.0)
     assert decide("k", "theoretical_occupancy[k]", 0.25, b).outcome == "fail"

@@ -152,3 +152,14 @@ def test_cuda_phase_peaks_count_from_the_step_start_as_on_cpu() -> None:
     assert peaks.backward_mib >= peaks.forward_mib > 0
     # Same tensors on both devices: the CUDA allocator rounds blocks up, never by 2x here.
     assert cpu.forward_mib * 0.8 <= peaks.forward_mib <= cpu.forward_mib * 2
+
+
+def test_a_phase_that_runs_nothing_is_not_measured() -> None:
+    # A precision policy that owns backward and the optimizer step passes optimizer=None: no
+    # optimizer phase ran, so there is no peak to report for it (not a peak of 0).
+    model = make_model()
+    x = torch.randn(64, 64)
+    peaks = peak_by_phase(lambda: model(x).square().mean(), optimizer=None, device="cpu")
+    assert peaks.optimizer_mib is None
+    assert set(peaks.by_phase()) == {"forward", "backward"}
+    assert peaks.peak_mib == max(peaks.forward_mib, peaks.backward_mib)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..measure import stats
-from ..metrics import Metric, MetricName, parse_name
+from ..metrics import BYTES_FLOOR_MIB, Metric, MetricName, parse_name
 from ..vocabulary import OUTCOMES, Outcome
 from .schema import Budget
 
@@ -55,7 +55,8 @@ class Verdict:
         n: samples behind ``value`` (all rounds).
         cv: coefficient of variation of the samples.
         budget: the budget, when one applies.
-        limit: the failing limit, budget × (1 ± tolerance) on the bad side.
+        limit: the failing limit, budget × (1 ± tolerance) on the bad side (bytes: at least
+            ``BYTES_FLOOR_MIB`` above the budget).
         rounds: sample batches measured (first + extra + confirmation).
         confirmed: for a statistical fail, whether the confirmation agreed.
         reason: one readable sentence.
@@ -103,10 +104,15 @@ class Verdict:
 
 
 def _limits(metric: Metric, budget: Budget) -> tuple[float, float]:
-    """(bad limit, stale limit) for a budget: outside the first fails, beyond the second is stale."""
+    """(bad limit, stale limit) for a budget: outside the first fails, beyond the second is stale.
+
+    A bytes budget's bad limit is at least :data:`~perfbudget.metrics.BYTES_FLOOR_MIB` above
+    its value (a relative tolerance of a 0 MiB budget would allow no byte).
+    """
     b, t = budget.value, budget.tolerance
     if metric.direction == "lower":
-        return b * (1 + t), b * (1 - t)
+        bad = max(b * (1 + t), b + BYTES_FLOOR_MIB) if metric.kind == "bytes" else b * (1 + t)
+        return bad, b * (1 - t)
     return b * (1 - t), b * (1 + t)
 
 

@@ -218,7 +218,10 @@ class PhasePeaks:
 
     forward_mib: float
     backward_mib: float
-    optimizer_mib: float
+    optimizer_mib: float | None
+    """``None`` when no optimizer phase ran (``optimizer=None``: e.g. a precision policy whose
+    backward callable also steps the optimizer). A phase that ran nothing has no peak: a 0
+    would be written as a budget and would pass whatever the other phases hold."""
     reference: Literal["step_start"]
     """What the peaks count, on both devices: the bytes the step itself allocated and still
     holds, counted from the step's start (CUDA: ``max_memory_allocated`` during the phase minus
@@ -226,30 +229,29 @@ class PhasePeaks:
     device: DeviceType
 
     def by_phase(self) -> dict[str, float]:
-        """``{"forward": MiB, "backward": MiB, "optimizer": MiB}``."""
-        return {
-            "forward": self.forward_mib,
-            "backward": self.backward_mib,
-            "optimizer": self.optimizer_mib,
-        }
+        """``{"forward": MiB, "backward": MiB, "optimizer": MiB}``, the phases that ran."""
+        out = {"forward": self.forward_mib, "backward": self.backward_mib}
+        if self.optimizer_mib is not None:
+            out["optimizer"] = self.optimizer_mib
+        return out
 
     @property
     def peak_mib(self) -> float:
-        """Largest of the three phases."""
-        return max(self.forward_mib, self.backward_mib, self.optimizer_mib)
+        """Largest of the phases that ran."""
+        return max(self.by_phase().values())
 
 
 def _phase_fns(
     forward: Callable[[], torch.Tensor],
     backward: Callable[[torch.Tensor], Any] | None,
     optimizer: Any,
-) -> tuple[Callable[[], Any], Callable[[Any], Any], Callable[[], Any]]:
+) -> tuple[Callable[[], Any], Callable[[Any], Any], Callable[[], Any] | None]:
+    """The three phases; the optimizer phase is ``None`` when there is no optimizer."""
+
     def default_backward(loss: Any) -> Any:
         return loss.backward()
 
     def opt_phase() -> None:
-        if optimizer is None:
-            return
         if callable(getattr(optimizer, "step", None)) and callable(
             getattr(optimizer, "zero_grad", None)
         ):
@@ -263,7 +265,7 @@ def _phase_fns(
                 f"optimizer must be a torch.optim.Optimizer, a callable or None, got {type(optimizer)}"
             )
 
-    return forward, backward or default_backward, opt_phase
+    return forward, backward or default_backward, None if optimizer is None else opt_phase
 
 
 def peak_by_phase(
@@ -291,7 +293,8 @@ def peak_by_phase(
         forward: returns the loss.
         backward: called with the loss; default ``loss.backward()``.
         optimizer: a ``torch.optim.Optimizer`` (phase = ``step()`` then
-            ``zero_grad(set_to_none=True)``), a zero-argument callable, or ``None``.
+            ``zero_grad(set_to_none=True)``), a zero-argument callable, or ``None``: no
+            optimizer phase runs, and it has no peak (``optimizer_mib`` is ``None``).
         device: ``"cuda"`` or ``"cpu"``.
         warmup: unmeasured steps first (the first step allocates optimizer state).
         threads: torch intra-op threads during the run (restored after).
@@ -313,8 +316,9 @@ def peak_by_phase(
         with mark("backward"):
             bwd(loss)
         del loss
-        with mark("optimizer"):
-            opt()
+        if opt is not None:
+            with mark("optimizer"):
+                opt()
 
     with pinned_threads(threads):
         for _ in range(warmup):
@@ -323,11 +327,11 @@ def peak_by_phase(
             if not torch.cuda.is_available():
                 raise RuntimeError("peak_by_phase(device='cuda') needs CUDA; none is available")
             return _cuda_phase_peaks(fwd, bwd, opt)
-        return _cpu_phase_peaks(one_step)
+        return _cpu_phase_peaks(one_step, with_optimizer=opt is not None)
 
 
 def _cuda_phase_peaks(
-    fwd: Callable[[], Any], bwd: Callable[[Any], Any], opt: Callable[[], Any]
+    fwd: Callable[[], Any], bwd: Callable[[Any], Any], opt: Callable[[], Any] | None
 ) -> PhasePeaks:
     import torch
 
@@ -351,17 +355,18 @@ def _cuda_phase_peaks(
     run("backward", lambda: bwd(held["loss"]))
     # The loss (and the graph it keeps alive) is gone before the optimizer runs, as in a loop.
     held.clear()
-    run("optimizer", opt)
+    if opt is not None:
+        run("optimizer", opt)
     return PhasePeaks(
         forward_mib=peaks["forward"],
         backward_mib=peaks["backward"],
-        optimizer_mib=peaks["optimizer"],
+        optimizer_mib=peaks.get("optimizer"),
         reference="step_start",
         device="cuda",
     )
 
 
-def _cpu_phase_peaks(one_step: Callable[[Callable[[str], Any]], None]) -> PhasePeaks:
+def _cpu_phase_peaks(one_step: Callable[[Callable[[str], Any]], None], *, with_optimizer: bool) -> PhasePeaks:
     from torch.autograd.profiler import record_function
     from torch.profiler import ProfilerActivity, profile
 
@@ -373,13 +378,14 @@ def _cpu_phase_peaks(one_step: Callable[[Callable[[str], Any]], None]) -> PhaseP
     # forward are freed in backward.
     deltas = _own_allocations(records, windows[0][1], windows[-1][2]) if windows else []
     found = {name.removeprefix(_PHASE_MARK): peak for name, peak in _window_peaks(deltas, windows)}
-    missing = [p for p in PHASES if p not in found]
+    ran = PHASES if with_optimizer else tuple(p for p in PHASES if p != "optimizer")
+    missing = [p for p in ran if p not in found]
     if missing:
         raise RuntimeError(f"profiler recorded no range for phase(s) {missing}")
     return PhasePeaks(
         forward_mib=found["forward"] / MIB,
         backward_mib=found["backward"] / MIB,
-        optimizer_mib=found["optimizer"] / MIB,
+        optimizer_mib=found["optimizer"] / MIB if with_optimizer else None,
         reference="step_start",
         device="cpu",
     )
