@@ -92,6 +92,44 @@ def test_gpu_identity_names_architecture_memory_and_clock() -> None:
     assert any("max SM clock: 1980 MHz" in line for line in h200.describe_identity())
 
 
+MIB = 2**20
+
+
+@pytest.mark.parametrize(
+    ("name", "total_mib", "capability", "memory_gib", "identity"),
+    [
+        # What CUDA reports as total memory (nvidia-smi's "Total"), not the installed size.
+        ("NVIDIA H200", 143_771, (9, 0), 141, "nvidia-h200-sm90-141gib"),
+        ("NVIDIA A100-SXM4-80GB", 81_559, (8, 0), 80, "nvidia-a100-sxm4-80gb-sm80-80gib"),
+        ("NVIDIA H100 80GB HBM3", 81_559, (9, 0), 80, "nvidia-h100-80gb-hbm3-sm90-80gib"),
+        ("NVIDIA A100 80GB PCIe", 81_920, (8, 0), 80, "nvidia-a100-80gb-pcie-sm80-80gib"),  # exactly 80 GiB
+    ],
+)
+def test_gpu_memory_in_the_identity_is_the_reported_total_rounded_up_to_whole_gib(
+    monkeypatch: pytest.MonkeyPatch, name: str, total_mib: int, capability: tuple[int, int], memory_gib: int,
+    identity: str,
+) -> None:
+    import torch
+
+    from perfbudget.measure import machine
+
+    class Props:
+        total_memory = total_mib * MIB
+
+    # Fakes for what needs a GPU: torch.cuda's answers about device 0, and no NVML.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index=None: Props())
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: name)
+    monkeypatch.setattr(machine, "_nvml_max_sm_clock", lambda: None)
+    monkeypatch.setattr(machine, "_nvml_driver", lambda: None)
+    info = describe("cuda")
+    assert info.memory_gib == memory_gib
+    assert info.identity == identity
+
+
 def test_this_machine_has_an_identity_and_show_prints_it() -> None:
     me = describe("cpu")
     assert me.identity and me.cpuid and me.isa_class

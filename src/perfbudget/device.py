@@ -22,6 +22,7 @@ __all__ = [
     "cpu_isa",
     "cpu_model_name",
     "device_file_stem",
+    "gpu_memory_gib",
     "isa_class",
 ]
 
@@ -59,7 +60,8 @@ class DeviceInfo:
         isa_class: the kernel path class low-precision numerics follow (:func:`isa_class`):
             ``amx``, ``avx512_bf16``, ``avx512``, ``avx2`` or ``default``; on GPUs the SM
             architecture (``sm90``).
-        memory_gib: GPU memory (whole GiB), ``None`` on CPU.
+        memory_gib: GPU memory in whole GiB, ``None`` on CPU: the total CUDA reports, rounded
+            up (:func:`gpu_memory_gib`; an H200's 143,771 MiB reads 141).
         sm_clock_mhz: GPU maximum SM clock, when NVML answers.
     """
 
@@ -129,6 +131,21 @@ class DeviceInfo:
                       f"host CPU: {self.cpu_model}"]
         lines.append(f"torch: {self.torch}, triton: {self.triton}")
         return lines
+
+
+def gpu_memory_gib(total_memory_bytes: int) -> int:
+    """A GPU's memory for its identity: the total CUDA reports
+    (``torch.cuda.get_device_properties(i).total_memory``, nvidia-smi's "Total"), in GiB,
+    rounded up.
+
+    The driver keeps part of the installed memory back, so the reported total sits below a
+    whole number of GiB: H200 143,771 MiB = 140.4 GiB -> 141; A100/H100 80 GB 81,559 MiB =
+    79.6 GiB -> 80. Rounded to the nearest instead, those sit only 100-150 MiB from the .5
+    boundary (a driver that keeps back a little less would change the identity); rounded up,
+    0.35-0.6 GiB from the next whole GiB on either side.
+    """
+    gib = 2**30
+    return -(-int(total_memory_bytes) // gib)
 
 
 def _slug(text: str) -> str:

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import os
 
-from perfbudget.device import DeviceInfo, DeviceType, cpu_id, cpu_isa, cpu_model_name, isa_class
+from perfbudget.device import (
+    DeviceInfo,
+    DeviceType,
+    cpu_id,
+    cpu_isa,
+    cpu_model_name,
+    gpu_memory_gib,
+    isa_class,
+)
 from perfbudget.measure import nvml
 
 __all__ = ["describe"]
@@ -88,6 +96,6 @@ def describe(type: DeviceType = "cpu", *, threads: int | None = 1) -> DeviceInfo
         cpuid=ident.text,
         isa=isa,
         isa_class=f"sm{major}{minor}",
-        memory_gib=round(props.total_memory / 2**30),
+        memory_gib=gpu_memory_gib(props.total_memory),
         sm_clock_mhz=_nvml_max_sm_clock(),
     )
