@@ -596,21 +596,27 @@ class PerfRecorder:
     # -- GPU utilisation ------------------------------------------------------------------
 
     def occupancy(self, step: Callable[[], Any], *, rounds: int = 5, steps: int = 2) -> None:
-        """Record ``kernel_count`` (per step) and ``sm_occupancy``: the duration-weighted mean
-        of the profiler's per-kernel "est. achieved occupancy", one sample per profiled round.
-        Unmeasurable where the trace carries no estimate (CPU, or a profiler without it)."""
+        """Record ``kernel_count`` (per step) and ``sm_occupancy``: the duration-weighted
+        occupancy each kernel's launch resources (registers, shared memory, block, grid) allow on
+        the profiled GPU, one sample per profiled round; the kernel time it leaves out (kernels
+        without those resources in the trace) is kept as attribution. Unmeasurable where no
+        kernel's occupancy can be computed (CPU, or a trace without launch resources)."""
         passes = Passes(lambda: self._occupancy_pass(step, rounds=rounds, steps=steps))
-        occ, kernels = passes.first
+        occ, kernels, left_out = passes.first
         self._record("kernel_count", Measurement(samples=kernels))
         if not occ:
-            self.unmeasurable("sm_occupancy", "the profiler's kernel records carry no occupancy estimate")
+            self.unmeasurable("sm_occupancy", "no kernel in the profiler trace carries the launch resources "
+                                              "(registers, shared memory, block, grid) occupancy is computed from")
         else:
-            self._record("sm_occupancy", passes.measurement(lambda p: p[0]))
+            self._record("sm_occupancy", passes.measurement(lambda p: p[0], attribution=left_out))
 
-    def _occupancy_pass(self, step: Callable[[], Any], *, rounds: int, steps: int) -> tuple[list[float], int]:
-        """Achieved occupancy of each profiled round that has an estimate, and kernels per step."""
+    def _occupancy_pass(self, step: Callable[[], Any], *, rounds: int,
+                        steps: int) -> tuple[list[float], int, tuple[str, ...]]:
+        """Occupancy of each profiled round where it could be computed, kernels per step, and
+        the line saying how much kernel time the first such round left out (if any)."""
         occ: list[float] = []
         kernels = 0
+        left_out: tuple[str, ...] = ()
         with tempfile.TemporaryDirectory(prefix="perfbudget-occupancy-") as tmp:
             for i in range(rounds):
                 path = Path(tmp) / f"round{i}.json"
@@ -618,9 +624,11 @@ class PerfRecorder:
                               peaks=None)
                 got = occupancy.achieved_occupancy(path)
                 if got.occupancy is not None:
+                    if not occ and (line := got.left_out_line()) is not None:
+                        left_out = (line,)
                     occ.append(got.occupancy)
                 kernels = got.kernels // steps
-        return occ, kernels
+        return occ, kernels, left_out
 
     def gpm(self, window: Callable[[], Any], *, windows: int = 5) -> None:
         """Record NVML GPM's measured ``gpm_sm_occupancy`` and ``tensor_util``, one sample per

@@ -1,4 +1,4 @@
-"""SM occupancy: duration-weighted estimate from profiler kernel events, theoretical calculator, Triton kernels."""
+"""SM occupancy: the calculator, duration-weighted occupancy of profiler kernel events from their launch parameters, Triton kernels."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,12 +22,14 @@ __all__ = [
     "GpuArch",
     "KernelRecord",
     "TheoreticalOccupancy",
+    "TraceDevice",
     "TritonKernelResources",
     "achieved_occupancy",
     "arch_for_capability",
     "kernel_records",
     "load_trace",
     "theoretical_occupancy",
+    "trace_devices",
     "triton_kernel_resources",
     "triton_occupancy",
 ]
@@ -118,7 +120,7 @@ def _round_up(x: int, unit: int) -> int:
     return -(-x // unit) * unit
 
 
-Limiter = Literal["warps", "registers", "shared_memory", "blocks"]
+Limiter = Literal["warps", "registers", "shared_memory", "blocks", "grid"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,15 +128,23 @@ class TheoreticalOccupancy:
     """Occupancy one SM can reach for a launch configuration, from the calculator's formulas."""
 
     occupancy: float
-    """Active warps / max warps per SM, 0-1."""
+    """Resident warps / max warps per SM, 0-1; with a grid, averaged over all the GPU's SMs
+    (``mean_blocks_per_sm * warps_per_block / max_warps_per_sm``)."""
     active_blocks_per_sm: int
+    """Blocks resident on one SM; with a grid, on the busiest SM."""
     active_warps_per_sm: int
+    """``active_blocks_per_sm * warps_per_block``."""
     warps_per_block: int
     limiter: Limiter
-    """The resource that caps the resident blocks (first in this order on ties)."""
+    """What caps the occupancy: the resource with the lowest block cap (first in the order
+    warps, registers, shared_memory, blocks on ties), or ``"grid"`` when the grid has fewer
+    blocks than the resources allow on all SMs together."""
     blocks_limit: Mapping[str, int]
-    """Resident-block cap imposed by each resource."""
+    """Resident-block cap imposed by each resource (and ``"grid"``: ``ceil(grid / SMs)``)."""
     arch: str
+    mean_blocks_per_sm: float
+    """Resident blocks averaged over all SMs: ``min(resource cap, grid / SMs)``; without a grid,
+    ``active_blocks_per_sm``."""
 
 
 def theoretical_occupancy(
@@ -144,6 +154,8 @@ def theoretical_occupancy(
     shared_mem_per_block_bytes: int = 0,
     arch: GpuArch | str = "sm_90",
     smem_per_sm_bytes: int | None = None,
+    grid_blocks: int | None = None,
+    num_sms: int | None = None,
 ) -> TheoreticalOccupancy:
     """Theoretical occupancy of a kernel launch, like NVIDIA's occupancy calculator.
 
@@ -155,21 +167,34 @@ def theoretical_occupancy(
     - shared memory: ``smem_per_sm // (round_up(smem, 128) + 1 KB reserved per block)``;
     - the block cap (32 on sm_80/sm_90).
 
+    With ``grid_blocks`` and ``num_sms``, the grid caps them too: a grid with fewer blocks than
+    the SMs can hold cannot fill them. The busiest SM holds at most ``ceil(grid / SMs)`` blocks
+    (``active_blocks_per_sm``); ``occupancy`` is the mean over all SMs, ``min(resource cap,
+    grid / SMs)`` blocks, as kineto and NVML GPM count it, so that a grid shrinking from 132
+    blocks to 1 on 132 SMs reads 132 times lower rather than unchanged. The tail of a grid of
+    several waves is not modelled (that needs per-block timing): 1.5 waves read as full.
+
     Args:
         threads_per_block: threads of one block (``num_warps * 32`` for Triton).
         registers_per_thread: registers per thread (``n_regs``); 0 if unknown-to-be-irrelevant.
         shared_mem_per_block_bytes: static + dynamic shared memory per block.
         arch: a :class:`GpuArch` or a key of :data:`ARCHS` (``"sm_80"``, ``"sm_90"``...).
         smem_per_sm_bytes: shared-memory carve-out per SM; default the arch's largest.
+        grid_blocks: blocks of the launch's grid (x * y * z); ``None``: a grid large enough.
+        num_sms: SMs of the GPU; required with ``grid_blocks``.
 
     Returns:
         ``TheoreticalOccupancy``.
 
     Raises:
         ValueError: the configuration cannot launch (too many threads, registers or shared
-            memory per block).
+            memory per block), or ``grid_blocks`` comes without ``num_sms``.
     """
     a = _resolve_arch(arch)
+    if grid_blocks is not None and (num_sms is None or num_sms < 1 or grid_blocks < 1):
+        raise ValueError(
+            f"grid_blocks needs num_sms, both >= 1; got grid_blocks={grid_blocks}, num_sms={num_sms}"
+        )
     if not 1 <= threads_per_block <= a.max_threads_per_block:
         raise ValueError(
             f"threads_per_block must be in [1, {a.max_threads_per_block}], got {threads_per_block}"
@@ -207,18 +232,27 @@ def theoretical_occupancy(
         ("shared_memory", by_smem),
         ("blocks", a.max_blocks_per_sm),
     ]
+    resource_blocks = min(v for _, v in ordered)
+    limiter: Limiter = next(k for k, v in ordered if v == resource_blocks)
+    mean_blocks: float = resource_blocks
+    if grid_blocks is not None and num_sms is not None:
+        ordered.append(("grid", -(-grid_blocks // num_sms)))
+        if grid_blocks < resource_blocks * num_sms:
+            # Some SM holds fewer blocks than its resources allow: the grid, not a resource,
+            # is what keeps the mean down (even where the busiest SM is full).
+            mean_blocks = grid_blocks / num_sms
+            limiter = "grid"
     limits: dict[str, int] = dict(ordered)
     blocks = min(limits.values())
-    limiter = next(k for k, v in ordered if v == blocks)
-    active_warps = blocks * warps_per_block
     return TheoreticalOccupancy(
-        occupancy=active_warps / a.max_warps_per_sm,
+        occupancy=mean_blocks * warps_per_block / a.max_warps_per_sm,
         active_blocks_per_sm=blocks,
-        active_warps_per_sm=active_warps,
+        active_warps_per_sm=blocks * warps_per_block,
         warps_per_block=warps_per_block,
         limiter=limiter,
         blocks_limit=limits,
         arch=a.name,
+        mean_blocks_per_sm=float(mean_blocks),
     )
 
 
@@ -239,16 +273,20 @@ OCCUPANCY_KEYS: tuple[str, ...] = (
 
 @dataclass(frozen=True, kw_only=True)
 class KernelRecord:
-    """One GPU kernel launch from a profiler trace."""
+    """One GPU kernel launch from a profiler trace (kineto's kernel-event args)."""
 
     name: str
     duration_us: float
     occupancy_raw: float | None
-    """The trace's occupancy value as written (scale not yet normalised)."""
+    """The trace's own occupancy estimate as written (scale not yet normalised; kineto writes
+    -100 where its calculation failed)."""
     registers_per_thread: int | None = None
     shared_memory_bytes: int | None = None
+    """Static + dynamic shared memory per block: kineto's "shared memory" is their sum."""
     block: tuple[int, ...] | None = None
     grid: tuple[int, ...] | None = None
+    device: int | None = None
+    """The trace's device id (the ``id`` of a ``deviceProperties`` entry)."""
 
 
 def load_trace(trace: str | os.PathLike[str] | Mapping[str, Any] | Any) -> Mapping[str, Any]:
@@ -275,7 +313,7 @@ def _read_json(path: Path) -> Mapping[str, Any]:
 
 
 def _dims(v: Any) -> tuple[int, ...] | None:
-    if isinstance(v, (list, tuple)) and all(isinstance(x, (int, float)) for x in v):
+    if isinstance(v, (list, tuple)) and v and all(isinstance(x, (int, float)) for x in v):
         return tuple(int(x) for x in v)
     return None
 
@@ -305,7 +343,10 @@ def kernel_records(trace: str | os.PathLike[str] | Mapping[str, Any] | Any) -> l
         occ = None
         for key in OCCUPANCY_KEYS:
             if key in args and args[key] is not None:
-                occ = float(args[key])
+                try:
+                    occ = float(args[key])
+                except (TypeError, ValueError):
+                    occ = None  # a non-number is no estimate; it must not stop the parse
                 break
         out.append(
             KernelRecord(
@@ -316,48 +357,245 @@ def kernel_records(trace: str | os.PathLike[str] | Mapping[str, Any] | Any) -> l
                 shared_memory_bytes=_int_or_none(args.get("shared memory")),
                 block=_dims(args.get("block")),
                 grid=_dims(args.get("grid")),
+                device=_int_or_none(args.get("device")),
             )
         )
     return out
 
 
+# --------------------------------------------------------------------------------------------
+# Device limits from the trace's "deviceProperties" (kineto's DeviceProperties.cpp)
+# --------------------------------------------------------------------------------------------
+
+# deviceProperties key -> GpuArch field. kineto writes the CUDA-only ones (regsPerMultiprocessor,
+# sharedMemPerBlockOptin, sharedMemPerMultiprocessor) from cudaDeviceProp. "sharedMemPerBlock"
+# is deliberately not read: it is the 48 KB a block gets without opting in, the limit that makes
+# kineto's own estimate read 0 for kernels that opt into more.
+_DEVICE_FIELDS: Mapping[str, str] = {
+    "regsPerMultiprocessor": "registers_per_sm",
+    "regsPerBlock": "max_registers_per_block",
+    "sharedMemPerMultiprocessor": "smem_per_sm_bytes",
+    "sharedMemPerBlockOptin": "max_smem_per_block_bytes",
+    "maxThreadsPerBlock": "max_threads_per_block",
+    "warpSize": "warp_size",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class TraceDevice:
+    """Occupancy limits of one GPU of a trace: its :data:`ARCHS` entry with the values the
+    trace's ``deviceProperties`` carries put in their place."""
+
+    device_id: int
+    name: str
+    arch: GpuArch | None
+    """``None`` when no limits are known for the device (see ``unknown_reason``)."""
+    num_sms: int | None
+    """``numSms``; ``None`` when the trace lacks it."""
+    unknown_reason: str | None = None
+    """Why ``arch`` is ``None``."""
+
+
+def _positive_int(entry: Mapping[str, Any], key: str, device: Any) -> int | None:
+    if key not in entry or entry[key] is None:
+        return None
+    v = entry[key]
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise ValueError(
+            f"deviceProperties of device {device!r}: {key} must be a positive integer, got {v!r}"
+        )
+    return v
+
+
+def trace_devices(
+    trace: str | os.PathLike[str] | Mapping[str, Any] | Any,
+) -> dict[int, TraceDevice]:
+    """The trace's GPUs by device id, with the limits occupancy is computed against.
+
+    Args:
+        trace: path, dict or profiler object (see :func:`load_trace`).
+
+    Returns:
+        Device id -> ``TraceDevice``; empty when the trace has no ``deviceProperties``.
+
+    Raises:
+        ValueError: a device property is not a positive integer.
+    """
+    data = load_trace(trace)
+    out: dict[int, TraceDevice] = {}
+    for i, entry in enumerate(data.get("deviceProperties", None) or []):
+        if not isinstance(entry, Mapping):
+            raise ValueError(f"deviceProperties[{i}] must be an object, got {entry!r}")
+        dev = _int_or_none(entry.get("id", i))
+        if dev is None:
+            raise ValueError(
+                f"deviceProperties[{i}]: id must be an integer, got {entry.get('id')!r}"
+            )
+        name = str(entry.get("name", ""))
+        num_sms = _positive_int(entry, "numSms", dev)
+        major = _int_or_none(entry.get("computeMajor"))
+        minor = _int_or_none(entry.get("computeMinor"))
+
+        def unknown(
+            why: str, dev: int = dev, name: str = name, num_sms: int | None = num_sms
+        ) -> TraceDevice:
+            return TraceDevice(
+                device_id=dev, name=name, arch=None, num_sms=num_sms, unknown_reason=why
+            )
+
+        if "maxSharedMemoryPerMultiProcessor" in entry:
+            # kineto writes this key for ROCm devices only; an MI200 reports "compute capability"
+            # 9.0 (gfx90a) and must not be judged with H100 limits.
+            out[dev] = unknown(f"device {dev} ({name!r}) is not a CUDA GPU")
+            continue
+        if major is None or minor is None:
+            out[dev] = unknown(f"device {dev} ({name!r}) has no compute capability in the trace")
+            continue
+        try:
+            base = arch_for_capability(major, minor)
+        except KeyError:
+            out[dev] = unknown(
+                f"no occupancy limits for sm_{major}{minor} (device {dev}, {name!r})"
+            )
+            continue
+        given = {field: _positive_int(entry, key, dev) for key, field in _DEVICE_FIELDS.items()}
+        overrides: dict[str, Any] = {f: v for f, v in given.items() if v is not None}
+        threads_per_sm = _positive_int(entry, "maxThreadsPerMultiprocessor", dev)
+        if threads_per_sm is not None:
+            overrides["max_warps_per_sm"] = threads_per_sm // overrides.get(
+                "warp_size", base.warp_size
+            )
+        out[dev] = TraceDevice(
+            device_id=dev, name=name, arch=replace(base, **overrides), num_sms=num_sms
+        )
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Duration-weighted occupancy of a trace's kernels
+# --------------------------------------------------------------------------------------------
+
+
 @dataclass(frozen=True, kw_only=True)
 class AchievedOccupancy:
-    """Duration-weighted estimated achieved occupancy over a trace's kernels."""
+    """Duration-weighted SM occupancy of a trace's kernels, each computed from its launch
+    resources (registers, shared memory, block, grid) against the GPU's limits.
+
+    It is the occupancy those resources allow (as NVIDIA's calculator computes it), weighted by
+    where GPU time goes; not a hardware-counter measurement.
+    """
 
     occupancy: float | None
-    """Weighted mean, 0-1; ``None`` when no kernel carries an estimate."""
+    """Weighted mean, 0-1 (``sm_occupancy``); ``None`` when no kernel time could be computed."""
     kernels: int
-    kernels_with_estimate: int
+    """Kernel events in the trace."""
+    kernels_computed: int
+    """Kernels whose occupancy was computed (zero-duration ones included)."""
     kernel_time_us: float
     """Summed duration of all kernels."""
-    covered_time_us: float
-    """Summed duration of the kernels with an estimate (the weights)."""
-    scale: Literal["percent", "fraction"]
-    """How the trace wrote the values."""
+    computed_time_us: float
+    """Summed duration of the computed kernels (the weights)."""
+    left_out_time_us: float
+    """Summed duration of the kernels left out of the mean."""
+    left_out: Mapping[str, tuple[int, float]]
+    """Why kernels were left out -> (kernels, summed duration in us)."""
+    kineto_occupancy: float | None
+    """Cross-check only, never the metric: the duration-weighted mean, 0-1, of the trace's own
+    estimates over the kernels where it is a number in 0-100 (kineto writes -100 where its
+    calculation fails, and 0 for kernels above the 48 KB default shared-memory limit)."""
+    kineto_time_us: float
+    """Summed duration of the kernels in ``kineto_occupancy``."""
+    kineto_scale: Literal["percent", "fraction"]
+    """How the trace wrote its estimates."""
     by_kernel: Mapping[str, tuple[float, float]]
-    """Kernel name -> (summed duration in us, weighted occupancy 0-1)."""
+    """Kernel name -> (summed computed duration in us, weighted occupancy 0-1), longest first."""
 
     @property
     def occupancy_pct(self) -> float | None:
         """``occupancy`` in percent."""
         return None if self.occupancy is None else self.occupancy * 100.0
 
+    @property
+    def left_out_fraction(self) -> float | None:
+        """Share of kernel time left out, 0-1; ``None`` without kernel time."""
+        return self.left_out_time_us / self.kernel_time_us if self.kernel_time_us > 0 else None
+
+    def left_out_line(self) -> str | None:
+        """One line saying how much kernel time the mean leaves out and why; ``None`` if none."""
+        if not self.left_out:
+            return None
+        share = self.left_out_fraction
+        reasons = "; ".join(
+            f"{why}: {n} kernel{'' if n == 1 else 's'}, {t:.1f} us"
+            for why, (n, t) in self.left_out.items()
+        )
+        pct = f"{share * 100:.1f} % of kernel time" if share is not None else "kernels"
+        return f"sm_occupancy leaves out {pct} ({reasons})"
+
+
+# Reasons a kernel is left out, as they appear in AchievedOccupancy.left_out.
+_NO_REGISTERS = "no registers per thread in the trace"
+_NO_SMEM = "no shared memory size in the trace"
+_NO_BLOCK = "no block size in the trace"
+_NO_GRID = "no grid size in the trace"
+_NO_DEVICE = "no device limits (no deviceProperties for the kernel's device; pass arch and num_sms)"
+_NO_SMS = "SM count unknown (no numSms), so the grid's cap cannot be applied"
+_UNLAUNCHABLE = "launch outside the device limits"
+
+
+def _kernel_occupancy(
+    k: KernelRecord, arch: GpuArch, num_sms: int | None
+) -> TheoreticalOccupancy | str:
+    """The kernel's occupancy from its launch resources, or why it cannot be computed."""
+    if k.registers_per_thread is None:
+        return _NO_REGISTERS
+    if k.shared_memory_bytes is None:
+        return _NO_SMEM
+    if k.block is None:
+        return _NO_BLOCK
+    if k.grid is None:
+        return _NO_GRID
+    if num_sms is None:
+        return _NO_SMS
+    try:
+        return theoretical_occupancy(
+            threads_per_block=math.prod(k.block),
+            registers_per_thread=k.registers_per_thread,
+            shared_mem_per_block_bytes=k.shared_memory_bytes,
+            arch=arch,
+            grid_blocks=math.prod(k.grid),
+            num_sms=num_sms,
+        )
+    except ValueError:
+        # The kernel ran, so the limits or the record are wrong; counting it as left out keeps
+        # one odd event from hiding the rest of the trace.
+        return _UNLAUNCHABLE
+
 
 def achieved_occupancy(
     trace: str | os.PathLike[str] | Mapping[str, Any] | Any | Sequence[KernelRecord],
+    *,
+    arch: GpuArch | str | None = None,
+    num_sms: int | None = None,
 ) -> AchievedOccupancy:
-    """Duration-weighted mean of the kernels' "est. achieved occupancy" of a profiler trace.
+    """Duration-weighted SM occupancy of a profiler trace's kernels, from launch parameters.
 
-    Kineto estimates each kernel's occupancy from its launch configuration (registers,
-    shared memory, block and grid size), not from hardware counters; weighting by duration
-    makes the mean reflect where GPU time goes. Both key spellings are read (see
-    :data:`OCCUPANCY_KEYS`). Values are percent (0-100) in kineto's output; a trace whose
-    values are all <= 1 is read as fractions (0-1): as a percentage that would mean under
-    one warp per SM (1/64 = 1.6 %) for every kernel, which cannot occur.
+    Each kernel's occupancy is :func:`theoretical_occupancy` of its block size, registers per
+    thread, shared memory (static + dynamic) and grid, against the limits of the GPU it ran on:
+    the trace's ``deviceProperties`` over the :data:`ARCHS` entry of its compute capability
+    (see :func:`trace_devices`). Weighting by duration makes the mean reflect where GPU time
+    goes. Kineto's own per-kernel estimate is not used for the mean: it assumes the 48 KB
+    default shared-memory limit, so a kernel that opts into more (cuBLAS GEMMs, flash attention
+    on Hopper) reads 0, and it writes -100 where its calculation fails. It is kept as the
+    ``kineto_occupancy`` cross-check, over valid (0-100) values only.
+
+    Kernels lacking a resource are left out of the mean and counted in ``left_out``.
 
     Args:
         trace: path, dict, profiler object, or already-parsed ``KernelRecord``s.
+        arch: limits for kernels whose device the trace does not describe (a ``GpuArch`` or
+            a key of :data:`ARCHS`); always needed for ``KernelRecord`` input.
+        num_sms: the GPU's SM count for those kernels (the grid's cap needs it).
 
     Returns:
         ``AchievedOccupancy``.
@@ -368,33 +606,94 @@ def achieved_occupancy(
         and all(isinstance(k, KernelRecord) for k in trace)
     ):
         records = list(trace)
+        devices: dict[int, TraceDevice] = {}
     else:
-        records = kernel_records(trace)
-    with_est = [k for k in records if k.occupancy_raw is not None and k.duration_us > 0]
-    raw = [k.occupancy_raw for k in with_est if k.occupancy_raw is not None]
-    scale: Literal["percent", "fraction"] = "fraction" if raw and max(raw) <= 1.0 else "percent"
-    div = 1.0 if scale == "fraction" else 100.0
-    covered = math.fsum(k.duration_us for k in with_est)
+        data = load_trace(trace)
+        records = kernel_records(data)
+        devices = trace_devices(data)
+    fallback = _resolve_arch(arch) if arch is not None else None
+    if num_sms is not None and num_sms < 1:
+        raise ValueError(f"num_sms must be >= 1, got {num_sms}")
+
+    computed: list[tuple[KernelRecord, float]] = []
+    left_out: dict[str, list[float]] = {}
+    for k in records:
+        dev = devices.get(k.device) if k.device is not None else None
+        if dev is None and k.device is None and len(devices) == 1:
+            dev = next(iter(devices.values()))
+        got: TheoreticalOccupancy | str
+        if dev is not None and dev.arch is not None:
+            got = _kernel_occupancy(k, dev.arch, dev.num_sms)
+        elif dev is not None:
+            got = dev.unknown_reason or _NO_DEVICE
+        elif fallback is not None:
+            got = _kernel_occupancy(k, fallback, num_sms)
+        else:
+            got = _NO_DEVICE
+        if isinstance(got, str):
+            acc = left_out.setdefault(got, [0, 0.0])
+            acc[0] += 1
+            acc[1] += k.duration_us
+        else:
+            computed.append((k, got.occupancy))
+
+    computed_time = math.fsum(k.duration_us for k, _ in computed if k.duration_us > 0)
     weighted = (
-        math.fsum(k.duration_us * (k.occupancy_raw or 0.0) / div for k in with_est) / covered
-        if covered > 0
+        math.fsum(k.duration_us * occ for k, occ in computed if k.duration_us > 0) / computed_time
+        if computed_time > 0
         else None
     )
     per: dict[str, list[float]] = {}
-    for k in with_est:
-        acc = per.setdefault(k.name, [0.0, 0.0])
-        acc[0] += k.duration_us
-        acc[1] += k.duration_us * (k.occupancy_raw or 0.0) / div
+    for k, occ in computed:
+        if k.duration_us > 0:
+            acc_k = per.setdefault(k.name, [0.0, 0.0])
+            acc_k[0] += k.duration_us
+            acc_k[1] += k.duration_us * occ
     by_kernel = {n: (t, w / t) for n, (t, w) in sorted(per.items(), key=lambda kv: -kv[1][0])}
+
+    kineto, kineto_time, scale = _kineto_estimate(records)
     return AchievedOccupancy(
         occupancy=weighted,
         kernels=len(records),
-        kernels_with_estimate=len(with_est),
+        kernels_computed=len(computed),
         kernel_time_us=math.fsum(k.duration_us for k in records),
-        covered_time_us=covered,
-        scale=scale,
+        computed_time_us=computed_time,
+        left_out_time_us=math.fsum(t for _, t in left_out.values()),
+        left_out={why: (int(n), t) for why, (n, t) in left_out.items()},
+        kineto_occupancy=kineto,
+        kineto_time_us=kineto_time,
+        kineto_scale=scale,
         by_kernel=by_kernel,
     )
+
+
+def _kineto_estimate(
+    records: Sequence[KernelRecord],
+) -> tuple[float | None, float, Literal["percent", "fraction"]]:
+    """(duration-weighted mean 0-1, weighted time in us, scale) of the trace's own estimates.
+
+    Only numbers in 0-100 count: -100 (kineto's failure value), other negatives, values over
+    100 and missing ones are not estimates. Kineto writes rounded integer percent; a trace
+    whose valid values are all <= 1 with some fractional one is read as fractions (0-1), as
+    some third-party writers produce.
+    """
+    valid = [
+        k
+        for k in records
+        if k.occupancy_raw is not None
+        and math.isfinite(k.occupancy_raw)
+        and 0.0 <= k.occupancy_raw <= 100.0
+        and k.duration_us > 0
+    ]
+    raw = [k.occupancy_raw for k in valid if k.occupancy_raw is not None]
+    fraction = bool(raw) and max(raw) <= 1.0 and any(not float(v).is_integer() for v in raw)
+    scale: Literal["percent", "fraction"] = "fraction" if fraction else "percent"
+    div = 1.0 if fraction else 100.0
+    time_us = math.fsum(k.duration_us for k in valid)
+    if time_us <= 0:
+        return None, 0.0, scale
+    mean = math.fsum(k.duration_us * (k.occupancy_raw or 0.0) / div for k in valid) / time_us
+    return mean, time_us, scale
 
 
 # --------------------------------------------------------------------------------------------
