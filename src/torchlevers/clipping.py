@@ -71,10 +71,18 @@ def _with_grads(named_params: NamedParams) -> list[tuple[str, torch.Tensor]]:
     return [(n, p.grad) for n, p in named_params if p.grad is not None]
 
 
-def _rms(grads: list[torch.Tensor]) -> torch.Tensor:
+def _grad_stats(grads: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-tensor gradient std (root mean square of the elements) and the global L2 norm.
+
+    Both stay on the gradients' device (no host sync, no host-built tensor meeting a
+    device one): the global norm is the norm of the per-tensor norms, in fp64 so that
+    squaring a large norm cannot overflow.
+    """
     # One fused norm per tensor; divide by sqrt(numel) to get the per-element spread.
     norms = torch._foreach_norm([g.float() if g.dtype != torch.float32 else g for g in grads])
-    return torch.stack([n / math.sqrt(g.numel()) for n, g in zip(norms, grads, strict=True)])
+    stds = torch._foreach_div(norms, [math.sqrt(g.numel()) for g in grads])
+    total = torch.linalg.vector_norm(torch.stack(norms).double())
+    return torch.stack(stds), total
 
 
 def clip_global_norm(named_params: NamedParams, max_norm: float = 1.0) -> ClipReport:
@@ -97,7 +105,7 @@ def clip_global_norm(named_params: NamedParams, max_norm: float = 1.0) -> ClipRe
         return ClipReport("global_norm", (), 0.0)
     items = [(n, p.grad) for n, p in params if p.grad is not None]
     grads = [g for _, g in items]
-    stds = _rms(grads)
+    stds, _ = _grad_stats(grads)
     total = torch.nn.utils.clip_grad_norm_([p for _, p in params], max_norm)
     stats = torch.cat([stds, total.reshape(1).float()]).tolist()
     total_norm = stats[-1]
@@ -182,12 +190,11 @@ class PerLayerClipper:
         if not items:
             return ClipReport(self._method(), (), 0.0)
         grads = [g for _, g in items]
-        stds = _rms(grads)
-        numels = torch.tensor([g.numel() for g in grads], dtype=torch.float32)
-        total = float(torch.sqrt((stds.double() ** 2 * numels.double()).sum()))
+        stds, total = _grad_stats(grads)
         if self.config.mode == "per_step":
             return self._clip_per_step(items, stds, total)
-        return self._clip_running(items, stds.tolist(), total)
+        host = torch.cat([stds.double(), total.reshape(1)]).tolist()
+        return self._clip_running(items, host[:-1], host[-1])
 
     def _method(self) -> Literal["per_layer_running", "per_layer_step"]:
         return "per_layer_running" if self.config.mode == "running" else "per_layer_step"
@@ -215,7 +222,9 @@ class PerLayerClipper:
             layers.append(LayerClip(name, std, threshold, scale, grad.numel() if scale < 1.0 else 0))
         return ClipReport("per_layer_running", tuple(layers), total)
 
-    def _clip_per_step(self, items: list[tuple[str, torch.Tensor]], stds: torch.Tensor, total: float) -> ClipReport:
+    def _clip_per_step(
+        self, items: list[tuple[str, torch.Tensor]], stds: torch.Tensor, total: torch.Tensor
+    ) -> ClipReport:
         k = self.config.k
         counts = []
         for (_, grad), std in zip(items, stds, strict=True):
@@ -223,7 +232,7 @@ class PerLayerClipper:
             counts.append((grad.abs() > bound).sum())
             # A non-finite std means inf/nan in the gradient: leave it for the loss scaler.
             grad.copy_(torch.where(torch.isfinite(bound), grad.clamp(-bound, bound), grad))
-        host = torch.cat([stds, torch.stack(counts).float()]).tolist()
+        host = torch.cat([stds.double(), torch.stack(counts).double(), total.reshape(1)]).tolist()
         n = len(items)
         layers = tuple(
             LayerClip(
@@ -236,7 +245,7 @@ class PerLayerClipper:
             )
             for i, (name, _) in enumerate(items)
         )
-        return ClipReport("per_layer_step", layers, total)
+        return ClipReport("per_layer_step", layers, host[-1])
 
     def state_dict(self) -> dict[str, Any]:
         """Running statistics, for checkpoints."""

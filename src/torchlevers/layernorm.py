@@ -10,6 +10,8 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from torchlevers.precision import autocast_off
+
 __all__ = [
     "Backend",
     "FP32StatsLayerNorm",
@@ -35,7 +37,7 @@ class _TorchLayerNormFn(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
         sd = _stat_dtype(x.dtype)
         # Autocast must not push these ops back down to fp16.
-        with torch.autocast(x.device.type, enabled=False):
+        with autocast_off(x.device.type):
             xf = x.to(sd)
             mean = xf.mean(dim=-1, keepdim=True)
             xc = xf - mean
@@ -55,7 +57,7 @@ class _TorchLayerNormFn(torch.autograd.Function):
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
         x, weight, mean, rstd = ctx.saved_tensors
         sd = mean.dtype
-        with torch.autocast(x.device.type, enabled=False):
+        with autocast_off(x.device.type):
             xhat = (x.to(sd) - mean) * rstd
             dyf = dy.to(sd)
             g = dyf * weight.to(sd) if weight is not None else dyf

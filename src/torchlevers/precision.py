@@ -18,6 +18,7 @@ __all__ = [
     "Precision",
     "PrecisionPolicy",
     "StepReport",
+    "autocast_off",
     "count_nonfinite_grads",
 ]
 
@@ -163,14 +164,21 @@ class StepReport:
         return "loss_scale" if self.scale is not None else "backward"
 
 
-def count_nonfinite_grads(params: Any) -> int:
-    """Number of parameters whose gradient contains inf or nan (one host sync)."""
+def _nonfinite_count(params: Any) -> torch.Tensor | None:
+    """Parameters whose gradient contains inf or nan, counted on the device (no host sync);
+    None when no parameter has a gradient."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
-        return 0
+        return None
     flags = [(~torch.isfinite(g)).any() for g in grads]
-    # One device for the sum (parameters may be spread over several); still a single sync.
-    return int(torch.stack([f.to(flags[0].device) for f in flags]).sum().item())
+    # One device for the sum (parameters may be spread over several).
+    return torch.stack([f.to(flags[0].device) for f in flags]).sum()
+
+
+def count_nonfinite_grads(params: Any) -> int:
+    """Number of parameters whose gradient contains inf or nan (one host sync)."""
+    count = _nonfinite_count(params)
+    return 0 if count is None else int(count.item())
 
 
 def _upcast(obj: Any) -> Any:
@@ -188,6 +196,14 @@ def _upcast(obj: Any) -> Any:
 def _optimizer_params(optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
     for group in optimizer.param_groups:
         yield from group["params"]
+
+
+def autocast_off(device_type: str) -> contextlib.AbstractContextManager[Any]:
+    """A context that turns autocast off on ``device_type``; nothing to turn off where the
+    device type has no autocast (``meta``, on which the levers are dry-run, among them)."""
+    if torch.amp.is_autocast_available(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
 
 
 class MixedPrecision:
@@ -241,7 +257,7 @@ class MixedPrecision:
         if target == "fp32":
             @functools.wraps(forward)
             def fp32_forward(*args: Any, **kwargs: Any) -> Any:
-                with torch.autocast(device_type, enabled=False):
+                with autocast_off(device_type):
                     return forward(*_upcast(args), **_upcast(kwargs))
 
             return fp32_forward
@@ -275,7 +291,7 @@ class MixedPrecision:
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """Context for the forward pass: autocast at the policy's dtype (a no-op for fp32)."""
         if self.policy.dtype == "fp32":
-            return torch.autocast(self.device_type, enabled=False)
+            return autocast_off(self.device_type)
         return torch.autocast(self.device_type, dtype=_TORCH_DTYPES[self.policy.dtype])
 
     def loss(self, loss_fn: Callable[..., torch.Tensor], *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -283,7 +299,7 @@ class MixedPrecision:
         if not self.policy.loss_in_fp32:
             with self.autocast():
                 return loss_fn(*args, **kwargs)
-        with torch.autocast(self.device_type, enabled=False):
+        with autocast_off(self.device_type):
             return loss_fn(*_upcast(args), **_upcast(kwargs))
 
     def backward_and_step(
@@ -305,7 +321,8 @@ class MixedPrecision:
             zero_grad: clear gradients after the step (``set_to_none``).
 
         Returns:
-            :class:`StepReport`; costs one host sync to read the flags.
+            :class:`StepReport`; costs one host sync to read the loss and the flags (with
+            fp16, one more for the loss scale, besides the GradScaler's own in its step).
         """
         scale = None
         if self.scaler is not None:
@@ -314,7 +331,15 @@ class MixedPrecision:
             self.scaler.unscale_(optimizer)
         else:
             loss.backward()
-        nonfinite = count_nonfinite_grads(_optimizer_params(optimizer))
+        # One host read for all the report needs before the skip decision: the loss and the
+        # non-finite count (a GPU step synchronises here once, not once per value).
+        values = [loss.detach().reshape(1).double()]
+        count = _nonfinite_count(_optimizer_params(optimizer))
+        if count is not None:
+            values.append(count.to(loss.device, torch.float64).reshape(1))
+        host = torch.cat(values).tolist()
+        value = host[0]
+        nonfinite = int(host[1]) if count is not None else 0
         if before_step is not None:
             before_step()
         if self.scaler is not None:
@@ -327,7 +352,6 @@ class MixedPrecision:
                 optimizer.step()
         if zero_grad:
             optimizer.zero_grad(set_to_none=True)
-        value = float(loss.detach().float().item())
         return StepReport(
             loss=value,
             loss_finite=math.isfinite(value),
