@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+import os
+import sys
+
 import pytest
 
 # In-process pytester runs restore sys.modules afterwards; keep torch loaded across them.
-import torch  # noqa: F401
+import torch
 
 from perfbudget.pinning import gpu_for_worker, nvml_gpu_count, visible_gpus, wants_gpu_workers
 from tests.measure.support import FakeNvml
@@ -86,3 +90,81 @@ def test_g(i):
     r.stdout.fnmatch_lines(["*2 workers*"])
     seen = {p.name: p.read_text() for p in pytester.path.glob("seen-gw*.txt")}
     assert seen == {"seen-gw0.txt": "5", "seen-gw1.txt": "7"}
+
+
+class FakeDriver:
+    """libcuda's ``cuDeviceGetCount``: CUDA_ERROR_NOT_INITIALIZED (3) until cuInit ran in the process."""
+
+    def __init__(self, *, initialised: bool) -> None:
+        self.rc = 0 if initialised else 3
+
+    def cuDeviceGetCount(self, count: object) -> int:
+        return self.rc
+
+
+def fake_torch(*, initialized: bool = False, cached: int | None = None, lru_count_called: bool = False) -> object:
+    """``torch`` as far as pinning looks at it; ``lru_count_called``: an older torch whose
+    ``device_count`` is an ``lru_cache`` that has answered once."""
+    from types import SimpleNamespace
+
+    if lru_count_called:
+        device_count = functools.lru_cache(maxsize=1)(lambda: 2)
+        device_count()
+    else:
+        def device_count() -> int:
+            return 2
+    return SimpleNamespace(cuda=SimpleNamespace(is_initialized=lambda: initialized, _cached_device_count=cached,
+                                                device_count=device_count))
+
+
+def pin(monkeypatch: pytest.MonkeyPatch, torch_module: object | None, driver: FakeDriver | None) -> object:
+    from types import SimpleNamespace
+
+    from perfbudget import pinning, xdist
+
+    if torch_module is None:
+        monkeypatch.delitem(sys.modules, "torch")
+    else:
+        monkeypatch.setitem(sys.modules, "torch", torch_module)
+    # Fakes for what needs a GPU: the driver library (absent here).
+    monkeypatch.setattr(pinning, "cuda_driver", lambda: driver, raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    session = SimpleNamespace(pinned_gpu=None)
+    xdist.pin_worker(session, "1")  # type: ignore[arg-type]
+    return session
+
+
+def test_a_worker_is_pinned_while_its_device_list_is_still_open(monkeypatch: pytest.MonkeyPatch) -> None:
+    # torch imported, device_count() asked through NVML before CUDA initialised (torch >= 2.3
+    # does not cache that count, and CUDA reads CUDA_VISIBLE_DEVICES when the driver starts).
+    session = pin(monkeypatch, fake_torch(), FakeDriver(initialised=False))
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "1" and session.pinned_gpu == "1"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("torch_module", "driver", "said"),
+    [
+        (fake_torch(initialized=True), FakeDriver(initialised=True), "torch initialised CUDA"),
+        (fake_torch(cached=2), FakeDriver(initialised=True), "torch.cuda.device_count() cached its count"),
+        # An older torch: device_count() is an lru_cache, filled by the first call even before CUDA starts.
+        (fake_torch(lru_count_called=True), FakeDriver(initialised=False), "torch.cuda.device_count() cached its count"),
+        # torch.cuda.is_available() (and device_count() where NVML cannot count) call
+        # cudaGetDeviceCount: the driver starts and reads CUDA_VISIBLE_DEVICES, torch keeps no trace.
+        (fake_torch(), FakeDriver(initialised=True), "the CUDA driver was initialised in this process"),
+        (None, FakeDriver(initialised=True), "the CUDA driver was initialised in this process"),  # another library
+    ],
+)
+def test_a_worker_is_not_pinned_once_its_device_list_is_fixed(
+    monkeypatch: pytest.MonkeyPatch, torch_module: object | None, driver: FakeDriver, said: str
+) -> None:
+    with pytest.warns(UserWarning, match="could be pinned to GPU 1") as got:
+        session = pin(monkeypatch, torch_module, driver)
+    assert said in str(got[0].message)
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "0,1" and session.pinned_gpu is None  # type: ignore[attr-defined]
+
+
+def test_this_machine_without_a_driver_keeps_its_device_list_open() -> None:
+    from perfbudget.pinning import cuda_device_list_fixed
+
+    # The real torch (a CPU build, CUDA never initialised) and the real driver lookup (none here).
+    assert cuda_device_list_fixed(torch) is None

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import ctypes
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .measure import nvml
 from .measure.nvml import visible_gpus
 
-__all__ = ["gpu_for_worker", "nvml_gpu_count", "visible_gpus", "wants_gpu_workers"]
+__all__ = ["cuda_device_list_fixed", "cuda_driver", "gpu_for_worker", "nvml_gpu_count", "visible_gpus",
+           "wants_gpu_workers"]
+
+#: What the CUDA driver API answers in a process where cuInit has not run yet.
+_CUDA_ERROR_NOT_INITIALIZED = 3
 
 
 def gpu_for_worker(worker_id: str, gpus: Sequence[str]) -> str | None:
@@ -41,3 +46,51 @@ def nvml_gpu_count(*, module: Any = None) -> int:
     """
     got = nvml.gpu_count(module=module)
     return got if isinstance(got, int) else 0  # no driver, no library: no GPUs to pin
+
+
+def cuda_driver() -> Any:
+    """The CUDA driver library (``libcuda.so.1``), or ``None`` without one; loading it starts nothing."""
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+
+
+def cuda_device_list_fixed(torch: Any, *, driver: Callable[[], Any] | None = None) -> str | None:
+    """What already fixed this process's list of CUDA devices, or ``None`` while a
+    ``CUDA_VISIBLE_DEVICES`` set now is still honoured.
+
+    CUDA reads ``CUDA_VISIBLE_DEVICES`` once, when the driver starts (``cuInit``), and torch
+    may cache its count. Asked in this order:
+
+    - ``torch.cuda.is_initialized()``;
+    - torch's cached count: ``torch.cuda._cached_device_count`` (set only once CUDA is
+      initialised), or an older torch's ``lru_cache`` on ``device_count``, filled by the first
+      call even before CUDA starts;
+    - the driver itself: ``cuDeviceGetCount`` answers CUDA_ERROR_NOT_INITIALIZED until
+      ``cuInit`` ran in this process. torch leaves no trace of that start:
+      ``torch.cuda.is_available()`` (unless PYTORCH_NVML_BASED_CUDA_CHECK=1) and a
+      ``device_count()`` that NVML cannot answer call ``cudaGetDeviceCount``, which starts the
+      driver without initialising torch's CUDA state. A ``device_count()`` answered by NVML
+      before CUDA starts fixes nothing: it reads ``CUDA_VISIBLE_DEVICES`` again on each call.
+
+    Args:
+        torch: the imported ``torch`` module, or ``None`` when it is not imported.
+        driver: returns the driver library or ``None`` (default :func:`cuda_driver`).
+    """
+    cuda = getattr(torch, "cuda", None)
+    if cuda is not None:
+        if cuda.is_initialized():
+            return "torch initialised CUDA"
+        count = getattr(cuda, "device_count", None)
+        cache_info = getattr(count, "cache_info", None)
+        if getattr(cuda, "_cached_device_count", None) is not None or (
+                callable(cache_info) and cache_info().currsize):
+            return "torch.cuda.device_count() cached its count"
+    lib = (driver or cuda_driver)()
+    if lib is not None:
+        got = ctypes.c_int(0)
+        if lib.cuDeviceGetCount(ctypes.byref(got)) == 0:
+            return ("the CUDA driver was initialised in this process (torch.cuda.is_available() does it, "
+                    "and so does torch.cuda.device_count() where NVML cannot count)")
+    return None

@@ -52,11 +52,15 @@ def worker_output(session: PerfSession) -> str:
 
 
 def pin_worker(session: PerfSession, gpu: str) -> None:
-    """Give this xdist worker its one GPU, before torch initialises CUDA."""
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        warnings.warn(f"perfbudget: CUDA was initialised before this worker could be pinned to GPU {gpu}; "
-                      "it sees every GPU", stacklevel=1)
+    """Give this xdist worker its one GPU, before its list of CUDA devices is fixed (see
+    :func:`~perfbudget.pinning.cuda_device_list_fixed`); after that a ``CUDA_VISIBLE_DEVICES``
+    set here would not be honoured, so the worker is left unpinned, with a warning."""
+    fixed = pinning.cuda_device_list_fixed(sys.modules.get("torch"))
+    if fixed:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        warnings.warn(f"perfbudget: {fixed} before this worker could be pinned to GPU {gpu}: it sees every GPU "
+                      f"visible then (CUDA_VISIBLE_DEVICES={'unset' if visible is None else repr(visible)}); "
+                      "ask nothing of CUDA at import or configure time (conftest.py, plugins)", stacklevel=1)
         return
     os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     session.pinned_gpu = gpu
