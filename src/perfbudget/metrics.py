@@ -159,7 +159,7 @@ _REGISTRY: tuple[Metric, ...] = (
     _m("throughput_samples_per_s", "samples/s", "higher", "rate", "training or inference throughput"),
     _m("tokens_per_s", "tokens/s", "higher", "rate", "generated tokens per second"),
     _m("speedup", "x", "higher", "rate", "time ratio baseline / lever, measured in one run", arg="what"),
-    _m("sm_occupancy", "1", "higher", "rate", "achieved SM occupancy, duration-weighted profiler estimate"),
+    _m("sm_occupancy", "1", "higher", "rate", "SM occupancy each kernel's launch resources and grid allow, duration-weighted over the profiled kernels"),
     _m("gpm_sm_occupancy", "1", "higher", "rate", "achieved SM occupancy measured by NVML GPM (Hopper and newer)"),
     _m("sm_util", "1", "higher", "rate", "fraction of SMs busy (NVML GPM)"),
     _m("tensor_util", "1", "higher", "rate", "tensor-core utilisation (NVML GPM)"),
