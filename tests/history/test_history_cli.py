@@ -8,6 +8,7 @@ import re
 import shutil
 import sqlite3
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -165,3 +166,16 @@ def test_a_database_that_cannot_be_read_exits_2_naming_it(tmp_path: Path, stored
 def test_an_unknown_ref_exits_2(stored_db: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, _ = cli("history", "check", "--since", "no-such-ref", "--db", str(stored_db))
     assert code == ExitCode.USAGE and "--since no-such-ref: not a commit" in capsys.readouterr().err
+
+
+def test_without_ruptures_history_says_how_to_install_it_and_the_rest_imports(
+        stored_db: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # A GPU runner set up without a registry installs perfbudget with --no-deps and may lack ruptures.
+    monkeypatch.setitem(sys.modules, "ruptures", None)  # `import ruptures` raises ImportError
+    code, _ = cli("history", "show", "encoder-train.step_ms", "--db", str(stored_db))
+    assert code == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert "perfbudget history show: error: change points need the package ruptures" in err
+    assert "pip install 'ruptures>=1.1.9'" in err
+    code, text = cli("show", "--budgets-dir", str(stored_db.parent))
+    assert code == ExitCode.OK, text

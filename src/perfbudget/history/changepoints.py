@@ -25,6 +25,7 @@ __all__ = [
     "Breakpoints",
     "ChangeConfig",
     "Drift",
+    "MissingPackageError",
     "Shift",
     "chained_drifts",
     "level_shifts",
@@ -106,6 +107,10 @@ class Drift:
         return self.ratio - 1.0
 
 
+class MissingPackageError(ImportError):
+    """A package that only change-point detection needs does not import here; the message says how to install it."""
+
+
 def pelt_breakpoints(series: Sequence[float], penalty: float) -> list[int]:
     """Segment ends of the least-squares piecewise-constant fit with ``penalty`` per change point, one-point
     segments allowed: PELT, exact.
@@ -114,7 +119,14 @@ def pelt_breakpoints(series: Sequence[float], penalty: float) -> list[int]:
     and gives the same segments, from its C implementation (~1000x faster on 60 points).
     """
     import numpy as np
-    import ruptures
+
+    try:
+        import ruptures
+    except ImportError as exc:
+        # Installed with the package, but a machine set up without a registry (a GPU runner
+        # installing with --no-deps) may lack it; only this function needs it.
+        raise MissingPackageError(f"change points need the package ruptures, which does not import here ({exc}); "
+                          "install it with: pip install 'ruptures>=1.1.9'") from exc
 
     x = np.asarray(series, dtype=float).reshape(-1, 1)
     ends = ruptures.KernelCPD(kernel="linear", min_size=1).fit(x).predict(pen=max(penalty, 1e-12))

@@ -14,6 +14,7 @@ from ..fileio import atomic_write
 from ..report.common import fmt_tolerance
 from ..results import load_results
 from .analysis import SeriesAnalysis, analyze_store, findings_since, first_after
+from .changepoints import MissingPackageError
 from .commits import CommitError, git_commit_info, run_of
 from .report import render_history
 from .store import HistoryError, HistoryStore, checks_from_results
@@ -275,6 +276,6 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     """Run a parsed ``perfbudget history`` command; input errors print one line naming the problem and exit 2."""
     try:
         return int(args.history_func(args, out))
-    except _InputError as exc:
+    except (_InputError, MissingPackageError) as exc:
         print(f"perfbudget history {args.history_command}: error: {exc}", file=sys.stderr)
         return ExitCode.USAGE
