@@ -284,6 +284,10 @@ class PerfPlugin:
             _at_test_location(report, item)
         return report
 
+    def pytest_runtest_logfinish(self) -> None:
+        # After teardown, so failure artifacts named in a record are in the file too.
+        self.session.checkpoint()
+
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         ps = self.session
         if self._threads_before is not None:

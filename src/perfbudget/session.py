@@ -9,6 +9,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,7 +26,11 @@ from .preflight import DEFAULT_MAX_LOAD_PER_CORE
 from .results import BudgetRef, Record, Results
 from .vocabulary import Outcome, RunMode
 
-__all__ = ["PerfSession", "add_options"]
+__all__ = ["UNFINISHED_KEY", "PerfSession", "add_options"]
+
+#: Key of a results file's ``meta`` while the run that writes it has not finished: the file
+#: holds the records of the tests finished so far (:meth:`PerfSession.checkpoint`).
+UNFINISHED_KEY = "unfinished"
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -90,6 +95,8 @@ class PerfSession:
     update_report: UpdateReport | None = None
     _budgets: BudgetSet | None = None
     _devices: dict[str, DeviceInfo] = field(default_factory=dict)
+    _checkpointed: int = 0
+    """Records and errors in the file :meth:`checkpoint` last wrote."""
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> PerfSession:
@@ -195,6 +202,25 @@ class PerfSession:
         """Failure artifacts go beside the results JSON: ``<json folder>/artifacts/<test>/``."""
         return self.json_path.parent / "artifacts"
 
+    def _meta(self) -> dict[str, Any]:
+        return {"budgets_dir": str(self.budgets_dir), "errors": self.errors, "mode": str(self.mode)}
+
+    def checkpoint(self) -> None:
+        """Write the records so far to :attr:`json_path`, marked :data:`UNFINISHED_KEY`, when any
+        were added since the last write: a run killed mid-way keeps every finished test's records.
+
+        Called after each test by the process that holds the records (not an xdist worker, whose
+        records reach the controller at its end) and not by an A/B side, whose file the driver
+        reads once the side has ended. :meth:`finish` replaces the file.
+        """
+        written = len(self.records) + len(self.errors)
+        if self.is_worker or self.mode == RunMode.COLLECT or written == self._checkpointed:
+            return
+        meta = {**self._meta(), UNFINISHED_KEY: "written after each test; the run did not finish (killed), "
+                "so budgets that apply but no finished test recorded are not listed"}
+        Results(records=self.records, meta=meta).write(self.json_path)
+        self._checkpointed = written
+
     def finish(self) -> Results:
         """Controller only: write results, then reports, then apply updates from the same records.
 
@@ -204,10 +230,7 @@ class PerfSession:
         from .report import markdown_report
 
         self.records.extend(self.not_measured())
-        results = Results(records=self.records, meta={
-            "budgets_dir": str(self.budgets_dir), "errors": self.errors,
-            "mode": str(self.mode),
-        })
+        results = Results(records=self.records, meta=self._meta())
         self.json_path.parent.mkdir(parents=True, exist_ok=True)
         results.write(self.json_path)  # first: a broken report must not lose measurements
         # Reports beside the JSON: results.md (CI step summary), results.html (plots).
