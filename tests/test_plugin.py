@@ -262,3 +262,20 @@ def test_marked_without_perf():
         r.stdout.fnmatch_lines(["SKIPPED [[]1[]] test_where.py:9: needs a CUDA GPU*"])
         r.stdout.fnmatch_lines([f"{where}:6: Failed: perf budget check failed: misspelt on cpu*"])
         assert "plugin.py" not in r.stdout.str()
+
+
+def test_an_update_in_a_tree_without_git_records_the_commit_passed_or_says_it_is_unknown(
+    project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A working tree copied to a GPU machine without .git (pytester's folder is in no repository).
+    for name in ("GITHUB_ACTIONS", "GITHUB_SHA", "GITLAB_CI", "CI_COMMIT_SHA"):
+        monkeypatch.delenv(name, raising=False)
+    cpu = project.path / "budgets" / "cpu.yaml"
+    r = run(project, "--update-budgets", "test_perf.py::test_param")
+    r.stdout.fnmatch_lines(["*commit: unknown*", "*warning*commit*unknown*--perf-commit*"])
+    cpu.unlink()
+    r = run(project, "--update-budgets", "--perf-commit", "1f262dc", "test_perf.py::test_param")
+    r.assert_outcomes(passed=2)
+    assert "commit: 1f262dc" in cpu.read_text() and "unknown" not in cpu.read_text()
+    r = run(project, "--update-budgets", "--perf-commit", "main", "test_perf.py::test_param")
+    r.stderr.fnmatch_lines(["*--perf-commit: expected a git commit hash*got 'main'*"])

@@ -17,7 +17,7 @@ from typing import TextIO
 
 from .ab.cli import register as register_ab
 from .budgets.loader import load_dir
-from .budgets.update import UpdateReport, apply_updates, git_commit
+from .budgets.update import UpdateReport, apply_updates, provenance_commit
 from .device import DeviceInfo
 from .exitcodes import ExitCode
 from .extras import ExtraError
@@ -210,12 +210,12 @@ def cmd_update(args: argparse.Namespace, out: TextIO) -> int:
             if root.is_dir():
                 shutil.copytree(root, copy)
             report = apply_updates(measured, load_dir(copy), allow_loosen=args.allow_loosen,
-                                   commit=git_commit(Path.cwd()))
+                                   commit=provenance_commit(Path.cwd()))
             text = _render_update(report).replace(str(copy), str(root))
         out.write(f"dry run: nothing written to {root}\n{text}\n")
     else:
         report = apply_updates(measured, load_dir(root), allow_loosen=args.allow_loosen,
-                               commit=git_commit(Path.cwd()))
+                               commit=provenance_commit(Path.cwd()))
         out.write(_render_update(report) + "\n")
     if report.errors:
         return ExitCode.USAGE

@@ -15,7 +15,7 @@ import pytest
 
 from .artifacts import ArtifactConfig, parse_kinds
 from .budgets.loader import BudgetSet, load_dir
-from .budgets.update import UpdateReport, apply_updates, git_commit
+from .budgets.update import UpdateReport, apply_updates, check_commit, provenance_commit
 from .device import DeviceInfo, DeviceType
 from .fileio import atomic_write, lock
 from .judge import AB_PRECISION_ENV, STABLE_MACHINE_ENV, ab_precision, stable_identity
@@ -44,6 +44,9 @@ def add_options(parser: pytest.Parser) -> None:
                     help="write measured values into the budget files (tighten only) and print the diff.")
     group.addoption("--allow-loosen", action="store_true", default=False,
                     help="with --update-budgets, also write values worse than the current budget.")
+    group.addoption("--perf-commit", default=None, metavar="SHA",
+                    help="with --update-budgets, the commit measured, recorded in provenance in place of "
+                         "git's answer: for a tree copied to a machine without its .git.")
     group.addoption("--perf-json", default=None, metavar="PATH",
                     help="write results JSON here (default: .perfbudget/results.json under the rootdir).")
     group.addoption("--perf-collect", action="store_true", default=False,
@@ -87,6 +90,8 @@ class PerfSession:
     inductor_dir: str = ".perfbudget"
     stable_machine: str = ""
     """The declaration of a stable machine (an identity or ``yes``), empty when not declared."""
+    commit: str | None = None
+    """The commit passed with ``--perf-commit``, for provenance where the tree has no git."""
     ab_precision: float | None = None
     """One A/B side: the within-pair precision its statistical checks sample to (``None``: one set)."""
     pinned_gpu: str | None = None
@@ -128,6 +133,11 @@ class PerfSession:
             precision = ab_precision(os.environ.get(AB_PRECISION_ENV)) if collect else None
         except ValueError as exc:
             raise pytest.UsageError(str(exc)) from None
+        commit = config.getoption("--perf-commit") or None
+        try:
+            commit = None if commit is None else check_commit(str(commit))
+        except ValueError as exc:
+            raise pytest.UsageError(f"--perf-commit: {exc}") from None
         return cls(
             rootdir=root,
             budgets_dir=budgets_dir,
@@ -139,6 +149,7 @@ class PerfSession:
             max_load=max_load,
             is_worker=hasattr(config, "workerinput"),
             ab_precision=precision,
+            commit=commit,
             budgets_dir_arg=arg,
             artifacts=ArtifactConfig(kinds=kinds, threads=threads),
             html=bool(config.getini("perfbudget_html")),
@@ -244,7 +255,8 @@ class PerfSession:
             warnings.warn(f"perfbudget: reports beside {self.json_path} not written: {exc!r}", stacklevel=1)
         if self.mode == RunMode.UPDATE:
             self.update_report = apply_updates(
-                results.measured(), self.budgets, allow_loosen=self.allow_loosen, commit=git_commit(self.rootdir)
+                results.measured(), self.budgets, allow_loosen=self.allow_loosen,
+                commit=provenance_commit(self.rootdir, given=self.commit)
             )
         return results
 

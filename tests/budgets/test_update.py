@@ -126,3 +126,57 @@ def test_widen_tolerances_only_raises_and_notes_why(tmp_path: Path) -> None:
     assert step.value == 40.0  # the budget itself is untouched
     assert ttft is not None and ttft.tolerance == 0.05  # never narrowed
     assert [c.metric for c in rep.changes] == ["step_ms"] and len(rep.diffs) == 1
+
+
+CI_VARIABLES = ("GITHUB_ACTIONS", "GITHUB_SHA", "GITLAB_CI", "CI_COMMIT_SHA")
+SHA = "0590f5d3c1a8e7b2f4d6a9c0b1e2f3a4b5c6d7e8"
+
+
+def test_without_a_known_commit_provenance_says_unknown_and_the_report_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from perfbudget.budgets.update import provenance_commit
+
+    for name in CI_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    tree = tmp_path / "copy"  # a working tree copied without .git
+    tree.mkdir()
+    commit = provenance_commit(tree)
+    assert commit is None
+    rep = apply_updates([m("flops", 1000)], load_dir(tree / "budgets"), commit=commit)
+    flops = load_dir(tree / "budgets").resolve("enc", "flops", CPU)
+    assert flops is not None and flops.provenance is not None and flops.provenance.commit == "unknown"
+    assert "commit: unknown" in rep.diffs[tree / "budgets" / "cpu.yaml"]
+    assert "--perf-commit" in rep.render()
+
+
+def test_the_commit_comes_from_the_value_passed_then_git_then_the_ci_never_a_guess(tmp_path: Path) -> None:
+    import subprocess
+
+    from perfbudget.budgets.update import check_commit, provenance_commit
+
+    github = {"GITHUB_ACTIONS": "true", "GITHUB_SHA": SHA}
+    gitlab = {"GITLAB_CI": "true", "CI_COMMIT_SHA": SHA}
+    assert provenance_commit(tmp_path, environ={}) is None
+    # A CI's variable counts only inside that CI: exported elsewhere it is a claim, not a checkout.
+    assert provenance_commit(tmp_path, environ={"GITHUB_SHA": SHA, "CI_COMMIT_SHA": SHA}) is None
+    assert provenance_commit(tmp_path, environ=github) == SHA
+    assert provenance_commit(tmp_path, environ=gitlab) == SHA
+    assert provenance_commit(tmp_path, given="1f262dc", environ=github) == "1f262dc"
+    assert provenance_commit(tmp_path, given="", environ={}) is None  # empty: not given
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@localhost"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (tmp_path / "f.txt").write_text("x")
+    subprocess.run([*git, "add", "f.txt"], check=True)
+    subprocess.run([*git, "commit", "-qm", "c"], check=True)
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], check=True, capture_output=True,
+                          text=True).stdout.strip()
+    assert provenance_commit(tmp_path, environ=github) == head  # the tree's own git before the CI's claim
+    (tmp_path / "f.txt").write_text("y")
+    assert provenance_commit(tmp_path, environ={}) == f"{head}-dirty"
+    # A commit passed on purpose wins: a copy's .git may be a local snapshot, no commit of the project.
+    assert provenance_commit(tmp_path, given="1f262dc", environ={}) == "1f262dc"
+    assert check_commit("1F262DC") == "1F262DC" and check_commit(f"{SHA}-dirty") == f"{SHA}-dirty"
+    for bad in ("main", "HEAD~1", "abc", "unknown", SHA + "0"):
+        with pytest.raises(ValueError, match=f"got {bad!r}"):
+            check_commit(bad)

@@ -74,7 +74,9 @@ class Provenance:
         torch: torch version.
         samples: number of samples behind the value.
         date: ISO date of the measurement.
-        commit: git commit measured (short hash), or ``None`` outside git.
+        commit: the commit measured: the one passed with ``--perf-commit``, else git's short
+            hash (``-dirty`` for a changed tree), else the CI's (``update.provenance_commit``);
+            ``unknown`` when none named it; ``None`` in files written before it was recorded.
         cv: coefficient of variation of the samples (timing noise).
         noise: relative standard error of the budgeted statistic (from its CI); the
             updater keeps tolerances at >= 3x this.

@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime as _dt
 import difflib
 import math
+import os
+import re
 import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -21,12 +23,16 @@ from .loader import BudgetSet, parse_text
 from .schema import SCHEMA_VERSION, BudgetError
 
 __all__ = [
+    "CI_COMMIT_VARIABLES",
+    "UNKNOWN_COMMIT",
     "Change",
     "Measured",
     "UpdateReport",
     "apply_updates",
+    "check_commit",
     "git_commit",
     "measured_value",
+    "provenance_commit",
     "widen_tolerances",
 ]
 
@@ -139,6 +145,59 @@ def git_commit(cwd: str | Path | None = None) -> str | None:
         return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+#: What provenance records when nothing names the commit measured: shown in the file's diff,
+#: where a missing field would pass unnoticed, and never a guess.
+UNKNOWN_COMMIT = "unknown"
+
+#: CI systems whose jobs name the commit they checked out: (the variable the CI sets in every
+#: job, the commit variable). The commit is read only where the first says the job runs in that
+#: CI: exported anywhere else, GITHUB_SHA is a claim about some other checkout.
+CI_COMMIT_VARIABLES: tuple[tuple[str, str], ...] = (("GITHUB_ACTIONS", "GITHUB_SHA"), ("GITLAB_CI", "CI_COMMIT_SHA"))
+
+_COMMIT = re.compile(r"[0-9a-fA-F]{4,40}(-dirty)?")
+
+
+def check_commit(text: str) -> str:
+    """``text`` if it is a commit hash (``-dirty`` allowed); a branch or tag name moves, so it is refused.
+
+    Raises:
+        ValueError: naming the value.
+    """
+    if not _COMMIT.fullmatch(text):
+        raise ValueError(f"expected a git commit hash (4 to 40 hex digits, '-dirty' allowed), got {text!r}")
+    return text
+
+
+def provenance_commit(
+    cwd: str | Path | None = None, *, given: str | None = None, environ: Mapping[str, str] | None = None
+) -> str | None:
+    """The commit a budget update records as measured, or ``None`` when nothing names it (the
+    updater then records :data:`UNKNOWN_COMMIT`). Asked in this order:
+
+    1. ``given``, the commit passed for this run (``pytest --perf-commit SHA``; empty: not
+       given), by whoever copied the tree to a machine without its ``.git``. Passed on purpose,
+       it wins over git: the copy may hold a ``.git`` of its own that is no commit of the
+       project (``scripts/gpu-check.sh`` commits a snapshot for its A/A run, and a machine
+       that keeps files between runs keeps that snapshot for the next update);
+    2. git in ``cwd`` (:func:`git_commit`), the tree itself, with ``-dirty`` for a changed tree;
+    3. the CI's own variable, inside that CI only (:data:`CI_COMMIT_VARIABLES`).
+
+    Raises:
+        ValueError: ``given`` is not a commit hash (:func:`check_commit`).
+    """
+    if given:
+        return check_commit(given)
+    found = git_commit(cwd)
+    if found:
+        return found
+    env = os.environ if environ is None else environ
+    for marker, variable in CI_COMMIT_VARIABLES:
+        sha = env.get(variable, "")
+        if env.get(marker, "").lower() == "true" and _COMMIT.fullmatch(sha):
+            return sha
+    return None
 
 
 def _round(metric: str, value: float) -> float | int:
@@ -272,7 +331,8 @@ def apply_updates(
         measured: values to write.
         budgets: the loaded budget set (decides targets).
         allow_loosen: accept worse values.
-        commit: git commit for provenance.
+        commit: the commit measured (:func:`provenance_commit`); ``None``: unknown, recorded
+            as :data:`UNKNOWN_COMMIT` with a warning in the report.
         date: ISO date for provenance (default today).
 
     Returns:
@@ -302,6 +362,11 @@ def apply_updates(
                 _update_file(path, selector, items, report, allow_loosen=allow_loosen, commit=commit, date=date)
     except OSError as exc:
         report.errors.append(BudgetError(f"cannot lock the budgets folder: {exc.strerror}", path=root))
+    if commit is None and report.diffs:
+        report.warnings.append(
+            f"provenance records 'commit: {UNKNOWN_COMMIT}': no git repository, no commit passed "
+            "(pytest --perf-commit SHA, for a tree copied without .git) and no CI commit variable "
+            "(GITHUB_SHA on GitHub Actions, CI_COMMIT_SHA on GitLab CI)")
     return report
 
 
@@ -350,8 +415,7 @@ def _update_file(
                                 "date": date}
         if m.device.identity:
             prov["identity"] = m.device.identity
-        if commit:
-            prov["commit"] = commit
+        prov["commit"] = commit or UNKNOWN_COMMIT
         if info.statistical and m.cv is not None:
             prov["cv"] = round(m.cv, 4)
         if m.device.type == "cpu" and m.device.threads:
