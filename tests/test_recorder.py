@@ -132,3 +132,17 @@ def test_a_memory_phase_that_runs_nothing_records_no_metric_and_its_budget_is_no
     assert {r.metric for r in rec.records()} == {"peak_allocated_mib[forward]",
                                                  "peak_allocated_mib[backward_and_optimizer]"}
     assert [m for m, _ in rec.decision().not_measured] == ["peak_allocated_mib[optimizer]"]
+
+
+def test_a_memory_check_is_re_run_for_its_failure_artifacts() -> None:
+    # The CUDA memory snapshot of a failing peak_allocated_mib is taken by re-running the step:
+    # perf.memory hands its phases over as that step, unless the test chose one.
+    rec = PerfRecorder(Judge("k", ME, load_dir(Path("/nonexistent")), JudgeConfig()))
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(2, 4)
+    rec.memory(lambda: model(x).sum(), optimizer=opt)
+    assert rec.failure_step is not None
+    before = model.weight.detach().clone()
+    rec.failure_step()
+    assert not torch.equal(before, model.weight), "the re-run step is the whole step, optimizer included"

@@ -536,6 +536,7 @@ class PerfRecorder:
             names: phase renames for the metric argument, e.g. ``{"backward":
                 "backward_and_optimizer"}`` when one callable does both.
         """
+        self._fails_with(memory.training_step(forward, backward=backward, optimizer=optimizer))
         peaks = memory.peak_by_phase(forward, backward=backward, optimizer=optimizer, device=self._dev,
                                      warmup=warmup, threads=self._timing_threads())
         phases = {(names or {}).get(phase, phase): mib for phase, mib in peaks.by_phase().items()}

@@ -22,6 +22,7 @@ __all__ = [
     "peak_by_phase",
     "peak_cpu_mib",
     "peak_live_bytes",
+    "training_step",
 ]
 
 MIB = 1024 * 1024
@@ -266,6 +267,24 @@ def _phase_fns(
             )
 
     return forward, backward or default_backward, None if optimizer is None else opt_phase
+
+
+def training_step(
+    forward: Callable[[], torch.Tensor],
+    *,
+    backward: Callable[[torch.Tensor], Any] | None = None,
+    optimizer: Any = None,
+) -> Callable[[], None]:
+    """The phases :func:`peak_by_phase` takes, as one unmeasured step (what a failing memory
+    check re-runs for its artifacts, the CUDA memory snapshot among them)."""
+    fwd, bwd, opt = _phase_fns(forward, backward, optimizer)
+
+    def step() -> None:
+        bwd(fwd())
+        if opt is not None:
+            opt()
+
+    return step
 
 
 def peak_by_phase(
