@@ -146,3 +146,19 @@ def test_a_memory_check_is_re_run_for_its_failure_artifacts() -> None:
     before = model.weight.detach().clone()
     rec.failure_step()
     assert not torch.equal(before, model.weight), "the re-run step is the whole step, optimizer included"
+
+
+def test_a_gpm_metric_nvml_refuses_is_unmeasurable_not_a_crash(monkeypatch: pytest.MonkeyPatch) -> None:
+    # NVML GPM answers each metric with its own status; tensor_util refused (as on a GPU
+    # without it) while sm_occupancy came back.
+    from perfbudget import recorder as recorder_module
+    from perfbudget.measure import nvml
+
+    monkeypatch.setattr(nvml, "gpm_metrics", lambda window, metrics: nvml.GpmMetrics(
+        values_pct={"sm_occupancy": 40.0}, window_s=1.0, padded_s=0.0))
+    got = recorder_module._gpm_pass(lambda: None, windows=2, metrics=("sm_occupancy", "tensor_util"))
+    assert isinstance(got, recorder_module.Unmeasurable) and "tensor_util" in got.reason
+    monkeypatch.setattr(nvml, "gpm_metrics", lambda window, metrics: nvml.GpmMetrics(
+        values_pct={"sm_occupancy": 40.0, "tensor_util": 10.0}, window_s=1.0, padded_s=0.0))
+    assert recorder_module._gpm_pass(lambda: None, windows=2, metrics=("sm_occupancy", "tensor_util")) == {
+        "sm_occupancy": [0.4, 0.4], "tensor_util": [0.1, 0.1]}

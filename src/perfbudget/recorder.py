@@ -731,6 +731,11 @@ def _gpm_pass(window: Callable[[], Any], *, windows: int, metrics: tuple[str, ..
         got = nvml.gpm_metrics(window, metrics=metrics)
         if isinstance(got, Unmeasurable):
             return got
+        # NVML answers each metric with its own status: one refused makes the pass unmeasurable,
+        # with its name, rather than a KeyError.
+        missing = [k for k in out if k not in got.values_pct]
+        if missing:
+            return Unmeasurable(reason=f"NVML GPM returned no value for {missing} (got {sorted(got.values_pct)})")
         for k in out:
             out[k].append(got.values_pct[k] / 100.0)
     return out
