@@ -319,6 +319,9 @@ def _bench_cuda(
     )
     for _ in range(n_warmup):
         fn()
+    # As on CPU: a collection triggered by warm-up garbage would land in some timed call (a
+    # host-bound step's events span the host's work too).
+    gc.collect()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_repeat)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_repeat)]
     bursts = Bursts(rewarm=fn)
@@ -361,6 +364,9 @@ def _bench_cuda_graph(
     if not torch.cuda.is_available():
         raise RuntimeError("bench(cuda_graph=True) needs CUDA; torch.cuda.is_available() is False")
     stream = torch.cuda.Stream()
+    # The side stream must see the inputs the current stream is still writing (torch's own
+    # CUDA-graph recipe waits the same way before warming on a side stream).
+    stream.wait_stream(torch.cuda.current_stream())
     # Capture must happen on a side stream, after the callable ran there at least once.
     with torch.cuda.stream(stream):
         fn()
