@@ -28,6 +28,8 @@ MAX_FILE_BYTES = 16 * 2**20
 MAX_TOTAL_BYTES = 64 * 2**20
 MAX_FOLDERS_DOWN = 2
 NAME = re.compile(r"[A-Za-z0-9._-]+")
+SHOWN_FAILURES = 5
+"""Failing tests named per pass: the summary stays one screen."""
 
 #: The parts in the order the script runs them, with the folder each keeps its files in.
 PARTS = (("set-up", None), ("update", "update"), ("check", "check"), ("a/a", "aa"))
@@ -105,11 +107,13 @@ def part_line(name: str, status: str, wall: str, bound: str, note: str, folder: 
     if note:
         lines.append(f"{'':<8} {note}")
     if cases:
-        for test, outcome, _, message in cases:
-            if outcome in ("failed", "error"):
-                lines.append(f"{'':<8} {outcome.upper()} {test}: {message[:110]}")
+        bad = [(t, o, m) for t, o, _, m in cases if o in ("failed", "error")]
+        for test, outcome, message in bad[:SHOWN_FAILURES]:
+            lines.append(f"{'':<8} {outcome.upper()} {test}: {message[:110]}")
+        if len(bad) > SHOWN_FAILURES:
+            lines.append(f"{'':<8} and {len(bad) - SHOWN_FAILURES} more: see its log.txt and results.md in the tarball")
         slowest = sorted(cases, key=lambda c: -c[2])[:3]
-        lines.append(f"{'':<8} slowest: " + ", ".join(f"{t.split('::')[-1]} {s:.0f} s" for t, _, s, _ in slowest))
+        lines.append(f"{'':<8} slowest: " + ", ".join(f"{t} {s:.0f} s" for t, _, s, _ in slowest))
     if results is not None and name == "a/a":
         for r in results.get("records", []):
             base = r.get("base") or {}
