@@ -159,7 +159,8 @@ class OpRow:
     self_cpu_ms: float = 0.0
     """Host self time per step in ms (equals ``self_ms`` on CPU)."""
     bytes_accessed: float = 0.0
-    """Estimated bytes read and written per step (see ``_event_bytes``); 0 for views."""
+    """Estimated bytes read and written per step (see ``_event_bytes``); 0 for views and where
+    the profiler recorded no input dtypes (unknown)."""
     dtype: str = "float32"
     """Main floating dtype of the inputs (picks the peak in the roofline)."""
     roofline: Roofline = "unknown"
@@ -559,13 +560,14 @@ def table_from_events(
         leaf = not getattr(e, "cpu_children", None)
         if e.name not in _NO_DATA_OPS and (leaf or flops > 0):
             dtypes = list(read_event_field(e, "input_dtypes", []) or [])
-            if not dtypes:
-                # Profilers without dtypes (older torch): assume float32 tensors.
-                dtypes = ["float" if s else "" for s in shapes]
-            nbytes, dt = _event_bytes(e.name, shapes, dtypes)
-            a["bytes"] += nbytes
-            if a["dtype"] is None and nbytes > 0:
-                a["dtype"] = dt
+            # A profiler that records no dtypes (older torch) leaves bytes unknown (0, roofline
+            # "unknown"): assuming float32 would double a bf16 GEMM's bytes and put it on the
+            # fp32 roofline.
+            if dtypes:
+                nbytes, dt = _event_bytes(e.name, shapes, dtypes)
+                a["bytes"] += nbytes
+                if a["dtype"] is None and nbytes > 0:
+                    a["dtype"] = dt
         key = tuple(tuple(int(d) for d in s) for s in shapes)
         a["shapes"][key] = a["shapes"].get(key, 0.0) + self_t
 
