@@ -105,6 +105,16 @@ def _num_programs(x: torch.Tensor, m: int) -> int:
     return max(1, min(m, 8))
 
 
+def _num_warps(block_n: int) -> int:
+    """Warps per program for a row of ``block_n`` elements: one per 256 elements, 1 to 8.
+
+    Triton's default of 4 for every width leaves each thread 128 fp32 values per row tensor
+    at 16384 features (the backward keeps five such tensors): registers spill. The rule is
+    Triton's own LayerNorm tutorial's.
+    """
+    return min(max(block_n // 256, 1), 8)
+
+
 def _interpretable(t: torch.Tensor) -> torch.Tensor:
     # The interpreter computes with numpy, which has no bfloat16: its bf16 loads/stores
     # do not round like the GPU does. Run bf16 through fp32 there; torch rounds on the way back.
@@ -128,7 +138,7 @@ class TritonLayerNormFn(torch.autograd.Function):
         b = bias if bias is not None else x
         _ln_fwd[(m,)](
             x, y, w, b, mean, rstd, x.stride(0), y.stride(0), n, eps,
-            HAS_W=weight is not None, HAS_B=bias is not None, BLOCK_N=block,
+            HAS_W=weight is not None, HAS_B=bias is not None, BLOCK_N=block, num_warps=_num_warps(block),
         )
         ctx.save_for_backward(x, weight, mean, rstd)
         ctx.bias_dtype = bias.dtype if bias is not None else None
@@ -149,6 +159,7 @@ class TritonLayerNormFn(torch.autograd.Function):
             x, dy, dx, weight if weight is not None else x, mean, rstd, dw_part, db_part,
             x.stride(0), dy.stride(0), dx.stride(0), m, n, rows_per_prog,
             HAS_W=weight is not None, BLOCK_N=triton.next_power_of_2(n),
+            num_warps=_num_warps(triton.next_power_of_2(n)),
         )
         dw = dw_part.sum(0).to(weight.dtype) if weight is not None and ctx.needs_input_grad[1] else None
         db = None

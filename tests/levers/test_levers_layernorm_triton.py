@@ -114,3 +114,9 @@ def test_triton_large_fp16_activations_finite(child_result: dict[str, object]) -
     assert isinstance(r, dict)
     assert r["finite"]
     assert r["y"] <= 4 * 2**-10 * 4
+
+
+def test_warps_grow_with_the_row_width() -> None:
+    from torchlevers._triton_layernorm import _num_warps
+
+    assert [_num_warps(b) for b in (64, 256, 1024, 2048, 16384)] == [1, 1, 4, 8, 8]
