@@ -107,6 +107,26 @@ def test_preflight_names_other_processes(fake_nvml: FakeNvml) -> None:
     assert gpu_preflight(own_pids=[os.getpid(), 4242], module=fake_nvml).ok  # type: ignore[union-attr]
 
 
+def test_preflight_takes_this_process_listed_under_a_host_pid_as_itself(fake_nvml: FakeNvml) -> None:
+    # In a container with its own PID namespace NVML lists host PIDs: this process, which holds
+    # a CUDA context, appears under a PID that this /proc does not have.
+    host_pid = 99_999_999  # above any pid_max: no process here has it
+    fake_nvml.gpu.compute_procs = [process(host_pid, 900)]
+    result = gpu_preflight(holds_context=True, module=fake_nvml)
+    assert isinstance(result, GpuPreflight) and result.ok
+    # Without a context here, the listed process is another one.
+    assert not gpu_preflight(holds_context=False, module=fake_nvml).ok  # type: ignore[union-attr]
+    # Two foreign PIDs: one is this process, the other is reported, with the assumption said.
+    fake_nvml.gpu.compute_procs = [process(host_pid, 900), process(host_pid + 1, 30_000)]
+    result = gpu_preflight(holds_context=True, module=fake_nvml)
+    assert isinstance(result, GpuPreflight) and not result.ok
+    assert result.problems == (f"other processes use GPU 0 (cuda:0): pid {host_pid + 1} (compute, 30000 MiB) "
+                               f"(pid {host_pid}, not in this PID namespace, was taken to be this process)",)
+    # A process listed under its own PID is never joined by a guess.
+    fake_nvml.gpu.compute_procs = [process(os.getpid(), 512), process(host_pid, 900)]
+    assert not gpu_preflight(holds_context=True, module=fake_nvml).ok  # type: ignore[union-attr]
+
+
 def test_preflight_names_throttling(fake_nvml: FakeNvml) -> None:
     fake_nvml.gpu.reasons = (
         fake_nvml.nvmlClocksEventReasonSwThermalSlowdown | fake_nvml.nvmlClocksEventReasonSwPowerCap

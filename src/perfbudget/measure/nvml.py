@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
@@ -604,8 +605,17 @@ class GpuPreflight:
     gpu: GpuInfo
 
 
+def _holds_cuda_context() -> bool:
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_initialized())
+
+
 def gpu_preflight(
-    device_index: int | None = None, *, own_pids: Iterable[int] | None = None, module: Any = None
+    device_index: int | None = None,
+    *,
+    own_pids: Iterable[int] | None = None,
+    holds_context: bool | None = None,
+    module: Any = None,
 ) -> GpuPreflight | Unmeasurable:
     """Check that no other process uses the GPU and that its clocks are not throttled.
 
@@ -614,6 +624,11 @@ def gpu_preflight(
             ``CUDA_VISIBLE_DEVICES`` this is the visible device's GPU, not NVML's GPU of that number.
         own_pids: PIDs that belong to this run (default: this process). Inside a container,
             NVML may report host PIDs: add them here if the run's own process is listed.
+        holds_context: whether this process has a CUDA context on the GPU (default: asks
+            torch, if imported). With the default ``own_pids``, a process that holds one but is
+            not listed under its own PID is listed under a PID of another namespace (a
+            container's host PID): one listed PID that this ``/proc`` does not have is taken to
+            be this process, and said so, instead of failing every check as "another process".
         module: a ``pynvml``-compatible module.
 
     Returns:
@@ -625,13 +640,20 @@ def gpu_preflight(
     mine = set(own_pids) if own_pids is not None else {os.getpid()}
     problems = []
     others = [p for p in info.processes if p.pid not in mine]
+    note = ""
+    context = holds_context if holds_context is not None else _holds_cuda_context()
+    if own_pids is None and others and len(others) == len(info.processes) and context:
+        foreign = [p for p in others if not os.path.exists(f"/proc/{p.pid}")]
+        if foreign:
+            others.remove(foreign[0])
+            note = f" (pid {foreign[0].pid}, not in this PID namespace, was taken to be this process)"
     if others:
         listed = ", ".join(
             f"pid {p.pid} ({p.kind}"
             + (f", {p.used_mib:.0f} MiB)" if p.used_mib is not None else ")")
             for p in others
         )
-        problems.append(f"other processes use {info.label}: {listed}")
+        problems.append(f"other processes use {info.label}: {listed}{note}")
     throttled = [r for r in info.clock_reasons if r in _THROTTLING]
     if throttled:
         problems.append(f"{info.label} clocks are throttled: {', '.join(throttled)}")
