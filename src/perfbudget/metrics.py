@@ -75,6 +75,8 @@ class Metric:
         quantile: which quantile of the samples a statistical metric budgets
             (0.5: the median; 0.9 for ``*_p90``), with its distribution-free CI.
         tolerance: default relative tolerance when it differs from the kind's.
+        paired: the samples are one per request (or token) in a fixed order that both sides of
+            an A/B run serve alike, so head/base is taken request by request.
         doc: one line shown by ``perfbudget show`` and in error suggestions.
     """
 
@@ -90,6 +92,7 @@ class Metric:
     kernels a model's libraries pick)."""
     quantile: float = 0.5
     tolerance: float | None = None
+    paired: bool = False
     per_isa: bool = False
     """A numeric result whose value depends on the kernel path (bf16/fp16 rounding on AMX,
     AVX-512 bf16 or fp32-converting vectors; a GPU's SM architecture): filed per ISA class
@@ -148,16 +151,17 @@ _REGISTRY: tuple[Metric, ...] = (
     _m("latency_ms", "ms", "lower", "timing", "latency of a named call", arg="what"),
     _m("op_self_ms", "ms", "lower", "timing", "operator self time per step (profiled)", arg="op"),
     _m("op_share", "1", "lower", "timing", "operator share of the profiled step", arg="op"),
-    _m("ttft_ms", "ms", "lower", "timing", "time to first token"),
-    _m("token_ms", "ms", "lower", "timing", "per-token decode latency"),
-    _m("e2e_ms_p50", "ms", "lower", "timing", "end-to-end request latency, median"),
-    _m("e2e_ms_p90", "ms", "lower", "timing", "end-to-end request latency, 90th percentile", quantile=0.9),
+    _m("ttft_ms", "ms", "lower", "timing", "time to first token", paired=True),
+    _m("token_ms", "ms", "lower", "timing", "per-token decode latency", paired=True),
+    _m("e2e_ms_p50", "ms", "lower", "timing", "end-to-end request latency, median", paired=True),
+    _m("e2e_ms_p90", "ms", "lower", "timing", "end-to-end request latency, 90th percentile", quantile=0.9,
+       paired=True),
     # One sample per run, and cold and warm inductor caches differ ~10x: budget them apart.
     _m("compile_s", "s", "lower", "timing", "torch.compile time until warm, by cache state",
        arg="cache", tolerance=0.5),
     # rate: statistics over samples, higher is better
     _m("throughput_samples_per_s", "samples/s", "higher", "rate", "training or inference throughput"),
-    _m("tokens_per_s", "tokens/s", "higher", "rate", "generated tokens per second"),
+    _m("tokens_per_s", "tokens/s", "higher", "rate", "generated tokens per second of a request", paired=True),
     _m("speedup", "x", "higher", "rate", "time ratio baseline / lever, measured in one run", arg="what"),
     _m("sm_occupancy", "1", "higher", "rate", "SM occupancy each kernel's launch resources and grid allow, duration-weighted over the profiled kernels"),
     _m("gpm_sm_occupancy", "1", "higher", "rate", "achieved SM occupancy measured by NVML GPM (Hopper and newer)"),

@@ -205,3 +205,37 @@ def test_describe_change_shows_any_change_of_an_exact_value() -> None:
     assert describe_change(14, 12) == "base 12 -> head 14 (+16.7 %)"
     assert describe_change(3, 0) == "base 0 -> head 3"
     assert describe_change(101.5, 100.0, unit="MiB") == "base 100 MiB -> head 101.5 MiB (+1.5 %)"
+
+
+def test_paired_pair_ratio_takes_each_request_as_its_own_control() -> None:
+    import random
+    import statistics
+
+    # Requests of many lengths; each request's latency carries 10 % jitter of its own on each
+    # side; the code is the same (A/A). The median of per-request ratios cancels the lengths.
+    rng = random.Random(7)
+    lengths = [rng.lognormvariate(3, 0.8) for _ in range(64)]
+
+    def side(scale: float = 1.0) -> list[float]:
+        return [x * scale * rng.lognormvariate(0, 0.1) for x in lengths]
+
+    unpaired, paired, unpaired90, paired90 = [], [], [], []
+    for _ in range(300):
+        head, base = side(), side()
+        unpaired.append(pair_ratio(head, base))
+        paired.append(pair_ratio(head, base, paired=True))
+        unpaired90.append(pair_ratio(head, base, quantile=0.9))
+        paired90.append(pair_ratio(head, base, quantile=0.9, paired=True))
+    assert statistics.pstdev(paired) < 0.5 * statistics.pstdev(unpaired)
+    assert statistics.pstdev(paired90) < 0.7 * statistics.pstdev(unpaired90)
+    # Choosing the tail does not bias an A/A (ranking by the base alone would read low).
+    assert statistics.mean(paired90) == pytest.approx(1.0, abs=0.01)
+    # A real +10 % on every request reads as +10 %, however the lengths mix.
+    base = side()
+    assert pair_ratio([x * 1.1 for x in base], base, paired=True) == pytest.approx(1.1)
+    assert pair_ratio([x * 1.1 for x in base], base, quantile=0.9, paired=True) == pytest.approx(1.1)
+    # A side that sampled two rounds is paired on the round both have; counts that do not
+    # line up are compared unpaired.
+    head = [x * 1.2 for x in base]
+    assert pair_ratio(head + head, base, paired=True) == pytest.approx(1.2)
+    assert pair_ratio(head[:-1], base, paired=True) == pytest.approx(pair_ratio(head[:-1], base))

@@ -328,7 +328,10 @@ def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_
             continue
         bx = _samples(base)
         try:
-            ratios.append(pair_ratio(hx, bx, quantile=info.quantile))
+            # Paired only with every sample finite on both sides: positions still match request
+            # for request.
+            paired = info.paired and len(head.samples) == len(hx) and len(base.samples) == len(bx)
+            ratios.append(pair_ratio(hx, bx, quantile=info.quantile, paired=paired))
         except ValueError as exc:
             problems.append(str(exc))
             skipped.append(f"pair {k} ({exc})")
