@@ -279,3 +279,47 @@ def test_an_update_in_a_tree_without_git_records_the_commit_passed_or_says_it_is
     assert "commit: 1f262dc" in cpu.read_text() and "unknown" not in cpu.read_text()
     r = run(project, "--update-budgets", "--perf-commit", "main", "test_perf.py::test_param")
     r.stderr.fnmatch_lines(["*--perf-commit: expected a git commit hash*got 'main'*"])
+
+
+STEP_MARKED = """
+import pytest
+
+@pytest.mark.budget("counted")
+@pytest.mark.instructions(steps=2, warmup=1)
+def test_step(perf):
+    perf.step(lambda: sum(range(100)), samples_per_step=1, min_samples=5, max_ms=20, warmup_ms=1)
+"""
+
+
+@pytest.mark.parametrize("counting", [False, True], ids=["plain", "callgrind"])
+def test_a_step_marked_instructions_is_timed_or_else_counted_and_no_budget_is_missed(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, counting: bool) -> None:
+    from perfbudget import session as session_module
+
+    monkeypatch.setattr(session_module, "running_under_valgrind", lambda: counting)
+    pytester.makepyfile(test_step=STEP_MARKED)
+    (pytester.path / "budgets").mkdir()
+    (pytester.path / "budgets" / "cpu.yaml").write_text(
+        "schema: 1\ndevice: {type: cpu}\nbudgets:\n  counted:\n    step_ms: {value: 1000.0, tolerance: 1.0}\n"
+        "    throughput_samples_per_s: {value: 1.0, tolerance: 1.0}\n    instructions[callgrind]: {value: 1000}\n")
+    r = run(pytester, "-m", "instructions", "--perf-strict")
+    assert r.ret == 0, r.stdout.str()
+    recorded = {rec["metric"]: rec["outcome"] for rec in results(pytester)}
+    # Neither session reports the budgets only the other kind of session measures as not measured.
+    if counting:  # this process is not on valgrind, so the count itself is unmeasurable: the wiring is tested
+        assert recorded == {"instructions[callgrind]": "unmeasurable"}, recorded
+    else:
+        assert set(recorded) == {"step_ms", "throughput_samples_per_s"}, recorded
+
+
+def test_the_instructions_marker_takes_only_steps_and_warmup(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("""
+import pytest
+
+@pytest.mark.instructions(5)
+def test_step(perf):
+    perf.record("flops", 1)
+""")
+    r = run(pytester)
+    r.assert_outcomes(errors=1)
+    r.stdout.fnmatch_lines(["*@pytest.mark.instructions takes only steps= and warmup=, got (5,) {}*"])

@@ -11,8 +11,10 @@ from perfbudget.budgets import load_dir
 from perfbudget.device import DeviceInfo
 from perfbudget.extras import OperatorMoves
 from perfbudget.judge import Judge, JudgeConfig
+from perfbudget.measure import instructions as ins
+from perfbudget.measure.unmeasurable import Unmeasurable
 from perfbudget.outcome import decision_text
-from perfbudget.recorder import PerfRecorder
+from perfbudget.recorder import CountedSteps, PerfRecorder
 
 # A machine with an identity, declared stable, so its stored timing budgets gate.
 ME = DeviceInfo(type="cpu", model="Test CPU", count=1, threads=1, cpuid="6/207/2", isa="avx2", isa_class="avx2")
@@ -81,6 +83,29 @@ def test_instructions_outside_a_counter_are_unmeasurable_with_how_to_run_them(re
         assert "perfbudget instructions" in v.reason
     else:  # a machine whose CPU counter opens: counted, and named by its counter
         assert v.metric == "instructions[hardware]" and v.value is not None and v.value > 0
+
+
+def test_a_counted_step_records_its_instructions_and_no_timing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # What the plugin sets for a test marked `instructions` in a session under callgrind.
+    (tmp_path / "cpu-me.yaml").write_text(BUDGETS.format(identity=ME.identity))
+    judge = Judge("k", ME, load_dir(tmp_path), JudgeConfig(stable_identity=ME.identity))
+    rec = PerfRecorder(judge, counted_steps=CountedSteps(steps=3, warmup=2))
+    asked: list[dict[str, object]] = []
+
+    def count(step: object, **kw: object) -> Unmeasurable:
+        asked.append(kw)
+        return Unmeasurable(reason="not running under valgrind; run it under callgrind")
+
+    monkeypatch.setattr(ins, "instructions", count)
+    calls = []
+    got = rec.step(lambda: calls.append(1), samples_per_step=4)
+    assert asked == [{"steps": 3, "warmup": 2, "counter": "callgrind"}] and not calls  # never timed
+    assert [v.metric for v in got] == ["instructions[callgrind]"]
+    assert [v.metric for v in rec.verdicts] == ["instructions[callgrind]"]
+    # The key's step_ms budget belongs to the timed step, not to this count.
+    assert rec.decision().not_measured == () and rec.failure_step is None
+    with pytest.raises(ValueError, match="steps must be an integer >= 1"):
+        CountedSteps(steps=0)
 
 
 def test_instruction_counts_are_judged_like_exact_values_with_their_tolerance(tmp_path: Path) -> None:

@@ -2,12 +2,18 @@
 
 Budgets are written by ``--update-budgets``, then pass, then a planted change in the
 model (a wider hidden layer) fails the checks it should, each naming its budget file:line.
+A ``perf.step`` test marked ``instructions`` is timed in a plain session and counted under
+``perfbudget instructions``, where a planted few % more work per step fails its count.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -203,3 +209,77 @@ def test_measures_nothing():
     r = run(pytester)
     r.assert_outcomes(errors=1)
     r.stdout.fnmatch_lines(["*budget('forgotten') on a test that does not use the `perf` fixture*"])
+
+
+# --------------------------------------------------------------------------- one step test, two channels
+
+COUNTED = '''
+import pytest
+
+
+@pytest.mark.budget("mlp-step")
+@pytest.mark.instructions
+def test_step(perf, trainer):
+    perf.step(trainer.step, samples_per_step=32, min_samples=20, max_ms=150, warmup_ms=20)
+'''
+
+#: The `perfbudget` command, run by the interpreter running these tests.
+PERFBUDGET = (sys.executable, "-c", "import sys; from perfbudget.cli import main; sys.exit(main())")
+
+
+def records(path: Path) -> dict[str, dict[str, Any]]:
+    """metric -> record of the key ``mlp-step`` in a results file (the run's not-measured reports too)."""
+    data = json.loads(path.read_text())["records"]
+    return {r["metric"]: r for r in data if r["key"] == "mlp-step"}
+
+
+def counted_run(p: pytest.Pytester, out: str, *args: str) -> pytest.RunResult:
+    """``perfbudget instructions -- test_counted.py -m instructions ...``: one pytest session under callgrind."""
+    return p.run(*PERFBUDGET, "instructions", "--out", out, "--", "test_counted.py", "-m", "instructions",
+                 "-p", "no:cacheprovider", "-o", "perfbudget_html=false", "-o", "perfbudget_artifacts=none", *args,
+                 timeout=900)
+
+
+@pytest.mark.valgrind
+def test_a_marked_step_is_timed_in_a_plain_session_and_counted_under_callgrind(repo: pytest.Pytester) -> None:
+    if shutil.which("valgrind") is None:
+        pytest.skip("valgrind is not installed")
+    repo.makepyfile(test_counted=COUNTED)
+    # A timing budget of the key in the file every CPU reads: it applies under callgrind too.
+    (repo.path / "budgets").mkdir()
+    (repo.path / "budgets" / "cpu.yaml").write_text(
+        "schema: 1\ndevice: {type: cpu}\nbudgets:\n  mlp-step:\n    step_ms: {value: 1000.0, tolerance: 1.0}\n")
+
+    # (1) A plain session times the step: no instruction count.
+    r = run(repo, "test_counted.py", "-m", "instructions")
+    assert r.ret == 0, r.stdout.str()[-3000:]
+    timed = records(repo.path / ".perfbudget" / "results.json")
+    assert set(timed) == {"step_ms", "throughput_samples_per_s"}, timed
+
+    # (2) Under callgrind the same test counts it, and records no timing; the key's timing budget
+    # is not reported as not measured (a time under valgrind would mean nothing).
+    r = counted_run(repo, "out-update", "--update-budgets")
+    assert r.ret == 0, r.stdout.str()[-3000:] + r.stderr.str()[-3000:]
+    counted = records(repo.path / "out-update" / "results.json")
+    assert set(counted) == {"instructions[callgrind]"}, counted
+    base = counted["instructions[callgrind]"]["value"]
+    assert base > 1e5, counted
+    written = [path for path in (repo.path / "budgets").glob("cpu-*.yaml")
+               if "mlp-step" in (yaml.safe_load(path.read_text())["budgets"] or {})]
+    assert len(written) == 1, sorted((repo.path / "budgets").iterdir())
+    budget = yaml.safe_load(written[0].read_text())["budgets"]["mlp-step"]
+    assert set(budget) == {"instructions[callgrind]"} and budget["instructions[callgrind]"]["value"] == base
+
+    # (3) The planted change: gradients zeroed in place instead of dropped, a few % more work per
+    # step. Counted under callgrind, it fails the count written above, and nothing else.
+    model = repo.path / "mymodel" / "__init__.py"
+    model.write_text(model.read_text().replace("set_to_none=True", "set_to_none=False"))
+    r = counted_run(repo, "out-planted", "--perf-strict")
+    assert r.ret == 1, r.stdout.str()[-3000:] + r.stderr.str()[-3000:]
+    planted = records(repo.path / "out-planted" / "results.json")
+    assert {m: v["outcome"] for m, v in planted.items()} == {"instructions[callgrind]": "fail"}, planted
+    grown = planted["instructions[callgrind]"]["value"] / base - 1
+    assert grown > 0.01, grown  # well beyond the 0.5 % tolerance
+    r.stdout.fnmatch_lines([f"*instructions[[]callgrind[]]: fail: *[[]budgets/{written[0].name}:*[]]*"])
+    r.assert_outcomes(failed=1)
+    print(f"mlp-step: {base:,.0f} instructions per step; planted {grown:+.1%}")

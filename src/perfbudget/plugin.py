@@ -19,7 +19,7 @@ from .device import DeviceType
 from .judge import STABLE_MACHINE_ENV, Judge, JudgeConfig, TestOutcome
 from .outcome import decision_text
 from .preflight import check as preflight_check
-from .recorder import PerfRecorder
+from .recorder import CountedSteps, PerfRecorder
 from .results import Record
 from .session import PerfSession, add_options
 from .vocabulary import Outcome, RunMode
@@ -64,15 +64,20 @@ class BudgetSpec:
     """``cuda`` for tests marked ``gpu``, else ``cpu``."""
     uses_perf: bool
     """Whether the test requests the ``perf`` fixture."""
+    counted: CountedSteps | None = None
+    """The ``instructions`` marker's steps, when the test has one: its ``perf.step`` is counted,
+    not timed, in a session under callgrind."""
 
     @classmethod
     def of(cls, item: pytest.Item) -> BudgetSpec:
         mark = item.get_closest_marker("budget")
         uses_perf = "perf" in getattr(item, "fixturenames", ())
         device: DeviceType = "cuda" if item.get_closest_marker("gpu") is not None else "cpu"
+        counted = _counted_steps(item)
         if mark is None:
             name = getattr(item, "originalname", item.name)
-            return cls(key=name.removeprefix("test_").replace("_", "-"), device=device, uses_perf=uses_perf)
+            return cls(key=name.removeprefix("test_").replace("_", "-"), device=device, uses_perf=uses_perf,
+                       counted=counted)
         if len(mark.args) != 1 or not isinstance(mark.args[0], str) or mark.kwargs:
             raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.budget takes one key string, got {mark.args!r}")
         params = getattr(getattr(item, "callspec", None), "params", {})
@@ -80,7 +85,21 @@ class BudgetSpec:
             key = mark.args[0].format(**{k: getattr(v, "__name__", v) for k, v in params.items()})
         except (KeyError, IndexError) as exc:
             raise pytest.UsageError(f"{item.nodeid}: budget key {mark.args[0]!r} names unknown parameter {exc}") from None
-        return cls(key=key, device=device, uses_perf=uses_perf)
+        return cls(key=key, device=device, uses_perf=uses_perf, counted=counted)
+
+
+def _counted_steps(item: pytest.Item) -> CountedSteps | None:
+    """The test's ``instructions`` marker as the steps ``perf.step`` counts under callgrind."""
+    mark = item.get_closest_marker("instructions")
+    if mark is None:
+        return None
+    if mark.args or set(mark.kwargs) - {"steps", "warmup"}:
+        raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.instructions takes only steps= and warmup=, got "
+                                f"{mark.args!r} {mark.kwargs!r}")
+    try:
+        return CountedSteps(**mark.kwargs)
+    except ValueError as exc:
+        raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.instructions: {exc}") from None
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -102,6 +121,14 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "compiles: the test (or its fixtures) runs torch.compile; such tests run after every other "
         "perf test, because compiling leaves the process changed",
+    )
+    config.addinivalue_line(
+        "markers", "instructions(steps=20, warmup=10): the test counts instructions per step. Its `perf.step` "
+        "(and only that) is counted instead of timed when the session runs under callgrind (`perfbudget "
+        "instructions -- <tests> -m instructions`, `perfbudget ab --base REF --instructions -- <tests> -m "
+        "instructions`): it records instructions[callgrind] under the test's key, `steps` counted calls after "
+        "`warmup` uncounted ones, and no timing; elsewhere it is timed as usual. Select such tests with "
+        "`-m instructions`",
     )
     from .measure import placement, turns
 
@@ -186,7 +213,9 @@ class PerfPlugin:
     @pytest.fixture
     def perf(self, request: pytest.FixtureRequest) -> PerfRecorder:
         """Measure under the test's budget key: ``perf.step(...)``, ``perf.operators(...)``,
-        ``perf.memory(...)``, ``perf.record("flops", n)`` (see :class:`perfbudget.PerfRecorder`)."""
+        ``perf.memory(...)``, ``perf.record("flops", n)`` (see :class:`perfbudget.PerfRecorder`).
+        In a test marked ``instructions``, a session under callgrind counts ``perf.step`` instead
+        of timing it (:class:`perfbudget.recorder.CountedSteps`)."""
         ps = self.session
         item = request.node
         spec = item.stash.get(_SPEC, None) or BudgetSpec.of(item)
@@ -200,7 +229,8 @@ class PerfPlugin:
             stable_identity=stable, ab_precision=ps.ab_precision,
         )
         rec = PerfRecorder(Judge(spec.key, ps.device(spec.device), ps.budgets, config), nodeid=item.nodeid,
-                           update_command=ps.update_command(item.nodeid), threads=ps.threads)
+                           update_command=ps.update_command(item.nodeid), threads=ps.threads,
+                           counted_steps=spec.counted if ps.counts_instructions else None)
         item.stash[_RECORDER] = rec
         return rec
 

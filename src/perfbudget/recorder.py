@@ -41,8 +41,8 @@ from .metrics import UnknownMetricError, parse_name
 from .results import Record
 from .vocabulary import Outcome
 
-__all__ = ["AB_OPERATORS_ENV", "NEW_OP_SHARE_CHECK", "NEW_OP_SHARE_UPDATE", "OPERATOR_FAMILIES", "OP_ROUNDS", "PerfRecorder", "ServeRound",
-           "pinned_operators"]
+__all__ = ["AB_OPERATORS_ENV", "NEW_OP_SHARE_CHECK", "NEW_OP_SHARE_UPDATE", "OPERATOR_FAMILIES", "OP_ROUNDS", "CountedSteps",
+           "PerfRecorder", "ServeRound", "pinned_operators"]
 
 #: Profiled rounds behind each per-operator sample set (one sample per round).
 OP_ROUNDS = 16
@@ -93,6 +93,27 @@ class ServeRound:
     """metric -> (samples, paired machine-speed reference times)."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class CountedSteps:
+    """:meth:`PerfRecorder.step` counts instructions instead of timing: ``steps`` counted calls
+    after ``warmup`` uncounted ones, as :meth:`PerfRecorder.instructions` counts them.
+
+    The pytest plugin sets it for a test marked ``instructions`` (``@pytest.mark.instructions``,
+    or ``@pytest.mark.instructions(steps=..., warmup=...)``) in a session that runs under
+    callgrind (``perfbudget instructions``, ``perfbudget ab --instructions``), where timing
+    would measure valgrind's synthetic CPU.
+    """
+
+    steps: int = 20
+    warmup: int = 10
+
+    def __post_init__(self) -> None:
+        for name, least in (("steps", 1), ("warmup", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+
+
 @dataclass(frozen=True)
 class _Timed:
     """One timed batch: samples and, when timed alternately with a reference, its times."""
@@ -122,13 +143,16 @@ class PerfRecorder:
         nodeid: the test's id (for records and the update command).
         update_command: the command that creates missing budgets, for skip messages.
         threads: torch threads for CPU timing (``None``: leave the process's setting).
+        counted_steps: :meth:`step` counts instructions instead of timing (see :class:`CountedSteps`).
     """
 
-    def __init__(self, judge: Judge, *, nodeid: str = "", update_command: str = "", threads: int | None = 1) -> None:
+    def __init__(self, judge: Judge, *, nodeid: str = "", update_command: str = "", threads: int | None = 1,
+                 counted_steps: CountedSteps | None = None) -> None:
         self.judge = judge
         self.nodeid = nodeid
         self.update_command = update_command
         self.threads = threads
+        self.counted_steps = counted_steps
         self.verdicts: list[Verdict] = []
         self.extras: dict[str, dict[str, Any]] = {}
         self.failure_step: Callable[[], Any] | None = None
@@ -264,7 +288,7 @@ class PerfRecorder:
         min_samples: int = 40,
         max_ms: float = 2000,
         warmup_ms: float = 100,
-    ) -> tuple[Verdict, Verdict]:
+    ) -> tuple[Verdict, ...]:
         """Record ``step_ms`` and ``throughput_samples_per_s`` of a warm training/inference step.
 
         Unprofiled samples (CUDA events on a GPU). A failing step time is explained by
@@ -275,6 +299,17 @@ class PerfRecorder:
         (a pinned runner of one SKU) drift little; a drifting machine should use
         ``perfbudget ab`` instead.
 
+        Instruction counts, opt-in: in a test marked ``instructions`` (``@pytest.mark.instructions``,
+        or ``@pytest.mark.instructions(steps=20, warmup=10)``), a session under callgrind
+        (``perfbudget instructions -- <tests> -m instructions``, ``perfbudget ab --base REF
+        --instructions -- <tests> -m instructions``) counts the step instead of timing it: it records
+        ``instructions[callgrind]`` under the same key, exactly as :meth:`instructions` does
+        (``steps`` counted calls after ``warmup`` uncounted ones), and no timing metric, since a
+        time on valgrind's synthetic CPU means nothing; the session does not report the key's
+        timing budgets as not measured either. Every other session times the marked step as
+        usual. So one test gives a step both channels: time, and the CPU work that decides a
+        change timing cannot resolve (a dropped cache, a few % more Python per step).
+
         Args:
             step: one full step (zero-argument callable).
             samples_per_step: samples per step, for samples/s.
@@ -284,9 +319,13 @@ class PerfRecorder:
 
         Returns:
             The ``(step_ms, throughput_samples_per_s)`` verdicts; both read the same timed batches.
+            When the step is counted instead: the one ``instructions[callgrind]`` verdict.
         """
         if samples_per_step < 1:
             raise ValueError(f"samples_per_step must be >= 1, got {samples_per_step!r}")
+        if self.counted_steps is not None:
+            counted = self.counted_steps
+            return (self.instructions(step, steps=counted.steps, warmup=counted.warmup, counter="callgrind"),)
         self._fails_with(step)
         passes = Passes(self._timer(step, reference, min_samples=min_samples, max_ms=max_ms, warmup_ms=warmup_ms))
 

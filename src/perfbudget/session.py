@@ -179,6 +179,14 @@ class PerfSession:
         """
         return stable_identity(self.stable_machine, self.device(type))
 
+    @property
+    def counts_instructions(self) -> bool:
+        """Whether this session runs under callgrind (``perfbudget instructions``, either side of
+        ``perfbudget ab --instructions``): it counts instructions, and a time measured on valgrind's
+        synthetic CPU would mean nothing, so a test marked ``instructions`` counts its
+        ``perf.step`` instead of timing it. Outside valgrind a callgrind count cannot be taken."""
+        return running_under_valgrind()
+
     def update_command(self, nodeid: str) -> str:
         cmd = ["pytest", nodeid, "--update-budgets"]
         if self.budgets_dir_arg:
@@ -193,7 +201,7 @@ class PerfSession:
         GPU's lock exclusively, so tests on different GPUs run side by side while CPU
         timing still runs alone.
         """
-        if running_under_valgrind():
+        if self.counts_instructions:
             # Under callgrind a test counts instructions, which no other process disturbs: it needs
             # no machine to itself, and must not hold back timing pairs that run beside it
             # (scripts/perf-ab.sh runs both from one checkout, so they share this lock file).
@@ -263,7 +271,11 @@ class PerfSession:
 
     def not_measured(self) -> list[Record]:
         """A record for every budget that applies to a key this run measured on a device, but
-        that no test recorded: a budget that applies is judged or reported, never dropped."""
+        that no test recorded: a budget that applies is judged or reported, never dropped.
+
+        Except the budgets this kind of session cannot measure: a session under callgrind
+        (:attr:`counts_instructions`) takes no timing, rate or energy samples worth judging, and
+        any other session no callgrind count; their own sessions report them."""
         seen: dict[tuple[str, str], Record] = {}
         recorded: set[tuple[str, str, str]] = set()
         for r in self.records:
@@ -285,6 +297,8 @@ class PerfSession:
                     info = lookup(metric)
                 except ValueError:
                     continue
+                if not self._measurable_here(metric, info.statistical):
+                    continue
                 out.append(Record(
                     nodeid="", key=key, metric=metric, outcome=Outcome.NOT_MEASURED, budget=BudgetRef.of(budget),
                     reason=f"budgeted for {key} on {first.device.label} but no test of this run recorded it "
@@ -292,3 +306,9 @@ class PerfSession:
                     device=first.device, unit=info.unit, kind=info.kind, direction=info.direction,
                 ))
         return out
+
+    def _measurable_here(self, metric: str, statistical: bool) -> bool:
+        """Whether this kind of session can measure ``metric`` (see :meth:`not_measured`)."""
+        if self.counts_instructions:
+            return not statistical
+        return metric != "instructions[callgrind]"
