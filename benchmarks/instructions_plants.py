@@ -3,7 +3,7 @@
 Works in a scratch clone of this repository's HEAD (never in the checkout itself):
 
 - A/A: ``perfbudget ab --base HEAD --instructions`` with the working tree equal to the base, on
-  the suite's tiny MLP count (``perf_tests/test_instructions.py -k tiny``): its head/base ratio is
+  the suite's tiny MLP count (``perf_tests/test_tiny.py -m instructions``): its head/base ratio is
   the spread between two valgrind processes;
 - plants: real commits on top of the base that add F of the tiny MLP step's instructions as
   pure-Python work inside the step (``fixtures/tiny.py``): a loop sized from the loop's own cost
@@ -38,7 +38,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PLANTS = (0.005, 0.01, 0.02)
-INSTRUCTION_TESTS = ("perf_tests/test_instructions.py", "-k", "tiny", "-p", "no:randomly")
+INSTRUCTION_TESTS = ("perf_tests/test_tiny.py", "-m", "instructions", "-p", "no:randomly")
 TIMING_TESTS = ("perf_tests/test_tiny.py", "-k", "step_time", "-p", "no:randomly")
 TINY = "fixtures/tiny.py"
 METRIC = {"instructions": "instructions[callgrind]", "timing": "step_ms"}
