@@ -114,9 +114,12 @@ def test_a_stored_history_from_results_files_finds_the_step_and_names_the_commit
     with _stored_history(tmp_path, levels) as store:
         analysis = analyze(store.series("encoder-train", "step_ms"))
         assert [s.index for s in analysis.shifts] == [15]
-        found, line = findings_since(analysis, date(5))
-        assert line is None  # stored runs have no chain
-        assert [(f.what, f.good, f.bad) for f in found] == [("change point", sha(14), sha(15))]
+        found, lines = findings_since(analysis, date(5))
+        assert not any(line.startswith("cumulative:") for line in lines)  # stored runs have no chain
+        # The step is also a trend of this machine's values since commit 5 (the line overstates a
+        # step: it rises over the whole window); both name commit 15 as the first at the new level.
+        assert [(f.what, f.good, f.bad) for f in found] == [("change point", sha(14), sha(15)),
+                                                            ("trend beyond 5%", sha(5), sha(29))]
         assert "git bisect start" in found[0].describe()
         assert findings_since(analysis, date(20))[0] == []  # before --since: not reported
         flops = analyze(store.series("encoder-train", "flops"))
@@ -132,8 +135,8 @@ def test_an_ab_history_from_results_files_finds_the_creeping_drift_and_the_cumul
         analysis = analyze(points)
         assert analysis.shifts == []  # A/B timing is judged on the chain, not on absolute values
         assert [(d.first, d.last) for d in analysis.drifts] == [(12, 16)]
-        found, line = findings_since(analysis, date(10), tolerance=0.05)
-        assert line is not None and "since " + sha(10)[:12] in line
+        found, lines = findings_since(analysis, date(10), tolerance=0.05)
+        assert lines[0].startswith("cumulative: ") and "since " + sha(10)[:12] in lines[0]
         whats = {f.what: f for f in found}
         assert set(whats) == {"drift", "cumulative beyond 5%"}
         assert (whats["drift"].good, whats["drift"].bad, whats["drift"].merges) == (sha(12), sha(17), 5)

@@ -1,10 +1,17 @@
 """Main-branch history: every merge's results kept in one SQLite file (``history.store``), change
 points on each check's series (``history.changepoints``), the cumulative head/parent ratio chained
-along first parents (``history.chain``), one check's history analysed and checked since a ref
-(``history.analysis``), a self-contained HTML page (``history.report``) and the
-``perfbudget history`` command (``history.cli``). Never imports pytest."""
+along first parents (``history.chain``), the trend of one machine's values (``history.trend``), one
+check's history analysed and checked since a ref (``history.analysis``), a self-contained HTML page
+(``history.report``) and the ``perfbudget history`` command (``history.cli``). Never imports pytest."""
 
-from .analysis import Finding, SeriesAnalysis, analyze, analyze_store, findings_since
+from .analysis import (
+    Finding,
+    SeriesAnalysis,
+    analyze,
+    analyze_store,
+    findings_since,
+    machine_trends,
+)
 from .chain import Cumulative, Link, chain_of, cumulative, cumulative_series
 from .changepoints import ChangeConfig, Drift, Shift, chained_drifts, level_shifts
 from .commits import CommitError, git_commit_info, git_rev, run_of
@@ -21,6 +28,7 @@ from .store import (
     checks_from_results,
     mode_of,
 )
+from .trend import Trend, level_trend
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -38,6 +46,7 @@ __all__ = [
     "Run",
     "SeriesAnalysis",
     "Shift",
+    "Trend",
     "analyze",
     "analyze_store",
     "by_machine",
@@ -50,6 +59,8 @@ __all__ = [
     "git_commit_info",
     "git_rev",
     "level_shifts",
+    "level_trend",
+    "machine_trends",
     "mode_of",
     "render_history",
     "run_of",

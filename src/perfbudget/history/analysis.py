@@ -1,5 +1,6 @@
 """One check's history analysed (level shifts of its values, the chain of its A/B ratios and the drifts
-in it), and what ``history check`` reports since a commit: the regressions, each with the commits to bisect."""
+in it), and what ``history check`` reports since a commit: the regressions, each with the commits to
+bisect, among them the trend of each machine's values since the commit (``history.trend``)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from ..report.common import fmt_tolerance
 from .chain import Cumulative, Link, chain_of, cumulative, cumulative_series
 from .changepoints import ChangeConfig, Drift, Shift, chained_drifts, level_shifts
 from .store import HistoryStore, Mode, Point, Run, by_machine
+from .trend import MIN_TREND_POINTS, TREND_KINDS, Trend, level_trend
 
-__all__ = ["Finding", "SeriesAnalysis", "analyze", "analyze_store", "findings_since"]
+__all__ = ["Finding", "SeriesAnalysis", "analyze", "analyze_store", "findings_since", "machine_trends"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,10 +117,12 @@ class Finding:
     bad: str
     """The first commit at the new level, or the last of a drift (``git bisect bad``)."""
     merges: int = 1
+    over: str = "merges"
+    """What :attr:`merges` counts: ``merges``, or ``runs`` of one machine for a trend."""
 
     def describe(self) -> str:
         ci = f" ({self.ci[0] - 1:+.1%} to {self.ci[1] - 1:+.1%})" if self.ci else ""
-        span = f" over {self.merges} merges" if self.merges > 1 else ""
+        span = f" over {self.merges} {self.over}" if self.merges > 1 else ""
         change = f"{self.change:+.1%}" if math.isfinite(self.change) else f"from 0 ({self.change:+})"
         return (f"{self.check} on {self.machine} ({self.mode}): {self.what} {change}{ci}{span}; "
                 f"commits {self.good[:12]}..{self.bad[:12]} (git bisect start {self.bad[:12]} {self.good[:12]})")
@@ -133,18 +137,52 @@ def first_after(runs: Sequence[Run], commit: str) -> int | None:
     return next((i for i, r in enumerate(runs) if r.parent == commit), None)
 
 
+def machine_trends(analysis: SeriesAnalysis, window: Sequence[Point], *,
+                   confidence: float = 0.95) -> list[tuple[str, list[Point], Trend]]:
+    """The trend of each machine's values among ``window`` (points of ``analysis``, oldest first), for
+    checks of a kind with noise (:data:`~perfbudget.history.trend.TREND_KINDS`; an exact value's
+    changes are its change points): ``(machine, its points, trend)`` for each machine with
+    :data:`~perfbudget.history.trend.MIN_TREND_POINTS` runs or more, all values > 0 and two
+    positions at least. A point's position is its commit's place among the series' commits (all
+    machines), so commits another machine measured count as gaps. Each run's
+    :attr:`~perfbudget.history.store.Check.value_se` weighs it when every run has one."""
+    if not analysis.points or analysis.points[0].check.kind not in TREND_KINDS:
+        return []
+    position: dict[str, int] = {}
+    for p in analysis.points:
+        position.setdefault(p.run.commit, len(position))
+    machines: dict[str, list[Point]] = {}
+    for p in window:
+        machines.setdefault(p.run.machine, []).append(p)
+    out = []
+    for machine, points in sorted(machines.items()):
+        if len(points) < MIN_TREND_POINTS or not all((p.check.value or 0) > 0 for p in points):
+            continue
+        xs = [float(position[p.run.commit]) for p in points]
+        if max(xs) == min(xs):
+            continue
+        ses = [p.check.value_se for p in points]
+        trend = level_trend(xs, [math.log(p.check.value or 1.0) for p in points],
+                            None if any(s is None or not s > 0 for s in ses) else [float(s or 0) for s in ses],
+                            confidence=confidence)
+        out.append((machine, points, trend))
+    return out
+
+
 def findings_since(analysis: SeriesAnalysis, since_date: str, *, since_commit: str | None = None,
-                   tolerance: float = 0.05, confidence: float = 0.95) -> tuple[list[Finding], str | None]:
+                   tolerance: float = 0.05, confidence: float = 0.95) -> tuple[list[Finding], list[str]]:
     """Regressions after the ``since_commit`` run of the series (else after ``since_date``, UTC, as runs
-    keep dates): level shifts and drifts for the worse, and a cumulative chained ratio whose
-    interval lies entirely beyond ``1 + tolerance`` (``1 - tolerance`` for rates).
+    keep dates): level shifts and drifts for the worse, a cumulative chained ratio whose interval
+    lies entirely beyond ``1 + tolerance`` (``1 - tolerance`` for rates), and a trend of one
+    machine's values (:func:`machine_trends`, from ``since_commit``'s own run on it when there is
+    one) whose move's interval lies entirely beyond it.
 
     The series' own order decides where the commit is, not its date: commits made within one
     second (a scripted series, a fast-forward of several) share a date.
 
     Returns:
-        ``(findings, cumulative line)``: the second is the cumulative change since then, for the
-        report, or ``None`` without A/B links after ``since_date``.
+        ``(findings, lines)``: the second is the cumulative change (``cumulative: ...``) and each
+        machine's trend (``trend: ...``) since then, for the report; empty when there is neither.
     """
     out = []
     base = dict(check=analysis.name, machine=analysis.machine, mode=analysis.mode)
@@ -155,6 +193,7 @@ def findings_since(analysis: SeriesAnalysis, since_date: str, *, since_commit: s
     def after(point: Point) -> bool:
         return point.run.commit in later_commits if later_commits is not None else point.run.date > since_date
 
+    lines: list[str] = []
     for s in analysis.shifts:
         if after(pts[s.index]) and analysis.worse(s.change):
             out.append(Finding(**base, what="change point", change=s.change, ci=None,  # type: ignore[arg-type]
@@ -166,14 +205,24 @@ def findings_since(analysis: SeriesAnalysis, since_date: str, *, since_commit: s
                                good=links[d.first].parent or links[d.first].commit, bad=links[d.last].commit,
                                merges=d.last - d.first + 1))
     later = [link for link in links if after(link.point)]
-    if not later:
-        return out, None
-    cum = cumulative(later, confidence=confidence)
-    lo, hi = cum.ci
-    beyond = lo > 1 + tolerance if analysis.direction != "higher" else hi < 1 - tolerance
-    line = (f"{analysis.name} on {analysis.machine}: {cum.change:+.1%} ({lo - 1:+.1%} to {hi - 1:+.1%}, "
-            f"{confidence:.0%}) over {cum.merges} merge(s) since {cum.since[:12]}")
-    if beyond:
-        out.append(Finding(**base, what=f"cumulative beyond {fmt_tolerance(tolerance)}", change=cum.change,  # type: ignore[arg-type]
-                           ci=cum.ci, good=cum.since, bad=cum.until, merges=cum.merges))
-    return out, line
+    if later:
+        cum = cumulative(later, confidence=confidence)
+        lo, hi = cum.ci
+        beyond = lo > 1 + tolerance if analysis.direction != "higher" else hi < 1 - tolerance
+        lines.append(f"cumulative: {analysis.name} on {analysis.machine}: {cum.change:+.1%} ({lo - 1:+.1%} to "
+                     f"{hi - 1:+.1%}, {confidence:.0%}) over {cum.merges} merge(s) since {cum.since[:12]}")
+        if beyond:
+            out.append(Finding(**base, what=f"cumulative beyond {fmt_tolerance(tolerance)}", change=cum.change,  # type: ignore[arg-type]
+                               ci=cum.ci, good=cum.since, bad=cum.until, merges=cum.merges))
+    window = [p for p in pts if after(p) or (since_commit is not None and p.run.commit == since_commit)]
+    for machine, points, trend in machine_trends(analysis, window, confidence=confidence):
+        lo, hi = trend.ci
+        good = since_commit or points[0].run.parent or points[0].run.commit
+        lines.append(f"trend: {analysis.name} on {machine}: {trend.change:+.1%} ({lo - 1:+.1%} to {hi - 1:+.1%}, "
+                     f"{confidence:.0%}) over {trend.n} runs of this machine since {good[:12]}")
+        direction = analysis.direction or ("higher" if trend.change < 0 else "lower")
+        if trend.beyond(tolerance, direction):
+            out.append(Finding(**{**base, "machine": machine}, what=f"trend beyond {fmt_tolerance(tolerance)}",  # type: ignore[arg-type]
+                               change=trend.change, ci=trend.ci, good=good, bad=points[-1].run.commit,
+                               merges=trend.n, over="runs"))
+    return out, lines

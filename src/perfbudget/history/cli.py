@@ -1,5 +1,6 @@
 """``perfbudget history add|show|report|check``: keep main's results, show a check's series, render the
-history page, and fail on a change point or a cumulative drift since a ref."""
+history page, and fail on a change point, a drift, a cumulative change or a trend of one machine's
+values since a ref."""
 
 from __future__ import annotations
 
@@ -33,13 +34,15 @@ points, including regressions made of many small steps.
   show KEY.METRIC       one check's series in the terminal, change points marked
   report -o FILE.html   the history page: a plot per check over commits, change points, the
                         cumulative A/B ratio with its band
-  check --since REF     exit 1 on a change point for the worse, or a cumulative chained A/B ratio whose
-                        interval lies entirely beyond the tolerance, after REF; names the commits to bisect
+  check --since REF     exit 1 on a change point or drift for the worse after REF, or when the level
+                        moved beyond the tolerance since REF: the cumulative chained A/B ratio's
+                        interval, or the interval of the trend of one machine's values (4 runs or
+                        more), lies entirely beyond it; names the commits to bisect
 """
 
 _EPILOG = f"""exit codes:
   {ExitCode.OK:d}  ok (check: no regression since REF)
-  {ExitCode.FAILED:d}  check: a change point or a cumulative drift for the worse since REF
+  {ExitCode.FAILED:d}  check: a change point, drift, cumulative change or trend for the worse since REF
   {ExitCode.USAGE:d}  usage or input error: unreadable results, a corrupt or newer history database, an unknown ref
 """
 
@@ -195,16 +198,15 @@ def cmd_check(args: argparse.Namespace, out: TextIO) -> int:
         raise _InputError(f"{args.db}: the history is empty")
     findings, lines = [], []
     for a in analyses:
-        found, line = findings_since(a, since_date, since_commit=since, tolerance=args.tolerance)
+        found, said = findings_since(a, since_date, since_commit=since, tolerance=args.tolerance)
         findings += found
-        if line:
-            lines.append(line)
+        lines += said
     out.write(f"perfbudget history check: since {since[:12]} ({since_date}): {len(after)} run(s), "
               f"{len(analyses)} series, tolerance {fmt_tolerance(args.tolerance)}\n")
     if not after:
         out.write(f"  nothing measured after {since[:12]}: nothing to check\n")
     for line in lines:
-        out.write(f"  cumulative: {line}\n")
+        out.write(f"  {line}\n")
     for f in findings:
         out.write(f"REGRESSION {f.describe()}\n")
     if findings:
@@ -212,7 +214,7 @@ def cmd_check(args: argparse.Namespace, out: TextIO) -> int:
         out.write(f"{len(findings)} regression(s) since {since[:12]}; bisect each range above "
                   f"(e.g. git bisect start {first.bad[:12]} {first.good[:12]})\n")
         return ExitCode.FAILED
-    out.write(f"no change point or cumulative drift for the worse since {since[:12]}\n")
+    out.write(f"no change point, drift, cumulative change or trend for the worse since {since[:12]}\n")
     return ExitCode.OK
 
 
@@ -251,13 +253,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--tolerance", type=float, default=0.05, help="drawn on the cumulative plots (default 0.05)")
     r.set_defaults(history_func=cmd_report)
 
-    c = sub.add_parser("check", help="exit 1 on a change point or cumulative drift for the worse since REF",
+    c = sub.add_parser("check", help="exit 1 on a change point, drift, cumulative change or trend for the worse since REF",
                        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     common(c)
     c.add_argument("--since", required=True, metavar="REF", help="a commit-ish (a release tag, HEAD~20, a SHA)")
     c.add_argument("--tolerance", type=float, default=0.05,
-                   help="a cumulative chained A/B ratio fails when its interval lies entirely beyond 1 +- this "
-                        "(default 0.05)")
+                   help="a cumulative chained A/B ratio, or the trend of one machine's values, fails when its "
+                        "interval lies entirely beyond 1 +- this (default 0.05)")
     c.set_defaults(history_func=cmd_check)
 
 

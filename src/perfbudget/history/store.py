@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import math
 import sqlite3
+import statistics
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -33,13 +34,27 @@ __all__ = [
     "utc_date",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """Version of the store's tables. Bump it when they change in a way this version would misread,
-and add the step from the previous version to :data:`_MIGRATIONS`."""
+and add the step from the previous version to :data:`_MIGRATIONS`. Version 2 adds each check's
+``value_se`` (the run's own standard error of ln(value)), which the trend of a machine's values weighs."""
 
-_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {}
+_HEAD_SHARE = math.sqrt(0.5)
+"""An A/B head's share of its per-pair standard error: ln(head/base) of a pair has the variance of
+both sides' processes, equal in a lockstep run, so the head's median over the pairs has half of it."""
+
+
+def _add_value_se(db: sqlite3.Connection) -> None:
+    """1 -> 2: the ``value_se`` column; an A/B row's from its ratio's standard error (what version 2
+    computes for it), a stored row's left unknown (version 1 kept its interval, not the interval's coverage)."""
+    db.execute("ALTER TABLE checks ADD COLUMN value_se REAL")
+    db.execute("UPDATE checks SET value_se = log_se * ? WHERE log_se IS NOT NULL AND log_se > 0 AND value > 0",
+               (_HEAD_SHARE,))
+
+
+_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _add_value_se}
 """``version -> step``: the step turns a store of ``version`` into one of ``version + 1``, inside the
-write transaction. Empty: version 1 is the first form."""
+write transaction."""
 
 Mode = Literal["stored", "ab"]
 """How a run judged timing: against stored budgets (absolute values) or lockstep A/B (head/parent ratios)."""
@@ -77,6 +92,7 @@ CREATE TABLE IF NOT EXISTS checks (
     log_se REAL,
     df REAL,
     pairs INTEGER NOT NULL DEFAULT 0,
+    value_se REAL,
     PRIMARY KEY (run_id, nodeid, key, metric)
 );
 CREATE INDEX IF NOT EXISTS checks_by_name ON checks (key, metric);
@@ -144,6 +160,10 @@ class Check:
     """A/B: degrees of freedom behind ``log_se``."""
     pairs: int = 0
     """A/B: process pairs behind the ratio."""
+    value_se: float | None = None
+    """The run's own standard error of ln(``value``): an A/B head's is ``log_se / sqrt(2)`` (its
+    processes' half of the per-pair variance); a stored run's from its interval and that interval's
+    coverage. ``None`` when the run does not say (an exact metric, a value of 0, an older store)."""
 
     @property
     def name(self) -> str:
@@ -158,7 +178,7 @@ class Check:
         Raises:
             ValueError: a record whose ``extra["ab"]`` does not read, naming it.
         """
-        ratio = ratio_ci = log_se = df = None
+        ratio = ratio_ci = log_se = df = value_se = None
         pairs = 0
         b = r.base
         if b is not None and b.ratio is not None and _positive(b.ratio):
@@ -179,9 +199,16 @@ class Check:
                     log_se = half / t_quantile(0.5 + confidence / 2, df)
         value = r.value if r.value is not None and math.isfinite(r.value) else None
         ci = r.ci if r.ci is not None and all(math.isfinite(x) for x in r.ci) else None
+        if value is not None and value > 0:
+            if log_se is not None:
+                value_se = log_se * _HEAD_SHARE
+            elif ci is not None and all(_positive(x) for x in ci) and ci[1] > ci[0] and r.ci_confidence is not None \
+                    and 0 < r.ci_confidence < 1:
+                z = statistics.NormalDist().inv_cdf(0.5 + r.ci_confidence / 2)
+                value_se = (math.log(ci[1]) - math.log(ci[0])) / (2 * z)
         return cls(nodeid=r.nodeid, key=r.key, metric=r.metric, unit=r.unit, kind=r.kind, direction=r.direction,
                    outcome=Outcome(r.outcome), value=value, ci=ci, ratio=ratio, ratio_ci=ratio_ci, log_se=log_se,
-                   df=df, pairs=pairs)
+                   df=df, pairs=pairs, value_se=value_se)
 
 
 def _positive(x: float) -> bool:
@@ -345,9 +372,11 @@ class HistoryStore:
                 run_id = cur.lastrowid
                 for c in checks:
                     self._db.execute(
-                        "INSERT OR REPLACE INTO checks VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        f"INSERT OR REPLACE INTO checks (run_id, {_CHECK_COLUMNS}) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (run_id, c.nodeid, c.key, c.metric, c.unit, c.kind, c.direction, str(c.outcome), c.value,
-                         *(c.ci or (None, None)), c.ratio, *(c.ratio_ci or (None, None)), c.log_se, c.df, c.pairs))
+                         *(c.ci or (None, None)), c.ratio, *(c.ratio_ci or (None, None)), c.log_se, c.df, c.pairs,
+                         c.value_se))
                     written += 1
         except sqlite3.OperationalError as exc:  # "database is locked" after the busy timeout, a full disk
             raise HistoryError(f"{self.path}: cannot write run {run.short} on {run.machine}: {exc}") from None
@@ -390,7 +419,7 @@ class HistoryStore:
 
 _RUN_COLUMNS = "commit_sha, parent_sha, date_utc, machine, mode, source"
 _CHECK_COLUMNS = ("nodeid, key, metric, unit, kind, direction, outcome, value, ci_low, ci_high, ratio, ratio_low, "
-                  "ratio_high, log_se, df, pairs")
+                  "ratio_high, log_se, df, pairs, value_se")
 
 
 def _run(row: Sequence[object]) -> Run:
@@ -405,7 +434,7 @@ def _pair(lo: object, hi: object) -> tuple[float, float] | None:
 
 def _check(row: Sequence[object]) -> Check:
     (nodeid, key, metric, unit, kind, direction, outcome, value, ci_low, ci_high, ratio, ratio_low, ratio_high,
-     log_se, df, pairs) = row
+     log_se, df, pairs, value_se) = row
     return Check(nodeid=str(nodeid), key=str(key), metric=str(metric), unit=str(unit), kind=str(kind),
                  direction=str(direction), outcome=Outcome(outcome),
                  value=None if value is None else float(value),  # type: ignore[arg-type]
@@ -414,7 +443,8 @@ def _check(row: Sequence[object]) -> Check:
                  ratio_ci=_pair(ratio_low, ratio_high),
                  log_se=None if log_se is None else float(log_se),  # type: ignore[arg-type]
                  df=None if df is None else float(df),  # type: ignore[arg-type]
-                 pairs=int(pairs))  # type: ignore[call-overload]
+                 pairs=int(pairs),  # type: ignore[call-overload]
+                 value_se=None if value_se is None else float(value_se))  # type: ignore[arg-type]
 
 
 def by_machine(points: Iterable[Point]) -> dict[tuple[str, Mode], list[Point]]:
