@@ -41,13 +41,13 @@ so a pass or an inconclusive check says what size of change the run could resolv
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 from ..measure import stats
+from ..measure.stats import chi2_sf, pooled_sd, t_quantile
 from ..metrics import Direction
 
 __all__ = [
@@ -163,114 +163,6 @@ class RatioVerdict:
     reason: str = ""
 
 
-@functools.lru_cache(maxsize=256)
-def t_quantile(p: float, df: float) -> float:
-    """The ``p`` quantile of Student's t with ``df`` degrees of freedom (``df`` > 0, real).
-
-    Bisection on the CDF, ``1 - I_x(df/2, 1/2) / 2`` with ``x = df / (df + t^2)``.
-    """
-    if not 0.0 < p < 1.0:
-        raise ValueError(f"p must be in (0, 1), got {p!r}")
-    if not df > 0:
-        raise ValueError(f"df must be > 0, got {df!r}")
-    if p < 0.5:
-        return -t_quantile(1.0 - p, df)
-    if p == 0.5:
-        return 0.0
-
-    def cdf(t: float) -> float:
-        return 1.0 - 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
-
-    lo, hi = 0.0, 1.0
-    while cdf(hi) < p:
-        hi *= 2.0
-    for _ in range(200):
-        mid = (lo + hi) / 2.0
-        if cdf(mid) < p:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo <= 1e-12 * max(1.0, hi):
-            break
-    return (lo + hi) / 2.0
-
-
-def chi2_sf(x: float, df: float) -> float:
-    """``P(X > x)`` for ``X`` chi^2 with ``df`` degrees of freedom: ``Q(df/2, x/2)``."""
-    if not df > 0:
-        raise ValueError(f"df must be > 0, got {df!r}")
-    return 1.0 if x <= 0.0 else 1.0 - _gammainc(df / 2.0, x / 2.0)
-
-
-def _gammainc(a: float, x: float) -> float:
-    """Regularised lower incomplete gamma ``P(a, x)`` (series below ``a + 1``, else the
-    continued fraction: Numerical Recipes 6.2)."""
-    ln_front = a * math.log(x) - x - math.lgamma(a)
-    if x < a + 1.0:
-        term = total = 1.0 / a
-        ap = a
-        for _ in range(1000):
-            ap += 1.0
-            term *= x / ap
-            total += term
-            if abs(term) < abs(total) * 1e-15:
-                break
-        return total * math.exp(ln_front)
-    tiny = 1e-300
-    b = x + 1.0 - a
-    c, d = 1.0 / tiny, 1.0 / b
-    h = d
-    for i in range(1, 1000):
-        an = -i * (i - a)
-        b += 2.0
-        d = an * d + b
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = b + an / c
-        c = c if abs(c) > tiny else tiny
-        h *= d * c
-        if abs(d * c - 1.0) < 1e-15:
-            break
-    return 1.0 - math.exp(ln_front) * h
-
-
-def _betainc(a: float, b: float, x: float) -> float:
-    """Regularised incomplete beta ``I_x(a, b)`` (continued fraction, Numerical Recipes 6.4)."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    ln_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
-    if x < (a + 1.0) / (a + b + 2.0):
-        return math.exp(ln_front) * _betacf(a, b, x) / a
-    return 1.0 - math.exp(ln_front) * _betacf(b, a, 1.0 - x) / b
-
-
-def _betacf(a: float, b: float, x: float) -> float:
-    tiny = 1e-300
-    qab, qap, qam = a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 500):
-        m2 = 2 * m
-        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        h *= d * c
-        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        delta = d * c
-        h *= delta
-        if abs(delta - 1.0) < 1e-15:
-            break
-    return h
-
-
 PAIRED_TAIL_MIN = 16
 """Fewest requests a paired upper-quantile ratio rests on (measured: the p90 ratio of 64
 requests with 10 % jitter each read sd 6.2 % per pair on its top 7, 3.7 % on 16)."""
@@ -359,14 +251,7 @@ def judge_ratios(
     ys = [math.log(r) for r in rs]
     ybar = sum(ys) / n
     ss = sum((y - ybar) ** 2 for y in ys)  # (n - 1) * s^2
-    df = prior_df + n - 1
-    if df <= 0:
-        raise ValueError(f"one pair needs a prior (prior_df > 0), got prior_df={prior_df!r}")
-    sd = math.sqrt((prior_df * prior_sd**2 + ss) / df)
-    set_aside = n >= 2 and prior_df > 0 and chi2_sf(ss / prior_sd**2, n - 1) < prior_test
-    if set_aside:
-        df = n - 1
-        sd = math.sqrt(ss / df)
+    sd, df, set_aside = pooled_sd(ss, n, prior_sd=prior_sd, prior_df=prior_df, prior_test=prior_test)
     half = t_quantile(0.5 + confidence / 2.0, df) * sd / math.sqrt(n)
     ratio = math.exp(ybar)
     lo, hi = math.exp(ybar - half), math.exp(ybar + half)

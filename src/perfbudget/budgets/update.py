@@ -11,13 +11,13 @@ import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from statistics import NormalDist
 from typing import Any, Literal
 
 import yaml
 
 from ..device import DeviceInfo, device_file_stem
 from ..fileio import atomic_write, lock
+from ..measure.stats import normal_quantile
 from ..metrics import parse_name
 from .loader import BudgetSet, parse_text
 from .schema import SCHEMA_VERSION, BudgetError
@@ -82,7 +82,7 @@ def measured_value(
         return None
     noise = None
     if ci is not None and value and all(math.isfinite(x) for x in ci):
-        z = NormalDist().inv_cdf(0.5 + (confidence or 0.95) / 2)
+        z = normal_quantile(0.5 + (confidence or 0.95) / 2)
         noise = abs(ci[1] - ci[0]) / (2 * z * abs(value))
     return Measured(key=key, metric=metric, value=float(value), samples=n, cv=cv, device=device,
                     ref_ms=ref_ms, noise=noise)

@@ -19,7 +19,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..ab.verdict import t_quantile
+from ..measure.stats import normal_quantile, t_quantile
 
 __all__ = [
     "Breakpoints",
@@ -198,7 +198,7 @@ def segment_sum(log_ratios: Sequence[float], log_se: Sequence[float], dfs: Seque
         df = var * var / math.fsum(s**4 / d for s, d in zip(log_se, dfs, strict=True))
         q = t_quantile(p, df)
     else:
-        q = statistics.NormalDist().inv_cdf(p)
+        q = normal_quantile(p)
     return math.exp(total), (math.exp(total - q * se), math.exp(total + q * se))
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import math
 import sqlite3
-import statistics
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -15,8 +14,9 @@ from types import TracebackType
 from typing import Literal
 
 from ..ab.compare import ABInfo
-from ..ab.verdict import PRIOR_DF, t_quantile
+from ..ab.verdict import PRIOR_DF
 from ..extras import ExtraError
+from ..measure.stats import normal_quantile, t_quantile
 from ..results import Record, Results
 from ..vocabulary import Outcome
 
@@ -204,7 +204,7 @@ class Check:
                 value_se = log_se * _HEAD_SHARE
             elif ci is not None and all(_positive(x) for x in ci) and ci[1] > ci[0] and r.ci_confidence is not None \
                     and 0 < r.ci_confidence < 1:
-                z = statistics.NormalDist().inv_cdf(0.5 + r.ci_confidence / 2)
+                z = normal_quantile(0.5 + r.ci_confidence / 2)
                 value_se = (math.log(ci[1]) - math.log(ci[0])) / (2 * z)
         return cls(nodeid=r.nodeid, key=r.key, metric=r.metric, unit=r.unit, kind=r.kind, direction=r.direction,
                    outcome=Outcome(r.outcome), value=value, ci=ci, ratio=ratio, ratio_ci=ratio_ci, log_se=log_se,

@@ -23,7 +23,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..ab.verdict import t_quantile
+from ..measure.stats import t_quantile
 
 __all__ = ["MIN_TREND_POINTS", "TREND_KINDS", "Trend", "level_trend"]
 

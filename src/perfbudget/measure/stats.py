@@ -1,20 +1,27 @@
-"""Pure statistics over raw samples: median, quantiles, spread and a distribution-free CI of the median."""
+"""Pure statistics: median, quantiles, spread and a distribution-free CI of the median over raw samples;
+the t, chi^2 and normal quantiles and the prior-pooled sd the A/B verdict and the history's intervals use."""
 
 from __future__ import annotations
 
+import functools
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 __all__ = [
     "Summary",
+    "chi2_sf",
     "cv",
     "iqr",
     "median",
     "median_ci",
+    "normal_quantile",
+    "pooled_sd",
     "quantile",
     "quantile_ci",
     "summarize",
+    "t_quantile",
 ]
 
 
@@ -155,3 +162,142 @@ def summarize(samples: Sequence[float], confidence: float = 0.95) -> Summary:
         min=xs[0],
         max=xs[-1],
     )
+
+
+@functools.lru_cache(maxsize=256)
+def t_quantile(p: float, df: float) -> float:
+    """The ``p`` quantile of Student's t with ``df`` degrees of freedom (``df`` > 0, real).
+
+    Bisection on the CDF, ``1 - I_x(df/2, 1/2) / 2`` with ``x = df / (df + t^2)``.
+    """
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"p must be in (0, 1), got {p!r}")
+    if not df > 0:
+        raise ValueError(f"df must be > 0, got {df!r}")
+    if p < 0.5:
+        return -t_quantile(1.0 - p, df)
+    if p == 0.5:
+        return 0.0
+
+    def cdf(t: float) -> float:
+        return 1.0 - 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
+
+    lo, hi = 0.0, 1.0
+    while cdf(hi) < p:
+        hi *= 2.0
+    for _ in range(200):
+        mid = (lo + hi) / 2.0
+        if cdf(mid) < p:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-12 * max(1.0, hi):
+            break
+    return (lo + hi) / 2.0
+
+
+def chi2_sf(x: float, df: float) -> float:
+    """``P(X > x)`` for ``X`` chi^2 with ``df`` degrees of freedom: ``Q(df/2, x/2)``."""
+    if not df > 0:
+        raise ValueError(f"df must be > 0, got {df!r}")
+    return 1.0 if x <= 0.0 else 1.0 - _gammainc(df / 2.0, x / 2.0)
+
+
+def _gammainc(a: float, x: float) -> float:
+    """Regularised lower incomplete gamma ``P(a, x)`` (series below ``a + 1``, else the
+    continued fraction: Numerical Recipes 6.2)."""
+    ln_front = a * math.log(x) - x - math.lgamma(a)
+    if x < a + 1.0:
+        term = total = 1.0 / a
+        ap = a
+        for _ in range(1000):
+            ap += 1.0
+            term *= x / ap
+            total += term
+            if abs(term) < abs(total) * 1e-15:
+                break
+        return total * math.exp(ln_front)
+    tiny = 1e-300
+    b = x + 1.0 - a
+    c, d = 1.0 / tiny, 1.0 / b
+    h = d
+    for i in range(1, 1000):
+        an = -i * (i - a)
+        b += 2.0
+        d = an * d + b
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = b + an / c
+        c = c if abs(c) > tiny else tiny
+        h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return 1.0 - math.exp(ln_front) * h
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """Regularised incomplete beta ``I_x(a, b)`` (continued fraction, Numerical Recipes 6.4)."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    ln_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    if x < (a + 1.0) / (a + b + 2.0):
+        return math.exp(ln_front) * _betacf(a, b, x) / a
+    return 1.0 - math.exp(ln_front) * _betacf(b, a, 1.0 - x) / b
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    tiny = 1e-300
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 500):
+        m2 = 2 * m
+        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        h *= d * c
+        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        delta = d * c
+        h *= delta
+        if abs(delta - 1.0) < 1e-15:
+            break
+    return h
+
+
+def normal_quantile(p: float) -> float:
+    """The ``p`` quantile of the standard normal distribution (``p`` in (0, 1))."""
+    return statistics.NormalDist().inv_cdf(p)
+
+
+def pooled_sd(ss: float, n: int, *, prior_sd: float, prior_df: float, prior_test: float) -> tuple[float, float, bool]:
+    """The sd of ``n`` values pooled with a prior sd worth ``prior_df`` degrees of freedom.
+
+    ``ss`` is the values' sum of squared deviations from their mean, ``(n - 1) * s^2``; the pooled
+    variance is ``(prior_df * prior_sd^2 + ss) / (prior_df + n - 1)`` (the posterior under a scaled
+    inverse-chi^2 prior). The prior is set aside, and the plain sd with ``n - 1`` degrees of freedom
+    returned, when the values' spread is less likely than ``prior_test`` under it (``ss / prior_sd^2``
+    beyond the chi^2(n - 1) quantile ``1 - prior_test``).
+
+    Returns:
+        ``(sd, df, prior_set_aside)``.
+
+    Raises:
+        ValueError: one value and no prior (``prior_df + n - 1 <= 0``).
+    """
+    df = prior_df + n - 1
+    if df <= 0:
+        raise ValueError(f"one pair needs a prior (prior_df > 0), got prior_df={prior_df!r}")
+    sd = math.sqrt((prior_df * prior_sd**2 + ss) / df)
+    set_aside = n >= 2 and prior_df > 0 and chi2_sf(ss / prior_sd**2, n - 1) < prior_test
+    if set_aside:
+        df = n - 1
+        sd = math.sqrt(ss / df)
+    return sd, df, set_aside
