@@ -311,3 +311,18 @@ def test_cuda_table_uses_device_self_time() -> None:
     table = profile_steps(lambda: a @ a, steps=2, warmup=1, device="cuda")
     mm = table.by_name("aten::mm")
     assert mm.self_ms > 0 and table.peaks is not None
+
+
+def test_new_operators_are_chosen_by_their_median_share_over_rounds() -> None:
+    from perfbudget.measure.operators.profiling import OpRounds
+
+    def table(addmm: float, transpose: float) -> OpTable:
+        rows = (OpRow(name="aten::addmm", calls=1, self_ms=addmm, total_ms=addmm, flops=0, share=addmm / (addmm + transpose)),
+                OpRow(name="aten::transpose", calls=1, self_ms=transpose, total_ms=transpose, flops=0,
+                      share=transpose / (addmm + transpose)))
+        return OpTable(rows=rows, steps=1, device="cpu")
+
+    # Four rounds; in one the process was stopped inside transpose (0.9 of that round).
+    rounds = OpRounds(tables=(table(1.0, 0.01), table(1.0, 0.01), table(0.1, 0.9), table(1.0, 0.01)))
+    assert rounds.top(0.05) == ["aten::addmm"]
+    assert rounds.mean_share("aten::transpose") > 0.05  # what the mean would have listed
