@@ -18,7 +18,7 @@ from .budgets.schema import Budget, BudgetError
 from .budgets.verdict import Outcome, Verdict, VerdictPolicy, decide
 from .device import DeviceInfo
 from .measure.stats import median, quantile_ci
-from .metrics import MetricName
+from .metrics import OP_TIMED_FAMILIES, MetricName, family_of
 from .vocabulary import RunMode, StrEnum
 
 __all__ = ["AB_PRECISION_ENV", "DEFAULT_AB_PRECISION", "OP_FAMILIES", "REFERENCE_MISMATCH", "STABLE_MACHINE_ENV",
@@ -76,8 +76,8 @@ def ab_precision(value: str | None) -> float | None:
     return x or None
 
 
-#: Families whose many per-operator checks share one false-alarm budget (Bonferroni).
-OP_FAMILIES = ("op_self_ms", "op_share")
+#: Families whose many per-operator checks share one false-alarm budget (Bonferroni): ``metrics.OP_TIMED_FAMILIES``.
+OP_FAMILIES = OP_TIMED_FAMILIES
 #: Beyond this relative change of the machine-speed reference against the budget's, the
 #: machine is not the one the budget describes: timing checks are not judged.
 REFERENCE_MISMATCH = 0.30
@@ -230,9 +230,9 @@ class Judge:
         policy = self.config.policy
         if self.config.collect:
             policy = VerdictPolicy(confidence=policy.confidence, max_extra_rounds=0, confirm=False)
-        if name.metric.name not in OP_FAMILIES:
+        if name.metric.name not in OP_TIMED_FAMILIES:
             return policy
-        n = sum(1 for m in self.budgeted() if m.split("[", 1)[0] in OP_FAMILIES)
+        n = sum(1 for m in self.budgeted() if family_of(m) in OP_TIMED_FAMILIES)
         if n <= 1:
             return policy
         conf = max(policy.confidence, 1.0 - self.config.family_alpha / n)
@@ -404,8 +404,8 @@ class Judge:
         memory test), so a test answers for the families it recorded: an operator test that
         recorded ``op_count[aten::mm]`` answers for every budgeted ``op_count[...]``.
         """
-        family = metric.split("[", 1)[0]
-        return any(r.split("[", 1)[0] == family for r in recorded)
+        family = family_of(metric)
+        return any(family_of(r) == family for r in recorded)
 
 
 def _half_width(xs: Sequence[float], confidence: float) -> float:

@@ -11,12 +11,16 @@ __all__ = [
     "BYTES_FLOOR_MIB",
     "KINDS",
     "METRICS",
+    "OP_METRIC_FAMILIES",
+    "OP_TIMED_FAMILIES",
     "Direction",
     "Kind",
     "Metric",
     "MetricName",
     "UnknownMetricError",
+    "family_of",
     "lookup",
+    "op_metric",
     "parse_name",
 ]
 
@@ -203,7 +207,7 @@ def parse_name(full: str) -> MetricName:
     if not isinstance(full, str):
         raise UnknownMetricError(f"metric name must be a string, got {full!r}")
     m = _NAME.match(full)
-    base = m.group("base") if m else full.split("[", 1)[0]
+    base = m.group("base") if m else family_of(full)
     arg = m.group("arg") if m else None
     metric = METRICS.get(base)
     if metric is None or m is None:
@@ -225,3 +229,22 @@ def parse_name(full: str) -> MetricName:
 def lookup(full: str) -> Metric:
     """The registered :class:`Metric` of a full metric name."""
     return parse_name(full).metric
+
+
+#: The per-operator metric families: one check per operator (``op_self_ms[aten::mm]``).
+OP_METRIC_FAMILIES: tuple[str, ...] = ("op_self_ms", "op_share", "op_count")
+#: The timed ones: a test's many checks of these share one false-alarm budget (Bonferroni).
+OP_TIMED_FAMILIES: tuple[str, ...] = ("op_self_ms", "op_share")
+
+
+def family_of(full: str) -> str:
+    """``op_self_ms[aten::mm]`` -> ``op_self_ms``: the name before any argument, registered or not."""
+    return full.split("[", 1)[0]
+
+
+def op_metric(metric: str) -> tuple[str, str] | None:
+    """``op_self_ms[aten::mm]`` -> ``("op_self_ms", "aten::mm")``; ``None`` for other metrics."""
+    family, bracket, rest = metric.partition("[")
+    if not bracket or not rest.endswith("]") or family not in OP_METRIC_FAMILIES:
+        return None
+    return family, rest[:-1]

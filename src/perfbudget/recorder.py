@@ -26,18 +26,16 @@ from .judge import Decision, Judge
 from .measure import compile_health, energy, instructions, memory, numerics, nvml, occupancy, stats
 from .measure.measurement import Explanation, Measurement, Passes
 from .measure.operators import (
-    OP_METRIC_FAMILIES,
     OpMove,
     OpRounds,
     count_flops,
-    op_metric,
     profile_rounds,
     profile_steps,
 )
 from .measure.reference import machine_reference
 from .measure.timing import bench, bench_paired, time_streams
 from .measure.unmeasurable import Unmeasurable
-from .metrics import UnknownMetricError, parse_name
+from .metrics import OP_METRIC_FAMILIES, UnknownMetricError, op_metric, parse_name
 from .results import Record
 from .vocabulary import Outcome
 
@@ -51,7 +49,7 @@ NEW_OP_SHARE_UPDATE = 0.05
 #: ...and a new operator must pass this share before a check run calls it unbudgeted.
 #: The gap keeps an operator hovering at 5 % from flipping between runs.
 NEW_OP_SHARE_CHECK = 0.07
-#: The per-operator families: their budgets name the operators a test must record.
+#: The per-operator families: their budgets name the operators a test must record (``metrics.OP_METRIC_FAMILIES``).
 OPERATOR_FAMILIES = OP_METRIC_FAMILIES
 #: A failing step is explained by the operators above this share of it, with the budgeted ones.
 _EXPLAIN_MIN_SHARE = 0.02

@@ -22,10 +22,9 @@ from ..budgets.loader import BudgetSet
 from ..budgets.schema import Budget, BudgetError
 from ..budgets.verdict import Outcome, Verdict, decide
 from ..extras import ExtraError, InstructionProfile, OperatorMoves
-from ..judge import OP_FAMILIES
 from ..measure import stats
 from ..measure.operators import OpMove, op_metric
-from ..metrics import Metric, UnknownMetricError, parse_name
+from ..metrics import OP_TIMED_FAMILIES, Metric, UnknownMetricError, family_of, parse_name
 from ..results import BaseSide, BudgetRef, Record, Results
 from .verdict import ABPolicy, RatioVerdict, describe_change, judge_ratios, pair_ratio
 
@@ -192,7 +191,7 @@ def compare_pairs(
     for cid in order:
         used = [_Used(pair=p, head=h[cid], base=b.get(cid)) for p, h, b in zip(numbered, heads, bases, strict=True)
                 if cid in h]
-        confidence = policy.confidence_for(family.get(cid[0], 0)) if _family(cid[2]) in OP_FAMILIES \
+        confidence = policy.confidence_for(family.get(cid[0], 0)) if family_of(cid[2]) in OP_TIMED_FAMILIES \
             else policy.confidence
         rec, state = _merge_one(used, context, confidence=confidence, base_has_it=cid in in_base)
         records.append(rec)
@@ -267,15 +266,11 @@ class _Used:
     base: Record | None
 
 
-def _family(metric: str) -> str:
-    return metric.split("[", 1)[0]
-
-
 def _op_family_sizes(checks: Iterable[CheckId]) -> dict[str, int]:
     """Per nodeid, how many statistical per-operator checks it recorded (in any pair)."""
     sizes: dict[str, int] = {}
     for nodeid, _, metric in checks:
-        if _family(metric) not in OP_FAMILIES:
+        if family_of(metric) not in OP_TIMED_FAMILIES:
             continue
         try:
             statistical = parse_name(metric).metric.statistical

@@ -29,7 +29,8 @@ from ..instructions_run import callgrind_environment, under_callgrind
 from ..judge import AB_PRECISION_ENV
 from ..measure.instructions import INSTALL_HINT, build_helper
 from ..measure.unmeasurable import Unmeasurable
-from ..recorder import AB_OPERATORS_ENV, OPERATOR_FAMILIES
+from ..metrics import op_metric
+from ..recorder import AB_OPERATORS_ENV
 from ..results import Results, load_results
 from ..vocabulary import Outcome, StrEnum
 from .compare import Comparison, PairRecords, compare_pairs
@@ -371,9 +372,9 @@ def _pin_operators(path: Path, pairs: Sequence[PairRecords]) -> None:
     for pair in pairs:
         for side in (pair.head, pair.base):
             for r in side.records if side is not None else ():
-                family, _, rest = r.metric.partition("[")
-                if family in OPERATOR_FAMILIES and rest.endswith("]") and r.nodeid:
-                    ops.setdefault(r.nodeid, {}).setdefault(r.key, set()).add(rest[:-1])
+                parsed = op_metric(r.metric)
+                if parsed is not None and r.nodeid:
+                    ops.setdefault(r.nodeid, {}).setdefault(r.key, set()).add(parsed[1])
     data = {n: {k: sorted(v) for k, v in keys.items()} for n, keys in ops.items()}
     atomic_write(path, json.dumps(data, indent=1, sort_keys=True))
 

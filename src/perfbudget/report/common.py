@@ -8,8 +8,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..extras import FailureArtifacts, OperatorMoves
-from ..measure.operators import OP_METRIC_FAMILIES, OpMove, op_metric
-from ..metrics import DEFAULT_TOLERANCE, UnknownMetricError, parse_name
+from ..measure.operators import OpMove
+from ..metrics import (
+    DEFAULT_TOLERANCE,
+    OP_METRIC_FAMILIES,
+    UnknownMetricError,
+    op_metric,
+    parse_name,
+)
 from ..results import BaseSide, Record
 from ..vocabulary import Outcome
 
@@ -66,7 +72,7 @@ OUTCOME_ORDER: dict[str, int] = {o: i for i, o in enumerate((
     Outcome.ERROR, Outcome.FAIL, Outcome.INCONCLUSIVE, Outcome.NOT_MEASURED, Outcome.UNBUDGETED, Outcome.STALE,
     Outcome.NOT_JUDGED, Outcome.ADVISORY, Outcome.UNMEASURABLE, Outcome.PASS))}
 
-#: Metric families judged per operator: their records are "the operators that moved".
+#: Metric families judged per operator: their records are "the operators that moved" (``metrics.OP_METRIC_FAMILIES``).
 OP_FAMILIES = OP_METRIC_FAMILIES
 
 

@@ -9,9 +9,9 @@ from typing import Literal
 
 from ..extras import OperatorTable
 from ..measure.operators import OpTable
+from ..metrics import OP_METRIC_FAMILIES
 from ..results import Record, Results
 from .common import (
-    OP_FAMILIES,
     device_label,
     finite,
     fmt_value,
@@ -193,7 +193,7 @@ def _operator_rows(changes: list[Change], table: Table, show_all: bool) -> list[
         if not show_all and all(c.status in _QUIET for c in fams.values()):
             continue
         cells = [op]
-        for fam in OP_FAMILIES:
+        for fam in OP_METRIC_FAMILIES:
             fc = fams.get(fam)
             cells.append(f"{_val(fc.base)} -> {_val(fc.new)} {_pct(fc.rel)}".strip() if fc else "-")
         cells.append(", ".join(sorted({c.status for c in fams.values()})))

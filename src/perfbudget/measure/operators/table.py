@@ -16,6 +16,7 @@ from perfbudget.measure.operators.flops import (
     _attention_flops_from_shapes,
 )
 from perfbudget.measure.operators.roofline import DevicePeaks, Roofline
+from perfbudget.metrics import OP_METRIC_FAMILIES, op_metric
 
 __all__ = [
     "OP_METRIC_FAMILIES",
@@ -29,8 +30,6 @@ __all__ = [
     "table_from_events",
 ]
 
-#: Per-operator metric families (``op_self_ms[aten::mm]``...).
-OP_METRIC_FAMILIES = ("op_self_ms", "op_share", "op_count")
 #: What an operator is compared with: its budget, the base commit's value, or a base table's row.
 Against = Literal["budget", "base", "table"]
 # Exact comparisons (counts, FLOPs) tolerate float noise of per-step averages, nothing more.
@@ -232,14 +231,6 @@ def _fmt_flops(x: float) -> str:
         if abs(x) >= scale:
             return f"{x / scale:.3g}{unit}"
     return f"{x:.0f}"
-
-
-def op_metric(metric: str) -> tuple[str, str] | None:
-    """``op_self_ms[aten::mm]`` -> ``("op_self_ms", "aten::mm")``; ``None`` for other metrics."""
-    family, bracket, rest = metric.partition("[")
-    if not bracket or not rest.endswith("]") or family not in OP_METRIC_FAMILIES:
-        return None
-    return family, rest[:-1]
 
 
 @dataclass(frozen=True, kw_only=True)
