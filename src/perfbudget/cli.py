@@ -37,6 +37,7 @@ from .report import (
 )
 from .results import Results, is_unrecorded_budget, load_results, merge_results
 from .show import explain_budgets
+from .vocabulary import tally_text
 
 __all__ = ["EXIT_INPUT", "EXIT_OK", "EXIT_REGRESSION", "ExitCode", "diff_results", "explain_budgets", "main"]
 
@@ -134,7 +135,7 @@ def cmd_merge(args: argparse.Namespace, out: TextIO) -> int:
         merged.write(args.output)
     except OSError as exc:
         raise InputError(f"{args.output}: cannot write: {exc.strerror or exc}") from None
-    counts = ", ".join(f"{n} {o}" for o, n in sorted(merged.counts().items()))
+    counts = tally_text(merged.counts())
     out.write(f"merged {len(parts)} file(s), {len(merged.records)} records ({counts or 'none'}) into {args.output}\n")
     return ExitCode.OK
 

@@ -22,7 +22,7 @@ from .preflight import check as preflight_check
 from .recorder import CountedSteps, PerfRecorder
 from .results import Record
 from .session import PerfSession, add_options
-from .vocabulary import Outcome, RunMode
+from .vocabulary import Outcome, RunMode, count_outcomes, tally_text
 
 __all__ = ["PLUGIN_NAME", "BudgetSpec", "PerfPlugin"]
 
@@ -349,10 +349,8 @@ class PerfPlugin:
         for e in ps.errors:
             tr.write_line(f"ERROR {e['nodeid']} ({e['key']}): {e['error']}")
         tr.write_line(records_table(ps.records, with_key=True))
-        counts: dict[str, int] = {}
-        for r in ps.records:
-            counts[r.outcome] = counts.get(r.outcome, 0) + 1
-        tr.write_line(", ".join(f"{n} {o}" for o, n in sorted(counts.items())))
+        counts = count_outcomes(r.outcome for r in ps.records)
+        tr.write_line(tally_text(counts))
         if counts.get("stale"):
             tr.write_line("stale budgets: the code got faster or leaner; ratchet them with --update-budgets")
         advisory = [r for r in ps.records if r.outcome == Outcome.ADVISORY]

@@ -18,6 +18,7 @@ from .budgets.verdict import Outcome, Verdict
 from .device import DeviceInfo
 from .fileio import atomic_write
 from .metrics import UnknownMetricError
+from .vocabulary import count_outcomes
 
 __all__ = ["RESULTS_SCHEMA", "BaseSide", "BudgetRef", "FieldError", "Record", "Results", "load_results", "merge_results"]
 
@@ -297,10 +298,7 @@ class Results:
         return [m for r in self.records if (m := r.measured()) is not None]
 
     def counts(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for r in self.records:
-            out[r.outcome] = out.get(r.outcome, 0) + 1
-        return out
+        return count_outcomes(r.outcome for r in self.records)
 
 
 def load_results(path: str | Path) -> Results:

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import enum
 import sys
+from collections.abc import Iterable, Mapping
 
-__all__ = ["OUTCOMES", "Outcome", "RunMode", "StrEnum"]
+__all__ = ["OUTCOMES", "Outcome", "RunMode", "StrEnum", "count_outcomes", "tally_text"]
 
 if sys.version_info >= (3, 11):
     StrEnum = enum.StrEnum
@@ -58,6 +59,19 @@ class Outcome(StrEnum):
 
 OUTCOMES: tuple[Outcome, ...] = tuple(Outcome)
 """Every outcome, in declaration order."""
+
+
+def count_outcomes(outcomes: Iterable[str]) -> dict[str, int]:
+    """``{outcome: count}`` in the order the outcomes first come (``count_outcomes(r.outcome for r in records)``)."""
+    out: dict[str, int] = {}
+    for o in outcomes:
+        out[o] = out.get(o, 0) + 1
+    return out
+
+
+def tally_text(counts: Mapping[str, int]) -> str:
+    """``2 fail, 5 pass``: the counts by outcome name, for a summary line (empty for no counts)."""
+    return ", ".join(f"{n} {o}" for o, n in sorted(counts.items()))
 
 
 class RunMode(StrEnum):

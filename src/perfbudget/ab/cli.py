@@ -18,7 +18,7 @@ from typing import Any, TextIO
 from ..exitcodes import ExitCode
 from ..judge import DEFAULT_AB_PRECISION
 from ..results import Record
-from ..vocabulary import Outcome
+from ..vocabulary import Outcome, count_outcomes, tally_text
 from .compare import ABInfo
 from .pairs import parse_cpus
 from .run import ABConfig, ABRun, UsageError, run_ab
@@ -135,11 +135,8 @@ def cmd_ab(args: argparse.Namespace, out: TextIO) -> int:
 def summary(run: ABRun) -> str:
     """A few lines for the terminal: totals, every compared timing check, every failure."""
     recs = run.results.records
-    counts: dict[str, int] = {}
-    for r in recs:
-        counts[r.outcome] = counts.get(r.outcome, 0) + 1
     meta = run.results.meta.get("ab", {})
-    tally = ", ".join(f"{n} {o}" for o, n in sorted(counts.items())) or "none recorded"
+    tally = tally_text(count_outcomes(r.outcome for r in recs)) or "none recorded"
     lines = [
         f"perfbudget ab: {len(recs)} check(s): {tally}; {len(run.pairs)} pair(s) ({run.stopped}), "
         f"{meta.get('wall_s', 0):.0f} s; results: {run.path}",

@@ -17,7 +17,7 @@ from ..metrics import (
     parse_name,
 )
 from ..results import BaseSide, Record
-from ..vocabulary import Outcome
+from ..vocabulary import Outcome, count_outcomes
 
 __all__ = [
     "BASE_COLUMNS",
@@ -225,9 +225,7 @@ def ordered(records: Iterable[Record]) -> list[Record]:
 
 def outcome_counts(records: Iterable[Record]) -> dict[str, int]:
     """``{outcome: count}``, worst outcome first."""
-    out: dict[str, int] = {}
-    for r in records:
-        out[r.outcome] = out.get(r.outcome, 0) + 1
+    out = count_outcomes(r.outcome for r in records)
     return dict(sorted(out.items(), key=lambda kv: OUTCOME_ORDER.get(kv[0], 9)))
 
 
