@@ -13,6 +13,7 @@ __all__ = [
     "METRICS",
     "OP_METRIC_FAMILIES",
     "OP_TIMED_FAMILIES",
+    "STATISTICAL_KINDS",
     "Direction",
     "Kind",
     "Metric",
@@ -27,6 +28,8 @@ __all__ = [
 Kind = Literal["exact", "count", "bytes", "timing", "rate", "energy"]
 Direction = Literal["lower", "higher"]
 KINDS: tuple[Kind, ...] = ("exact", "count", "bytes", "timing", "rate", "energy")
+#: Kinds judged on samples with a confidence interval (and followed as a trend in history).
+STATISTICAL_KINDS: tuple[Kind, ...] = ("timing", "rate", "energy")
 
 #: Relative worsening of a low-precision numeric result (``loss_drift``, ``max_abs_error``)
 #: that fails its budget: a quarter. Smaller moves follow from changing the kernel path
@@ -114,7 +117,7 @@ class Metric:
     @property
     def statistical(self) -> bool:
         """Judged on samples with a confidence interval rather than one value."""
-        return self.kind in ("timing", "rate", "energy")
+        return self.kind in STATISTICAL_KINDS
 
 
 def _m(name: str, unit: str, direction: Direction, kind: Kind, doc: str, **kw: object) -> Metric:

@@ -24,11 +24,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..measure.stats import t_quantile
+from ..metrics import STATISTICAL_KINDS
 
 __all__ = ["MIN_TREND_POINTS", "TREND_KINDS", "Trend", "level_trend"]
 
-TREND_KINDS = ("timing", "rate", "energy")
-"""Kinds of check whose values have noise (:attr:`perfbudget.metrics.Metric.statistical`): the ones
+TREND_KINDS = STATISTICAL_KINDS
+"""Kinds of check whose values have noise (:data:`perfbudget.metrics.STATISTICAL_KINDS`): the ones
 with a trend. An exact value (a count, FLOPs, bytes) changes where it changes: a change point."""
 
 MIN_TREND_POINTS = 4
