@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TextIO
 
+from .ab.calibration import register as register_calibrate
 from .ab.cli import register as register_ab
 from .budgets.loader import load_dir
 from .budgets.update import UpdateReport, apply_updates, provenance_commit
@@ -302,6 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("pytest_args", nargs="*", metavar="-- PYTEST_ARGS", help="arguments for pytest")
     i.set_defaults(func=cmd_instructions)
     register_ab(sub)  # perfbudget ab: the lockstep A/B run (its own module)
+    register_calibrate(sub)  # perfbudget calibrate: each check's A/B noise, beside the budgets
     register_history(sub)  # perfbudget history: main's results kept, plotted, checked for drift
     return p
 

@@ -26,7 +26,7 @@ from ..measure import stats
 from ..measure.operators import OpMove, op_metric
 from ..metrics import OP_TIMED_FAMILIES, Metric, UnknownMetricError, family_of, parse_name
 from ..results import BaseSide, BudgetRef, Record, Results
-from .verdict import ABPolicy, RatioVerdict, describe_change, judge_ratios, pair_ratio
+from .verdict import ABPolicy, RatioVerdict, can_decide, describe_change, judge_ratios, pair_ratio
 
 __all__ = ["AB_INFO", "ABInfo", "CheckId", "Comparison", "PairRecords", "compare_pairs"]
 
@@ -125,6 +125,9 @@ class Comparison:
     """Statistical checks whose CI still straddles the tolerance after the last pair."""
     not_compared: tuple[CheckId, ...] = ()
     """Checks judged against the stored budgets alone."""
+    beyond_reach: tuple[CheckId, ...] = ()
+    """Statistical checks still straddling that the pairs left would not decide at their
+    measured spread (``verdict.can_decide``): no further pair is spent on them."""
     base_only: tuple[CheckId, ...] = field(default=())
     """Checks the base has and the head does not (shown, not judged)."""
 
@@ -159,6 +162,7 @@ def compare_pairs(
     final: bool = False,
     min_pairs: int = 1,
     require_base: bool = False,
+    pairs_left: int | None = None,
 ) -> Comparison:
     """Merge the pairs' records into one record per head check.
 
@@ -171,6 +175,8 @@ def compare_pairs(
             compared (while not final), whatever its CI.
         require_base: when no pair has the base's results, a statistical check is an
             error instead of being judged against the stored budgets.
+        pairs_left: pairs the run may still start (while not final): a check that many more
+            pairs would not decide is left ``beyond_reach`` instead of ``undecided``.
     """
     policy = policy or ABPolicy()
     numbered = [p if p.index else replace(p, index=i) for i, p in enumerate(pairs, 1)]
@@ -181,11 +187,12 @@ def compare_pairs(
         order.update(dict.fromkeys(h))
     in_base = {c for b in bases for c in b}
     family = _op_family_sizes(order)
-    context = _Context(budgets=budgets, policy=policy, final=final, min_pairs=min_pairs,
+    context = _Context(budgets=budgets, policy=policy, final=final, min_pairs=min_pairs, pairs_left=pairs_left,
                        base_ran=any(p.base is not None for p in numbered), require_base=require_base,
                        base_problem=next((p.base_problem for p in numbered if p.base_problem), ""))
     records: list[Record] = []
     undecided: list[CheckId] = []
+    beyond: list[CheckId] = []
     inconclusive: list[CheckId] = []
     not_compared: list[CheckId] = []
     for cid in order:
@@ -197,12 +204,15 @@ def compare_pairs(
         records.append(rec)
         if state == "undecided":
             undecided.append(cid)
+        elif state == "beyond reach":
+            beyond.append(cid)
         elif state == "inconclusive":
             inconclusive.append(cid)
         elif state == "not compared":
             not_compared.append(cid)
     base_only = tuple(dict.fromkeys(c for b in bases for c in b if c not in order))
     return Comparison(records=_with_moved_operators(records), undecided=tuple(undecided), inconclusive=tuple(inconclusive),
+                      beyond_reach=tuple(beyond),
                       not_compared=tuple(not_compared), base_only=base_only)
 
 
@@ -255,6 +265,8 @@ class _Context:
     require_base: bool
     base_problem: str
     """Why the base wrote no results (the first pair that says)."""
+    pairs_left: int | None = None
+    """Pairs the run may still start (``None``: unknown, every straddling check wants another)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -353,12 +365,17 @@ def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_
         tolerance, source = budget.ab_tolerance, BudgetRef.of(budget).where
     else:
         tolerance, source = info.default_tolerance, f"default for {info.kind}"
-    rv = judge_ratios(ratios, tolerance=tolerance, direction=info.direction, prior_sd=ctx.policy.sd_for(info.kind),
-                      prior_df=ctx.policy.prior_df, prior_test=ctx.policy.prior_test, confidence=confidence,
+    identity = head0.device.identity if head0.device is not None else None
+    prior = ctx.policy.prior_for(identity, head0.key, head0.metric, info.kind)
+    rv = judge_ratios(ratios, tolerance=tolerance, direction=info.direction, prior_sd=prior.sd,
+                      prior_df=prior.df, prior_test=ctx.policy.prior_test, confidence=confidence,
                       final=ctx.final)
     state: str = rv.state
     if not ctx.final and rv.pairs < ctx.min_pairs:
         state = "undecided"  # min_pairs holds per check: a first-pair verdict may still be a side's start-up luck
+    elif state == "undecided" and rv.pairs >= 2 and ctx.pairs_left is not None \
+            and not can_decide(rv, prior, ctx.pairs_left):
+        state = "beyond reach"  # at the spread its own pairs show, the pairs left would not decide it
     if rv.state == "fail" and rv.pairs <= ctx.min_pairs:
         # A failure is confirmed by one more pair, as stored mode confirms before failing: a small
         # step's processes can run in speed modes that two pairs may share by chance
@@ -369,7 +386,8 @@ def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_
                          f"{ctx.min_pairs + 1} pairs and the run ended before another: inconclusive")
             state = rv.state
     base_value = stats.median(base_stats)
-    reason = f"{rv.reason} [tolerance from {source}]"
+    measured = "" if prior.source.startswith("default") else f"; prior sd {prior.sd:.1%} per pair, {prior.source}"
+    reason = f"{rv.reason} [tolerance from {source}{measured}]"
     if skipped:
         reason += f"; not compared in {', '.join(skipped)}"
     ab = ABInfo(compared=True, tolerance=tolerance, tolerance_from=source, sd=rv.sd, mde=rv.mde,
@@ -453,9 +471,17 @@ def _merge_exact(head0: Record, used: list[_Used], ctx: _Context, *, base_has_it
         # judged against the same tolerance as against its budget (a stated bound, not the last
         # digit), so a change of the numerics path is shown, and only a real loss fails.
         tolerance = head0.budget.tolerance if head0.budget is not None else info.default_tolerance
+        found = ctx.policy.measured(head0.device.identity if head0.device is not None else None,
+                                    head0.key, head0.metric)
+        measured = found[0].count_tolerance() if found is not None else None
+        tol_from = ""
+        if found is not None and measured is not None:
+            # The count's own spread between A/A sides on this machine identity, not the flat default.
+            tolerance = measured
+            tol_from = f", from its measured spread ({found[1].where}, {found[0].runs} A/A runs)"
         worse = head0.value > base_value * (1 + tolerance) if info.direction == "lower" \
             else head0.value < base_value * (1 - tolerance)
-        change += f" (tolerance {tolerance * 100:g}%)"
+        change += f" (tolerance {tolerance * 100:.3g}%{tol_from})"
         if worse and outcome in (Outcome.PASS, Outcome.STALE, Outcome.UNBUDGETED):
             outcome = Outcome.FAIL
             change += ": worse than the base beyond its tolerance"

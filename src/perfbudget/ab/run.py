@@ -23,6 +23,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..budgets.loader import BudgetSet, load_dir
+from ..budgets.noise import load_noise
+from ..budgets.schema import BudgetError
 from ..exitcodes import ExitCode
 from ..fileio import atomic_write
 from ..instructions_run import callgrind_environment, under_callgrind
@@ -36,7 +38,7 @@ from ..vocabulary import Outcome, StrEnum
 from .compare import Comparison, PairRecords, compare_pairs
 from .pairs import PairRun, SideCommand, SideSetup, one_cpu, pytest_command, run_pair
 from .trees import AB_DIR, GitError, build_shim, head_commit, instrument_dir, prepare_base
-from .verdict import ABPolicy
+from .verdict import ABPolicy, resolvable_lines
 
 __all__ = ["ABConfig", "ABRun", "StopReason", "UsageError", "run_ab"]
 
@@ -45,6 +47,8 @@ class StopReason(StrEnum):
 
     DECIDED = "decided"
     """Every statistical check was decided."""
+    BEYOND_REACH = "beyond reach"
+    """Every statistical check was decided, or is one that the pairs left would not decide."""
     MAX_PAIRS = "max pairs"
     """``--max-pairs`` were run; checks still straddling are inconclusive."""
     TIME = "time"
@@ -219,6 +223,7 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
     operators_file.unlink(missing_ok=True)
     env = {**env, AB_OPERATORS_ENV: str(operators_file),
            AB_PRECISION_ENV: f"{config.precision:g}" if config.precision else "0"}
+    policy = _with_noise(config, root, say)
     runs: list[PairRun] = []
     records: list[PairRecords] = []  # the valid pairs only
     problems: list[str] = []
@@ -286,10 +291,13 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
         if len(records) == 1 and pair.base is None:
             stopped = StopReason.BASE_UNAVAILABLE
             break
-        comparison = compare_pairs(records, budgets=budgets, policy=config.policy, final=False,
-                                   min_pairs=config.min_pairs)
+        comparison = compare_pairs(records, budgets=budgets, policy=policy, final=False,
+                                   min_pairs=config.min_pairs, pairs_left=config.max_pairs - len(runs))
+        if comparison.beyond_reach:
+            say(f"perfbudget ab: {len(comparison.beyond_reach)} check(s) beyond reach: the pairs left "
+                f"(--max-pairs {config.max_pairs}) would not decide them at their spread; no pair is spent on them")
         if not comparison.undecided:
-            stopped = StopReason.DECIDED
+            stopped = StopReason.BEYOND_REACH if comparison.beyond_reach else StopReason.DECIDED
             break
         tests = _tests_of(comparison)
         slot += 1
@@ -305,7 +313,7 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
                         f"{f' ({why})' if why else ''}: there is nothing to compare the head with. Fix the base "
                         "side (its log is named above), or pass --allow-missing-base to judge the head against "
                         "the stored budgets instead")
-    comparison = compare_pairs(records, budgets=budgets or BudgetSet(root=root / "budgets"), policy=config.policy,
+    comparison = compare_pairs(records, budgets=budgets or BudgetSet(root=root / "budgets"), policy=policy,
                                final=True, min_pairs=config.min_pairs, require_base=not config.allow_missing_base)
     invalid = tuple(r.index for r in runs if r.invalid)
     if not records and invalid and stopped != StopReason.HEAD_FAILED:
@@ -327,7 +335,8 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
             "not_compared": len(comparison.not_compared), "base_only": [list(c) for c in comparison.base_only],
             "inconclusive": [list(c) for c in comparison.inconclusive],
             "policy": {"confidence": config.policy.confidence, "prior_sd": dict(config.policy.prior_sd),
-                       "prior_df": config.policy.prior_df, "family_alpha": config.policy.family_alpha},
+                       "prior_df": config.policy.prior_df, "family_alpha": config.policy.family_alpha,
+                       "noise": sorted(t.where for t in policy.noise.values())},
             "runs": [r.as_dict() for r in runs],
             "problems": problems,
         },
@@ -343,6 +352,35 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
         code = ExitCode.OK
     return ABRun(results=results, path=path, exit_code=code, comparison=comparison, pairs=tuple(runs),
                  problems=tuple(problems), stopped=stopped, invalid=invalid)
+
+
+def _with_noise(config: ABConfig, root: Path, say: Callable[[str], None]) -> ABPolicy:
+    """The policy with the measured noise of ``<root>/budgets/noise`` (unless the policy brings its
+    own), after saying, per measured check of this machine, the change the run can resolve.
+
+    Raises:
+        UsageError: a noise file that cannot be read (naming it, the key and the value).
+    """
+    if config.policy.noise or config.instructions:
+        return config.policy
+    try:
+        tables = load_noise(root / "budgets")
+    except BudgetError as exc:
+        raise UsageError(f"measured noise: {exc}") from None
+    if not tables:
+        return config.policy
+    policy = replace(config.policy, noise=tables)
+    from ..measure.machine import describe  # torch: only when there is noise to match
+
+    identity = describe("cpu").identity
+    table = tables.get(identity or "")
+    if table is None:
+        say(f"perfbudget ab: no measured noise for this machine ({identity}; measured: "
+            f"{', '.join(sorted(tables))}): its timing checks start from the flat prior")
+        return policy
+    for line in resolvable_lines(table, policy, pairs=config.max_pairs):
+        say(f"perfbudget ab: {line}")
+    return policy
 
 
 def _under_callgrind(command: SideCommand, out: Path, env: dict[str, str]) -> tuple[SideCommand, dict[str, str]]:

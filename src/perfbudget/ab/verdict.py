@@ -46,22 +46,27 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ..budgets.noise import CheckNoise, NoiseTable, family_sizes
 from ..measure import stats
 from ..measure.stats import chi2_sf, pooled_sd, t_quantile
-from ..metrics import Direction
+from ..metrics import OP_TIMED_FAMILIES, Direction, UnknownMetricError, family_of, parse_name
 
 __all__ = [
+    "NOISE_DF_MAX",
     "PRIOR_DF",
     "PRIOR_SD",
     "PRIOR_TEST",
     "ABPolicy",
+    "Prior",
     "RatioVerdict",
     "State",
+    "can_decide",
     "chi2_sf",
     "describe_change",
     "detectable_effect",
     "judge_ratios",
     "pair_ratio",
+    "resolvable_lines",
     "t_quantile",
 ]
 
@@ -76,6 +81,21 @@ PRIOR_SD: Mapping[str, float] = {"timing": 0.025, "rate": 0.025, "energy": 0.05}
 PRIOR_DF = 3.0
 #: The prior is set aside when the pairs' spread is less likely than this under it.
 PRIOR_TEST = 0.01
+#: A measured prior (``budgets/noise``) is worth at most this many degrees of freedom: a
+#: machine's noise drifts between sessions, and a run's own pairs must still be able to move it.
+NOISE_DF_MAX = 12.0
+#: A measured per-pair sd is never taken below this (0.5 %).
+NOISE_SD_FLOOR = 0.005
+
+
+@dataclass(frozen=True)
+class Prior:
+    """The prior per-pair sd a check is judged with, its weight, and where it came from."""
+
+    sd: float
+    df: float
+    source: str
+    """``default for timing``, or ``measured: budgets/noise/<identity>.yaml, 14 df``."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,6 +113,10 @@ class ABPolicy:
             ``tolerance`` is never used: it may carry a floor for between-run noise.
         family_alpha: false-alarm budget shared by one test's per-operator checks
             (Bonferroni, as in stored mode: ``judge.Judge.policy_for``).
+        noise: each machine identity's measured check noise (``budgets/noise``, written by
+            ``perfbudget calibrate``): a check it holds is judged with its own prior instead of
+            ``prior_sd``, worth its degrees of freedom up to ``noise_df_max``; a count compared
+            with its base gets a tolerance from its measured spread.
     """
 
     confidence: float = 0.95
@@ -101,6 +125,8 @@ class ABPolicy:
     prior_test: float = PRIOR_TEST
     tolerance_from_budgets: bool = True
     family_alpha: float = 0.05
+    noise: Mapping[str, NoiseTable] = field(default_factory=dict)
+    noise_df_max: float = NOISE_DF_MAX
 
     def __post_init__(self) -> None:
         if not 0.5 <= self.confidence < 1.0:
@@ -118,6 +144,21 @@ class ABPolicy:
     def sd_for(self, kind: str) -> float:
         """The prior sd for ``kind`` (the largest one for a kind without its own)."""
         return self.prior_sd.get(kind, max(self.prior_sd.values(), default=PRIOR_SD["energy"]))
+
+    def measured(self, identity: str | None, key: str, metric: str) -> tuple[CheckNoise, NoiseTable] | None:
+        """The check's measured noise on machines of ``identity``, with its table; ``None`` when not measured."""
+        table = self.noise.get(identity) if identity else None
+        noise = table.get(key, metric) if table is not None else None
+        return None if noise is None or table is None else (noise, table)
+
+    def prior_for(self, identity: str | None, key: str, metric: str, kind: str) -> Prior:
+        """The prior a statistical check is judged with: measured for its machine identity, else the kind's."""
+        found = self.measured(identity, key, metric)
+        if found is None or found[0].spread != "pairs" or not math.isfinite(found[0].sd):
+            return Prior(self.sd_for(kind), self.prior_df, f"default for {kind}")
+        noise, table = found
+        return Prior(max(noise.sd, NOISE_SD_FLOOR), min(noise.df, self.noise_df_max),
+                     f"measured: {table.where}, {noise.df:g} df")
 
     def confidence_for(self, family_size: int) -> float:
         """The CI coverage for one of ``family_size`` per-operator checks of a test (Bonferroni)."""
@@ -287,6 +328,55 @@ def judge_ratios(
     return verdict("inconclusive", f"straddles the tolerance {bound} after the last pair: inconclusive, "
                                    f"not decided on the estimate; this run {resolves} "
                                    "(more pairs or a quieter machine resolve smaller ones)")
+
+
+def can_decide(rv: RatioVerdict, prior: Prior, pairs_left: int) -> bool:
+    """Could ``pairs_left`` more pairs decide this straddling check, if their spread is what it
+    shows now?
+
+    Projected to ``n + pairs_left`` pairs, the CI's half-width is
+    ``h' = t(conf, df') * sd / sqrt(n + pairs_left)`` (``df'`` growing with the pairs). The check
+    can be decided when ``h'`` is smaller than the estimate's distance from the limit, given
+    one standard error of room for the estimate to move (``sd / sqrt(n)``): a check sitting on
+    its limit, or too noisy for the pairs left, is judged inconclusive without spending them.
+    """
+    if pairs_left <= 0:
+        return False
+    n = rv.pairs
+    df = rv.df + pairs_left
+    if not rv.prior_set_aside:
+        df = min(df, prior.df + n + pairs_left - 1)
+    half = t_quantile(0.5 + rv.confidence / 2.0, df) * rv.sd / math.sqrt(n + pairs_left)
+    distance = abs(math.log(rv.ratio) - math.log(rv.limit))
+    return half < distance + rv.sd / math.sqrt(n)
+
+
+def resolvable_lines(table: NoiseTable, policy: ABPolicy, *, pairs: int) -> list[str]:
+    """Before the first pair: per measured check, the change ``pairs`` pairs can resolve if the
+    check's spread is the measured one, the least resolvable first (defaults' tolerances)."""
+    families = family_sizes(table)
+    rows: list[tuple[float, str]] = []
+    for (key, metric), noise in table.checks.items():
+        if noise.spread != "pairs":
+            continue
+        try:
+            info = parse_name(metric).metric
+        except UnknownMetricError:
+            continue
+        prior = policy.prior_for(table.identity, key, metric, info.kind)
+        conf = policy.confidence_for(families.get(key, 0)) if family_of(metric) in OP_TIMED_FAMILIES \
+            else policy.confidence
+        half = t_quantile(0.5 + conf / 2.0, prior.df + pairs - 1) * prior.sd / math.sqrt(pairs)
+        tol = info.default_tolerance
+        mde = detectable_effect(half, tolerance=tol, direction=info.direction)
+        sign = "+" if info.direction == "lower" else "-"
+        passes = half < math.log(1.0 + tol) if info.direction == "lower" else half < -math.log(1.0 - tol)
+        rows.append((mde, f"  {key}.{metric}: sd {prior.sd:.1%} per pair; resolves {sign}{mde:.1%} "
+                          f"(tolerance {sign}{tol:.0%})" + ("" if passes else "; cannot pass even unchanged")))
+    rows.sort(key=lambda r: -r[0])
+    head = (f"measured noise for this machine ({table.where}): with up to {pairs} pairs each check resolves "
+            "a change beyond (if its spread is as measured):")
+    return [head, *(line for _, line in rows)]
 
 
 def detectable_effect(half_width: float, *, tolerance: float, direction: Direction) -> float:

@@ -1,0 +1,128 @@
+"""``perfbudget calibrate``'s reading of A/B results: each check's measured noise, by machine identity.
+
+The table and its file belong to ``budgets.noise``; this reads the process pairs' ratios that
+``perfbudget ab`` kept on each record (``record.base.pair_ratios``) and the run's commits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import math
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+from typing import Any, TextIO
+
+from ..budgets.noise import CheckNoise, NoiseTable, load_noise
+from ..budgets.schema import BudgetError
+from ..metrics import UnknownMetricError, parse_name
+from ..results import Results
+
+__all__ = ["calibrate", "cmd_calibrate", "register"]
+
+
+def calibrate(results: Iterable[tuple[str, Results]], *, date: str | None = None) -> dict[str, NoiseTable]:
+    """The noise each named A/B results file shows, pooled by machine identity.
+
+    Statistical checks give their per-pair spread (two pairs or more); counts give their
+    ratio only from an A/A run (head and base the same commit).
+
+    Raises:
+        ValueError: a file that is not an A/B run's results, naming it.
+    """
+    day = date or _dt.date.today().isoformat()
+    tables: dict[str, NoiseTable] = {}
+    for name, res in results:
+        ab = res.meta.get("ab")
+        if not isinstance(ab, Mapping):
+            raise ValueError(f"{name}: not the results of `perfbudget ab` (no meta.ab): calibration reads "
+                             "the process pairs' ratios")
+        head, base = str(ab.get("head_commit", "")), str(ab.get("base_commit", ""))
+        aa = bool(head) and head == base
+        per_identity: dict[str, dict[tuple[str, str], CheckNoise]] = {}
+        pairs_seen = 0
+        for r in res.records:
+            identity = r.device.identity if r.device is not None else None
+            if identity is None or r.base is None:
+                continue
+            try:
+                metric = parse_name(r.metric).metric
+            except UnknownMetricError:
+                continue
+            noise: CheckNoise | None = None
+            ratios = [x for x in r.base.pair_ratios if x > 0 and math.isfinite(x)]
+            if metric.statistical and len(ratios) >= 2:
+                ys = [math.log(x) for x in ratios]
+                mean = sum(ys) / len(ys)
+                noise = CheckNoise(ss=sum((y - mean) ** 2 for y in ys), df=len(ys) - 1, runs=1)
+                pairs_seen = max(pairs_seen, len(ys))
+            elif metric.kind == "count" and aa and r.base.ratio is not None and r.base.ratio > 0:
+                noise = CheckNoise(ss=math.log(r.base.ratio) ** 2, df=1, runs=1, spread="runs")
+            if noise is not None:
+                per_identity.setdefault(identity, {})[(r.key, r.metric)] = noise
+        for identity, checks in per_identity.items():
+            prov = {"file": name, "head": head[:12], "base": base[:12], "aa": aa, "pairs": pairs_seen,
+                    "date": day, "checks": len(checks)}
+            table = NoiseTable(identity=identity, checks=checks, provenance=(prov,))
+            tables[identity] = tables[identity].pooled(table) if identity in tables else table
+    return tables
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``calibrate`` subcommand to the ``perfbudget`` parser's subparsers."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "calibrate", help="measure each check's A/B noise from A/B results and keep it beside the budgets",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Read `perfbudget ab` results files (an A/A run: --base HEAD, or earlier A/B runs on the\n"
+                    "same machine identity) and write each check's per-pair spread of ln(head/base) to\n"
+                    "<budgets-dir>/noise/<identity>.yaml, pooled with what the file already holds. `perfbudget ab`\n"
+                    "then judges each measured check with its own prior instead of the flat one, and a count's\n"
+                    "comparison with its base follows its spread over A/A runs.",
+    )
+    p.add_argument("results", nargs="+", help="results JSON files written by `perfbudget ab`")
+    p.add_argument("--budgets-dir", default="budgets", help="budget folder (default: budgets)")
+    p.add_argument("--replace", action="store_true",
+                   help="start the machine's noise file over instead of pooling into it")
+    p.add_argument("--pairs", type=int, default=4,
+                   help="say the change each check resolves with this many pairs (default 4)")
+    p.set_defaults(func=cmd_calibrate)
+    return p
+
+
+def cmd_calibrate(args: argparse.Namespace, out: TextIO) -> int:
+    from ..exitcodes import ExitCode
+    from ..results import load_results
+    from .verdict import ABPolicy, resolvable_lines
+
+    named = []
+    for path in args.results:
+        try:
+            named.append((path, load_results(path)))
+        except ValueError as exc:
+            print(f"perfbudget calibrate: error: {exc}", file=sys.stderr)
+            return ExitCode.USAGE
+    try:
+        new = calibrate(named)
+        old = {} if args.replace else load_noise(args.budgets_dir)
+    except (ValueError, BudgetError) as exc:
+        print(f"perfbudget calibrate: error: {exc}", file=sys.stderr)
+        return ExitCode.USAGE
+    if not new:
+        print("perfbudget calibrate: error: no check with two pairs or more (or an A/A count) in "
+              f"{', '.join(args.results)}: nothing to measure the noise from", file=sys.stderr)
+        return ExitCode.USAGE
+    for identity, table in new.items():
+        merged = old[identity].pooled(table) if identity in old else table
+        path = merged.write(args.budgets_dir)
+        merged = replace(merged, path=path)
+        out.write(f"{path}: {len(table.checks)} check(s) from {len(table.provenance)} run(s)"
+                  f"{' pooled with ' + str(len(old[identity].provenance)) + ' earlier' if identity in old else ''}\n")
+        for line in resolvable_lines(merged, ABPolicy(noise={identity: merged}), pairs=args.pairs):
+            out.write(line + "\n")
+        counts = [(cid, n) for cid, n in sorted(merged.checks.items()) if n.spread == "runs"]
+        for (key, metric), n in counts:
+            tol = n.count_tolerance()
+            out.write(f"  {key}.{metric}: sd {n.sd:.4%} over {n.runs} A/A run(s); tolerance vs base "
+                      + (f"{tol:.3%}\n" if tol is not None else "stays the default (needs 2 A/A runs or more)\n"))
+    return ExitCode.OK

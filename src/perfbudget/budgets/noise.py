@@ -1,0 +1,217 @@
+"""Each check's measured A/B noise, kept beside the budgets: ``budgets/noise/<identity>.yaml``.
+
+A lockstep A/B judges a timing check on its process pairs' ratios. How much those ratios
+spread is a property of the check *on one kind of machine*: a 20 ms training step reads
+2-3 % per pair, a serving tail or a compiled warm-up 6-10 %. Without a measurement the
+verdict assumes one flat prior for every check of a kind (``ab.verdict.PRIOR_SD``).
+``perfbudget calibrate`` measures it instead, from A/B results files of one machine
+identity (an A/A run, or the pull-request runs it already made), and writes it here by
+the tool, with provenance, never by hand:
+
+- statistical checks: the per-pair sd of ``ln(head/base)`` about each run's own mean, pooled
+  over runs (any A/B run counts: a real change moves the mean, not the spread about it);
+  the verdict then uses it as the check's prior, worth its degrees of freedom (capped);
+- counts (``instructions[...]``): the spread of ``ln(head/base)`` about 0 over A/A runs only
+  (head and base the same commit), one degree of freedom per run; the A/B comparison's
+  tolerance for the count then follows that spread instead of the flat default.
+
+The file pools exactly: ``ss`` (the sum of squares) and ``df`` add up run after run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..fileio import atomic_write
+from ..measure.stats import t_quantile
+from ..metrics import OP_TIMED_FAMILIES, family_of
+from .schema import BudgetError
+
+__all__ = [
+    "COUNT_TOLERANCE_FLOOR",
+    "NOISE_DIR",
+    "NOISE_SCHEMA",
+    "CheckNoise",
+    "NoiseTable",
+    "describe",
+    "family_sizes",
+    "load_noise",
+    "noise_path",
+]
+
+NOISE_SCHEMA = 1
+#: The folder of noise files inside a budgets folder (budget loading reads only ``*.yaml`` at its top).
+NOISE_DIR = "noise"
+#: A calibrated count tolerance never goes below this (0.01 %): the counts' own rounding.
+COUNT_TOLERANCE_FLOOR = 1e-4
+#: Confidence of a calibrated count tolerance: an A/A pair of counts exceeds it 1 time in 200.
+COUNT_TOLERANCE_CONFIDENCE = 0.995
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckNoise:
+    """One check's measured spread of ``ln(head/base)``.
+
+    Attributes:
+        ss: sum of squared deviations (about each run's mean for ``pairs``, about 0 for ``runs``).
+        df: degrees of freedom behind ``ss``.
+        runs: results files that contributed.
+        spread: ``pairs`` (per-pair spread within runs: statistical checks) or ``runs`` (one
+            ratio per A/A run: counts).
+    """
+
+    ss: float
+    df: float
+    runs: int
+    spread: str = "pairs"
+
+    @property
+    def sd(self) -> float:
+        return math.sqrt(self.ss / self.df) if self.df > 0 else math.nan
+
+    def pooled(self, other: CheckNoise) -> CheckNoise:
+        return CheckNoise(ss=self.ss + other.ss, df=self.df + other.df, runs=self.runs + other.runs,
+                          spread=self.spread)
+
+    def count_tolerance(self) -> float | None:
+        """The relative tolerance of a count's comparison with its base that an A/A pair exceeds
+        with probability 1 - :data:`COUNT_TOLERANCE_CONFIDENCE`; ``None`` below 2 degrees of freedom."""
+        if self.spread != "runs" or self.df < 2:
+            return None
+        half = t_quantile(0.5 + COUNT_TOLERANCE_CONFIDENCE / 2.0, self.df) * self.sd
+        return max(COUNT_TOLERANCE_FLOOR, math.expm1(half))
+
+
+@dataclass(frozen=True, kw_only=True)
+class NoiseTable:
+    """The measured noise of one machine identity's checks."""
+
+    identity: str
+    checks: Mapping[tuple[str, str], CheckNoise] = field(default_factory=dict)
+    """``(key, metric)`` -> its noise."""
+    provenance: tuple[Mapping[str, Any], ...] = ()
+    """One entry per results file pooled: its commits, date, pairs and whether it was an A/A."""
+    path: Path | None = None
+
+    @property
+    def where(self) -> str:
+        return str(self.path) if self.path is not None else f"{NOISE_DIR}/{self.identity}.yaml"
+
+    def get(self, key: str, metric: str) -> CheckNoise | None:
+        return self.checks.get((key, metric))
+
+    def pooled(self, other: NoiseTable) -> NoiseTable:
+        if other.identity != self.identity:
+            raise ValueError(f"cannot pool noise of {other.identity} into {self.identity}")
+        checks = dict(self.checks)
+        for cid, n in other.checks.items():
+            checks[cid] = checks[cid].pooled(n) if cid in checks else n
+        return replace(self, checks=checks, provenance=(*self.provenance, *other.provenance))
+
+    def to_yaml(self) -> str:
+        checks: dict[str, dict[str, dict[str, Any]]] = {}
+        for (key, metric), n in sorted(self.checks.items()):
+            checks.setdefault(key, {})[metric] = {
+                "sd": float(f"{n.sd:.6g}"), "df": n.df, "ss": float(f"{n.ss:.10g}"), "runs": n.runs,
+                "spread": n.spread}
+        doc = {"schema": NOISE_SCHEMA, "identity": self.identity, "checks": checks,
+               "provenance": [dict(p) for p in self.provenance]}
+        head = ("# perfbudget measured noise (schema 1): each check's spread of ln(head/base) on this machine\n"
+                "# identity, written by `perfbudget calibrate` from A/B results files; never edit by hand.\n")
+        return head + yaml.safe_dump(doc, sort_keys=False, width=120)
+
+    def write(self, budgets_dir: str | Path) -> Path:
+        path = noise_path(budgets_dir, self.identity)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return atomic_write(path, self.to_yaml())
+
+
+def noise_path(budgets_dir: str | Path, identity: str) -> Path:
+    return Path(budgets_dir) / NOISE_DIR / f"{identity}.yaml"
+
+
+def load_noise(budgets_dir: str | Path) -> dict[str, NoiseTable]:
+    """Every noise file of ``budgets_dir``, by identity (none when the folder has no ``noise/``).
+
+    Raises:
+        BudgetError: a file that cannot be read or parsed, or a bad entry (naming file, key, value).
+    """
+    folder = Path(budgets_dir) / NOISE_DIR
+    tables: dict[str, NoiseTable] = {}
+    for path in sorted([*folder.glob("*.yaml"), *folder.glob("*.yml")]) if folder.is_dir() else ():
+        table = _parse(path)
+        if table.identity in tables:
+            raise BudgetError(f"a second noise file for {table.identity} (the first is {tables[table.identity].where})",
+                              path=path, keypath=("identity",), value=table.identity)
+        tables[table.identity] = table
+    return tables
+
+
+def _parse(path: Path) -> NoiseTable:
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise BudgetError(f"cannot read the noise file: {exc}", path=path) from None
+    if not isinstance(doc, dict):
+        raise BudgetError("expected a mapping with schema, identity and checks", path=path, value=doc)
+    if doc.get("schema") != NOISE_SCHEMA:
+        raise BudgetError(f"expected schema {NOISE_SCHEMA}", path=path, keypath=("schema",), value=doc.get("schema"))
+    identity = doc.get("identity")
+    if not isinstance(identity, str) or not identity or identity != path.stem:
+        raise BudgetError(f"expected the identity the file is named after ({path.stem!r})", path=path,
+                          keypath=("identity",), value=identity)
+    raw = doc.get("checks") or {}
+    if not isinstance(raw, dict):
+        raise BudgetError("expected a mapping of key -> metric -> noise", path=path, keypath=("checks",), value=raw)
+    checks: dict[tuple[str, str], CheckNoise] = {}
+    for key, metrics in raw.items():
+        if not isinstance(metrics, dict):
+            raise BudgetError("expected a mapping of metric -> noise", path=path, keypath=("checks", str(key)),
+                              value=metrics)
+        for metric, entry in metrics.items():
+            kp = ("checks", str(key), str(metric))
+            if not isinstance(entry, dict):
+                raise BudgetError("expected a mapping with ss, df, runs", path=path, keypath=kp, value=entry)
+            wants = {"ss": ("a number >= 0", lambda v: _number(v) and v >= 0),
+                     "df": ("a number > 0", lambda v: _number(v) and v > 0),
+                     "runs": ("an integer > 0", lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0),
+                     "spread": ("'pairs' or 'runs'", lambda v: v in ("pairs", "runs"))}
+            got: dict[str, Any] = {"spread": "pairs", **entry}
+            for name, (want, ok) in wants.items():
+                if not ok(got.get(name)):
+                    raise BudgetError(f"expected {want}", path=path, keypath=(*kp, name), value=got.get(name))
+            checks[(str(key), str(metric))] = CheckNoise(ss=float(got["ss"]), df=float(got["df"]), runs=int(got["runs"]),
+                                                         spread=str(got["spread"]))
+    prov = doc.get("provenance") or []
+    if not isinstance(prov, list) or not all(isinstance(p, dict) for p in prov):
+        raise BudgetError("expected a list of mappings", path=path, keypath=("provenance",), value=prov)
+    return NoiseTable(identity=identity, checks=checks, provenance=tuple(prov), path=path)
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def family_sizes(table: NoiseTable) -> dict[str, int]:
+    """Per key, how many statistical per-operator checks the table holds (their shared confidence)."""
+    sizes: dict[str, int] = {}
+    for key, metric in table.checks:
+        if family_of(metric) in OP_TIMED_FAMILIES and table.checks[(key, metric)].spread == "pairs":
+            sizes[key] = sizes.get(key, 0) + 1
+    return sizes
+
+
+def describe(tables: Sequence[NoiseTable]) -> str:
+    """One line per table: its file and what it holds."""
+    lines = []
+    for t in tables:
+        pairs = sum(1 for n in t.checks.values() if n.spread == "pairs")
+        lines.append(f"{t.where}: {pairs} timing check(s), {len(t.checks) - pairs} count(s), "
+                     f"from {len(t.provenance)} run(s)")
+    return "\n".join(lines)
