@@ -12,6 +12,7 @@ import math
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, TextIO
 
 from ..budgets.noise import CheckNoise, NoiseTable, load_noise
@@ -62,7 +63,7 @@ def calibrate(results: Iterable[tuple[str, Results]], *, date: str | None = None
             if noise is not None:
                 per_identity.setdefault(identity, {})[(r.key, r.metric)] = noise
         for identity, checks in per_identity.items():
-            prov = {"file": name, "head": head[:12], "base": base[:12], "aa": aa, "pairs": pairs_seen,
+            prov = {"file": Path(name).name, "head": head[:12], "base": base[:12], "aa": aa, "pairs": pairs_seen,
                     "date": day, "checks": len(checks)}
             table = NoiseTable(identity=identity, checks=checks, provenance=(prov,))
             tables[identity] = tables[identity].pooled(table) if identity in tables else table

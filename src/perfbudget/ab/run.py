@@ -292,10 +292,11 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
             stopped = StopReason.BASE_UNAVAILABLE
             break
         comparison = compare_pairs(records, budgets=budgets, policy=policy, final=False,
-                                   min_pairs=config.min_pairs, pairs_left=config.max_pairs - len(runs))
+                                   min_pairs=config.min_pairs, pairs_left=_pairs_left(config, runs, deadline))
         if comparison.beyond_reach:
-            say(f"perfbudget ab: {len(comparison.beyond_reach)} check(s) beyond reach: the pairs left "
-                f"(--max-pairs {config.max_pairs}) would not decide them at their spread; no pair is spent on them")
+            say(f"perfbudget ab: {len(comparison.beyond_reach)} check(s) beyond reach: the pairs left (within "
+                f"--max-pairs {config.max_pairs} and --max-minutes {config.max_minutes:g}) would not decide them "
+                "at their spread; no pair is spent on them")
         if not comparison.undecided:
             stopped = StopReason.BEYOND_REACH if comparison.beyond_reach else StopReason.DECIDED
             break
@@ -352,6 +353,14 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
         code = ExitCode.OK
     return ABRun(results=results, path=path, exit_code=code, comparison=comparison, pairs=tuple(runs),
                  problems=tuple(problems), stopped=stopped, invalid=invalid)
+
+
+def _pairs_left(config: ABConfig, runs: Sequence[PairRun], deadline: float) -> int:
+    """Pairs the run may still start: within --max-pairs, and within --max-minutes at the last pair's length."""
+    left = config.max_pairs - len(runs)
+    if runs and runs[-1].wall_s > 0:
+        left = min(left, int(max(deadline - time.monotonic(), 0.0) // runs[-1].wall_s))
+    return max(left, 0)
 
 
 def _with_noise(config: ABConfig, root: Path, say: Callable[[str], None]) -> ABPolicy:
