@@ -294,8 +294,8 @@ def test_samples_a_sides_preflight_did_not_judge_are_still_compared() -> None:
 
 
 def test_ab_info_round_trips_through_extra_and_refuses_a_bad_shape() -> None:
-    info = ABInfo(compared=True, tolerance=0.05, tolerance_from="default for timing", sd=0.02, mde=0.08,
-                  confidence=0.975)
+    info = ABInfo(compared=True, tolerance=0.05, tolerance_from="default for timing", sd=0.02, df=5.0,
+                  prior="measured: budgets/noise/x.yaml, 9 df", mde=0.08, confidence=0.975)
     assert ABInfo.from_extra(info.to_extra()) == info and ABInfo.from_extra({}) is None
     with pytest.raises(ExtraError, match=r"extra\['ab'\]: expected"):
         ABInfo.from_extra({"ab": {"compared": "yes"}})

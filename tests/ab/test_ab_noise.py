@@ -196,3 +196,17 @@ def test_the_calibrate_command_writes_the_file_beside_the_budgets(tmp_path: Path
     Results(records=[]).write(plain)
     assert main(["calibrate", str(plain), "--budgets-dir", str(budgets)], out=io.StringIO()) == 2
     assert "not the results of `perfbudget ab`" in capsys.readouterr().err
+
+
+def test_the_verdicts_degrees_of_freedom_and_prior_are_kept_and_history_reads_them() -> None:
+    from perfbudget.ab.compare import ABInfo
+    from perfbudget.history.store import Check
+
+    (m,) = compare_pairs(pairs_of((1.035, 1.043, 1.031, 1.039)), budgets=BudgetSet(root=Path("b")), final=True,
+                         policy=policy_with(0.006, 20)).records
+    info = ABInfo.from_extra(m.extra)
+    assert info is not None and info.df == 12 + 3 and info.prior.startswith("measured: noise/")
+    assert Check.from_record(m).df == 15  # not the flat prior's 3 + 3
+    (s,) = compare_pairs(pairs_of((1.10, 0.92, 1.12, 0.90)), budgets=BudgetSet(root=Path("b")), final=True,
+                         policy=policy_with(0.006, 20)).records
+    assert ABInfo.from_extra(s.extra).prior == "set aside" and Check.from_record(s).df == 3  # type: ignore[union-attr]

@@ -76,6 +76,10 @@ class ABInfo:
     """``budgets/cpu.yaml:12``, or ``default for timing`` when the check has no budget."""
     sd: float | None = None
     """Pooled per-pair sd of ln(head/base) behind the CI."""
+    df: float | None = None
+    """Degrees of freedom of the CI's t quantile (the pairs', plus the prior's unless it was set aside)."""
+    prior: str = ""
+    """Where the prior sd came from: ``default for timing``, or ``measured: budgets/noise/<identity>.yaml, 10 df``."""
     mde: float | None = None
     """Minimum detectable effect at the pairs it got: the smallest regression (a fraction,
     0.08: 8 %) that this run would have decided ``fail`` (statistical checks)."""
@@ -86,10 +90,10 @@ class ABInfo:
     """Why it was not compared (``the base lacks it``)."""
 
     def to_extra(self) -> dict[str, Any]:
-        """``{"ab": {"compared", "tolerance", "tolerance_from", "sd", "mde", "confidence", "note"}}``."""
+        """``{"ab": {"compared", "tolerance", "tolerance_from", "sd", "df", "prior", "mde", "confidence", "note"}}``."""
         return {AB_INFO: {"compared": self.compared, "tolerance": self.tolerance,
-                          "tolerance_from": self.tolerance_from, "sd": self.sd, "mde": self.mde,
-                          "confidence": self.confidence, "note": self.note}}
+                          "tolerance_from": self.tolerance_from, "sd": self.sd, "df": self.df, "prior": self.prior,
+                          "mde": self.mde, "confidence": self.confidence, "note": self.note}}
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any]) -> ABInfo | None:
@@ -103,12 +107,13 @@ class ABInfo:
             return None
         if not isinstance(value, Mapping) or not isinstance(value.get("compared"), bool):
             raise ExtraError(f"extra[{AB_INFO!r}]: expected {{'compared': bool, ...}}, got {value!r}")
-        numbers = {k: value.get(k) for k in ("tolerance", "sd", "mde", "confidence")}
+        numbers = {k: value.get(k) for k in ("tolerance", "sd", "df", "mde", "confidence")}
         bad = {k: v for k, v in numbers.items() if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)))}
         if bad:
             raise ExtraError(f"extra[{AB_INFO!r}]: expected numbers or null, got {bad!r}")
         return cls(compared=value["compared"], tolerance=numbers["tolerance"],
-                   tolerance_from=str(value.get("tolerance_from", "")), sd=numbers["sd"], mde=numbers["mde"],
+                   tolerance_from=str(value.get("tolerance_from", "")), sd=numbers["sd"], df=numbers["df"],
+                   prior=str(value.get("prior", "")), mde=numbers["mde"],
                    confidence=numbers["confidence"], note=str(value.get("note", "")))
 
 
@@ -390,8 +395,8 @@ def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_
     reason = f"{rv.reason} [tolerance from {source}{measured}]"
     if skipped:
         reason += f"; not compared in {', '.join(skipped)}"
-    ab = ABInfo(compared=True, tolerance=tolerance, tolerance_from=source, sd=rv.sd, mde=rv.mde,
-                confidence=rv.confidence)
+    ab = ABInfo(compared=True, tolerance=tolerance, tolerance_from=source, sd=rv.sd, df=rv.df,
+                prior="set aside" if rv.prior_set_aside else prior.source, mde=rv.mde, confidence=rv.confidence)
     rec = head0.with_(
         outcome={"fail": Outcome.FAIL, "inconclusive": Outcome.INCONCLUSIVE}.get(rv.state, Outcome.PASS),
         value=stats.median(head_stats), ci=None, ci_confidence=None,

@@ -190,7 +190,8 @@ class Check:
             except ExtraError as exc:
                 raise ValueError(f"record {r.nodeid} {r.key}.{r.metric}: {exc}") from None
             if pairs >= 1:
-                df = prior_df + pairs - 1
+                # The verdict's own degrees of freedom; a record written before they were kept: the flat prior's.
+                df = info.df if info is not None and info.df is not None else prior_df + pairs - 1
                 if info is not None and info.sd is not None and info.sd > 0:
                     log_se = info.sd / math.sqrt(pairs)
                 elif ratio_ci is not None and df > 0:
