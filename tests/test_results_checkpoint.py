@@ -72,7 +72,13 @@ def test_an_interrupted_update_writes_the_budgets_of_the_tests_it_finished(tmp_p
     # writes the results and the budgets of what was measured.
     proc, _ = start(tmp_path, "--update-budgets")
     proc.send_signal(signal.SIGINT)
-    out = proc.communicate(timeout=120)[0].decode()
+    try:
+        out = proc.communicate(timeout=120)[0].decode()
+    except subprocess.TimeoutExpired:
+        # Seen once in a clean-clone CI run under load, not reproduced since: say where it hangs
+        # (pytest's faulthandler prints every thread's stack on SIGABRT).
+        proc.send_signal(signal.SIGABRT)
+        pytest.fail(f"pytest did not end within 120 s of SIGINT; its stacks:\n{proc.communicate()[0].decode()[-6000:]}")
     assert proc.returncode == pytest.ExitCode.INTERRUPTED, out[-3000:]
     got = load_results(tmp_path / "results.json")
     assert UNFINISHED_KEY not in got.meta
