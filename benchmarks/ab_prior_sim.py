@@ -16,25 +16,29 @@ import math
 import random
 import sys
 
-from perfbudget.ab.verdict import PRIOR_SD, judge_ratios
+from perfbudget.ab.verdict import PRIOR_DF, PRIOR_SD, Prior, can_decide, judge_ratios
 
 MIN_PAIRS, MAX_PAIRS = 2, 4
 
 
-def one_run(true_ratio: float, sd: float, prior_test: float, rng: random.Random) -> str:
+def one_run(true_ratio: float, sd: float, prior_test: float, rng: random.Random, *,
+            prior: Prior | None = None, confidence: float = 0.95, stop_beyond_reach: bool = False) -> str:
+    """One run's outcome: the flat timing prior unless ``prior`` is given; with
+    ``stop_beyond_reach``, a check the pairs left cannot decide stops inconclusive (``can_decide``)."""
+    prior = prior or Prior(PRIOR_SD["timing"], PRIOR_DF, "flat")
     ratios: list[float] = []
     for n in range(1, MAX_PAIRS + 1):
         ratios.append(math.exp(rng.gauss(math.log(true_ratio), sd)))
         if n < MIN_PAIRS:
             continue
         final = n == MAX_PAIRS
-        state = judge_ratios(ratios, tolerance=0.05, direction="lower", prior_sd=PRIOR_SD["timing"],
-                             prior_test=prior_test, final=final).state
-        if state == "pass":
+        rv = judge_ratios(ratios, tolerance=0.05, direction="lower", prior_sd=prior.sd, prior_df=prior.df,
+                          prior_test=prior_test, confidence=confidence, final=final)
+        if rv.state == "pass":
             return "pass"
-        if state == "fail" and n > MIN_PAIRS:
+        if rv.state == "fail" and n > MIN_PAIRS:
             return "fail"
-        if final:
+        if final or (stop_beyond_reach and rv.state == "undecided" and not can_decide(rv, prior, MAX_PAIRS - n)):
             return "inconclusive"
     return "inconclusive"
 

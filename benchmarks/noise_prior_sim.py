@@ -13,31 +13,14 @@ Uses the real :func:`perfbudget.ab.verdict.judge_ratios` and ``can_decide``; not
 from __future__ import annotations
 
 import argparse
-import math
 import random
 import sys
 
-from perfbudget.ab.verdict import NOISE_DF_MAX, PRIOR_DF, PRIOR_SD, Prior, can_decide, judge_ratios
+from ab_prior_sim import (
+    one_run,  # this folder: the same schedule, with a prior and the beyond-reach stop
+)
 
-MIN_PAIRS, MAX_PAIRS = 2, 4
-
-
-def one_run(true_ratio: float, sd: float, prior: Prior, confidence: float, rng: random.Random) -> str:
-    ratios: list[float] = []
-    for n in range(1, MAX_PAIRS + 1):
-        ratios.append(math.exp(rng.gauss(math.log(true_ratio), sd)))
-        if n < MIN_PAIRS:
-            continue
-        final = n == MAX_PAIRS
-        rv = judge_ratios(ratios, tolerance=0.05, direction="lower", prior_sd=prior.sd, prior_df=prior.df,
-                          confidence=confidence, final=final)
-        if rv.state == "pass":
-            return "pass"
-        if rv.state == "fail" and n > MIN_PAIRS:
-            return "fail"
-        if final or (rv.state == "undecided" and not can_decide(rv, prior, MAX_PAIRS - n)):
-            return "inconclusive"
-    return "inconclusive"
+from perfbudget.ab.verdict import NOISE_DF_MAX, PRIOR_DF, PRIOR_SD, PRIOR_TEST, Prior
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
                     for prior in (flat, measured):
                         out = {"pass": 0, "fail": 0, "inconclusive": 0}
                         for _ in range(args.runs):
-                            out[one_run(true_ratio, f * s_m, prior, conf, rng)] += 1
+                            out[one_run(true_ratio, f * s_m, PRIOR_TEST, rng, prior=prior, confidence=conf,
+                                            stop_beyond_reach=True)] += 1
                         cells.append(" / ".join(f"{100 * out[k] / args.runs:.1f} %"
                                                 for k in ("pass", "fail", "inconclusive")))
                     print(f"| {s_m:.1%} | {f:g} | {conf:.1%} | {true_ratio:g} | {cells[0]} | {cells[1]} |")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -21,6 +22,7 @@ __all__ = [
     "UnknownMetricError",
     "family_of",
     "lookup",
+    "op_family_sizes",
     "op_metric",
     "parse_name",
 ]
@@ -243,6 +245,22 @@ OP_TIMED_FAMILIES: tuple[str, ...] = ("op_self_ms", "op_share")
 def family_of(full: str) -> str:
     """``op_self_ms[aten::mm]`` -> ``op_self_ms``: the name before any argument, registered or not."""
     return full.split("[", 1)[0]
+
+
+def op_family_sizes(checks: Iterable[tuple[str, str]]) -> dict[str, int]:
+    """Per group (a test's nodeid, or a budget key), how many statistical per-operator checks it
+    holds among ``(group, metric)`` pairs: the family whose checks share one false-alarm budget."""
+    sizes: dict[str, int] = {}
+    for group, metric in checks:
+        if family_of(metric) not in OP_TIMED_FAMILIES:
+            continue
+        try:
+            statistical = parse_name(metric).metric.statistical
+        except UnknownMetricError:
+            continue
+        if statistical:
+            sizes[group] = sizes.get(group, 0) + 1
+    return sizes
 
 
 def op_metric(metric: str) -> tuple[str, str] | None:

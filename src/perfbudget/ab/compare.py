@@ -24,7 +24,14 @@ from ..budgets.verdict import Outcome, Verdict, decide
 from ..extras import ExtraError, InstructionProfile, OperatorMoves
 from ..measure import stats
 from ..measure.operators import OpMove, op_metric
-from ..metrics import OP_TIMED_FAMILIES, Metric, UnknownMetricError, family_of, parse_name
+from ..metrics import (
+    OP_TIMED_FAMILIES,
+    Metric,
+    UnknownMetricError,
+    family_of,
+    op_family_sizes,
+    parse_name,
+)
 from ..results import BaseSide, BudgetRef, Record, Results
 from .verdict import ABPolicy, RatioVerdict, can_decide, describe_change, judge_ratios, pair_ratio
 
@@ -191,7 +198,7 @@ def compare_pairs(
     for h in heads:
         order.update(dict.fromkeys(h))
     in_base = {c for b in bases for c in b}
-    family = _op_family_sizes(order)
+    family = op_family_sizes((nodeid, metric) for nodeid, _, metric in order)
     context = _Context(budgets=budgets, policy=policy, final=final, min_pairs=min_pairs, pairs_left=pairs_left,
                        base_ran=any(p.base is not None for p in numbered), require_base=require_base,
                        base_problem=next((p.base_problem for p in numbered if p.base_problem), ""))
@@ -281,21 +288,6 @@ class _Used:
     pair: PairRecords
     head: Record
     base: Record | None
-
-
-def _op_family_sizes(checks: Iterable[CheckId]) -> dict[str, int]:
-    """Per nodeid, how many statistical per-operator checks it recorded (in any pair)."""
-    sizes: dict[str, int] = {}
-    for nodeid, _, metric in checks:
-        if family_of(metric) not in OP_TIMED_FAMILIES:
-            continue
-        try:
-            statistical = parse_name(metric).metric.statistical
-        except UnknownMetricError:
-            continue
-        if statistical:
-            sizes[nodeid] = sizes.get(nodeid, 0) + 1
-    return sizes
 
 
 def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_it: bool) -> tuple[Record, str]:

@@ -46,10 +46,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..budgets.noise import CheckNoise, NoiseTable, family_sizes
+from ..budgets.noise import CheckNoise, NoiseTable
 from ..measure import stats
 from ..measure.stats import chi2_sf, pooled_sd, t_quantile
-from ..metrics import OP_TIMED_FAMILIES, Direction, UnknownMetricError, family_of, parse_name
+from ..metrics import (
+    OP_TIMED_FAMILIES,
+    Direction,
+    UnknownMetricError,
+    family_of,
+    op_family_sizes,
+    parse_name,
+)
 
 __all__ = [
     "NOISE_DF_MAX",
@@ -354,7 +361,7 @@ def can_decide(rv: RatioVerdict, prior: Prior, pairs_left: int) -> bool:
 def resolvable_lines(table: NoiseTable, policy: ABPolicy, *, pairs: int) -> list[str]:
     """Before the first pair: per measured check, the change ``pairs`` pairs can resolve if the
     check's spread is the measured one, the least resolvable first (defaults' tolerances)."""
-    families = family_sizes(table)
+    families = op_family_sizes((key, metric) for (key, metric), n in table.checks.items() if n.spread == "pairs")
     rows: list[tuple[float, str]] = []
     for (key, metric), noise in table.checks.items():
         if noise.spread != "pairs":

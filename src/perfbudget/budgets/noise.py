@@ -21,7 +21,7 @@ The file pools exactly: ``ss`` (the sum of squares) and ``df`` add up run after 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,6 @@ import yaml
 
 from ..fileio import atomic_write
 from ..measure.stats import t_quantile
-from ..metrics import OP_TIMED_FAMILIES, family_of
 from .schema import BudgetError
 
 __all__ = [
@@ -39,8 +38,6 @@ __all__ = [
     "NOISE_SCHEMA",
     "CheckNoise",
     "NoiseTable",
-    "describe",
-    "family_sizes",
     "load_noise",
     "noise_path",
 ]
@@ -196,22 +193,3 @@ def _parse(path: Path) -> NoiseTable:
 
 def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def family_sizes(table: NoiseTable) -> dict[str, int]:
-    """Per key, how many statistical per-operator checks the table holds (their shared confidence)."""
-    sizes: dict[str, int] = {}
-    for key, metric in table.checks:
-        if family_of(metric) in OP_TIMED_FAMILIES and table.checks[(key, metric)].spread == "pairs":
-            sizes[key] = sizes.get(key, 0) + 1
-    return sizes
-
-
-def describe(tables: Sequence[NoiseTable]) -> str:
-    """One line per table: its file and what it holds."""
-    lines = []
-    for t in tables:
-        pairs = sum(1 for n in t.checks.values() if n.spread == "pairs")
-        lines.append(f"{t.where}: {pairs} timing check(s), {len(t.checks) - pairs} count(s), "
-                     f"from {len(t.provenance)} run(s)")
-    return "\n".join(lines)
