@@ -38,7 +38,7 @@ def one_run(true_ratio: float, sd: float, prior_test: float, rng: random.Random,
             return "pass"
         if rv.state == "fail" and n > MIN_PAIRS:
             return "fail"
-        if final or (stop_beyond_reach and rv.state == "undecided" and not can_decide(rv, prior, MAX_PAIRS - n)):
+        if final or (stop_beyond_reach and rv.state == "undecided" and not can_decide(rv, MAX_PAIRS - n)):
             return "inconclusive"
     return "inconclusive"
 

@@ -162,11 +162,9 @@ def test_a_check_the_pairs_left_cannot_decide_is_beyond_reach_and_gets_no_more_p
 
 
 def test_can_decide_needs_pairs_left() -> None:
-    policy = ABPolicy()
     rv = judge_ratios([1.03, 1.05], tolerance=0.05, direction="lower", prior_sd=0.025)
-    prior = policy.prior_for(None, "enc", "step_ms", "timing")
-    assert not can_decide(rv, prior, 0)
-    assert can_decide(rv, prior, 50)
+    assert not can_decide(rv, 0)
+    assert can_decide(rv, 50)
 
 
 def test_resolvable_lines_put_the_least_resolvable_first_and_say_which_cannot_pass() -> None:

@@ -371,7 +371,7 @@ def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_
     if not ctx.final and rv.pairs < ctx.min_pairs:
         state = "undecided"  # min_pairs holds per check: a first-pair verdict may still be a side's start-up luck
     elif state == "undecided" and rv.pairs >= 2 and ctx.pairs_left is not None \
-            and not can_decide(rv, prior, ctx.pairs_left):
+            and not can_decide(rv, ctx.pairs_left):
         state = "beyond reach"  # at the spread its own pairs show, the pairs left would not decide it
     if rv.state == "fail" and rv.pairs <= ctx.min_pairs:
         # A failure is confirmed by one more pair, as stored mode confirms before failing: a small

@@ -337,23 +337,20 @@ def judge_ratios(
                                    "(more pairs or a quieter machine resolve smaller ones)")
 
 
-def can_decide(rv: RatioVerdict, prior: Prior, pairs_left: int) -> bool:
+def can_decide(rv: RatioVerdict, pairs_left: int) -> bool:
     """Could ``pairs_left`` more pairs decide this straddling check, if their spread is what it
     shows now?
 
     Projected to ``n + pairs_left`` pairs, the CI's half-width is
-    ``h' = t(conf, df') * sd / sqrt(n + pairs_left)`` (``df'`` growing with the pairs). The check
-    can be decided when ``h'`` is smaller than the estimate's distance from the limit, given
-    one standard error of room for the estimate to move (``sd / sqrt(n)``): a check sitting on
-    its limit, or too noisy for the pairs left, is judged inconclusive without spending them.
+    ``h' = t(conf, df + pairs_left) * sd / sqrt(n + pairs_left)``. The check can be decided when
+    ``h'`` is smaller than the estimate's distance from the limit, given one standard error of
+    room for the estimate to move (``sd / sqrt(n)``): a check sitting on its limit, or too noisy
+    for the pairs left, is judged inconclusive without spending them.
     """
     if pairs_left <= 0:
         return False
     n = rv.pairs
-    df = rv.df + pairs_left
-    if not rv.prior_set_aside:
-        df = min(df, prior.df + n + pairs_left - 1)
-    half = t_quantile(0.5 + rv.confidence / 2.0, df) * rv.sd / math.sqrt(n + pairs_left)
+    half = t_quantile(0.5 + rv.confidence / 2.0, rv.df + pairs_left) * rv.sd / math.sqrt(n + pairs_left)
     distance = abs(math.log(rv.ratio) - math.log(rv.limit))
     return half < distance + rv.sd / math.sqrt(n)
 
