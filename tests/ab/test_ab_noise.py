@@ -34,7 +34,7 @@ def ab_results(checks: dict[str, tuple[float, ...]], *, head: str = "a" * 40, ba
     recs += [Record(nodeid=NODE, key="enc", metric=m, outcome="unbudgeted", value=1000.0 * r, device=DEV, kind="count",
                     base=BaseSide(value=1000.0, ratio=r, pairs=1))
              for m, r in (counts or {}).items()]
-    return Results(records=recs, meta={"ab": {"head_commit": head, "base_commit": base}})
+    return Results(records=recs, meta={"ab": {"head_commit": head, "base_commit": base, "burst_ms": 100.0}})
 
 
 def test_calibration_pools_each_checks_per_pair_spread_about_its_runs_own_mean() -> None:
@@ -47,7 +47,7 @@ def test_calibration_pools_each_checks_per_pair_spread_about_its_runs_own_mean()
     ys2 = [math.log(x) for x in (1.21, 1.19)]
     ss = sum((y - sum(ys1) / 3) ** 2 for y in ys1) + sum((y - sum(ys2) / 2) ** 2 for y in ys2)
     assert n.ss == pytest.approx(ss) and n.sd == pytest.approx(math.sqrt(ss / 3))
-    assert [p["file"] for p in table.provenance] == ["r1.json", "r2.json"]
+    assert [(p["file"], p["burst_ms"]) for p in table.provenance] == [("r1.json", 100.0), ("r2.json", 100.0)]
 
 
 def test_counts_are_calibrated_from_aa_runs_only() -> None:

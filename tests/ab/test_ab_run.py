@@ -105,6 +105,7 @@ def test_aa_passes_through_real_turn_taking(make_repo: Callable[..., Path]) -> N
     saved = load_results(repo / ".perfbudget" / "ab" / "results.json")
     meta = saved.meta["ab"]
     assert meta["base_commit"] and meta["pairs"] == len(result.pairs) and meta["stopped"] in ("decided", "max pairs")
+    assert meta["burst_ms"] == 15  # the spread depends on it: calibrations keep it
     assert saved.records[0].base == step.base
 
 

@@ -136,7 +136,7 @@ def test_outside_an_ab_run_everything_is_a_no_op(monkeypatch: pytest.MonkeyPatch
 
 def test_burst_ms_reads_the_environment_and_names_a_bad_value(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(turns.ENV_BURST_MS, raising=False)
-    assert turns.burst_ms() == turns.DEFAULT_BURST_MS == 400.0
+    assert turns.burst_ms() == turns.DEFAULT_BURST_MS == 100.0
     monkeypatch.setenv(turns.ENV_BURST_MS, "25")
     assert turns.burst_ms() == 25.0
     for bad in ("0", "-3", "fast", "nan"):

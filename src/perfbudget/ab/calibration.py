@@ -65,6 +65,8 @@ def calibrate(results: Iterable[tuple[str, Results]], *, date: str | None = None
         for identity, checks in per_identity.items():
             prov = {"file": Path(name).name, "head": head[:12], "base": base[:12], "aa": aa, "pairs": pairs_seen,
                     "date": day, "checks": len(checks)}
+            if ab.get("burst_ms") is not None:  # the spread depends on it: benchmarks/burst-length-cpu.md
+                prov["burst_ms"] = ab["burst_ms"]
             table = NoiseTable(identity=identity, checks=checks, provenance=(prov,))
             tables[identity] = tables[identity].pooled(table) if identity in tables else table
     return tables

@@ -29,6 +29,7 @@ from ..exitcodes import ExitCode
 from ..fileio import atomic_write
 from ..instructions_run import callgrind_environment, under_callgrind
 from ..judge import AB_PRECISION_ENV
+from ..measure import turns
 from ..measure.instructions import INSTALL_HINT, build_helper
 from ..measure.unmeasurable import Unmeasurable
 from ..metrics import op_metric
@@ -332,6 +333,7 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
             "min_pairs": config.min_pairs, "max_pairs": config.max_pairs, "stopped": stopped,
             "strict": config.strict, "allow_missing_base": config.allow_missing_base,
             "wall_s": round(wall_s, 3), "cpus": list(cpus),
+            "burst_ms": config.burst_ms if config.burst_ms is not None else turns.burst_ms(),
             "compared": sum(1 for r in comparison.records if r.base is not None),
             "not_compared": len(comparison.not_compared), "base_only": [list(c) for c in comparison.base_only],
             "inconclusive": [list(c) for c in comparison.inconclusive],

@@ -65,10 +65,12 @@ ENV_REPORT = "PERFBUDGET_TURNS_REPORT"
 
 SIDES: tuple[str, ...] = ("base", "head")
 
-# Bursts long enough that the hand-over (two socket round trips, ~0.1 ms) is noise, short
-# enough that both sides see the same minutes of machine state; benchmarks/ab-gate-cpu.md
-# measures the gate run with this default.
-DEFAULT_BURST_MS = 400.0
+# Bursts long enough that the hand-over (two socket round trips, ~0.1 ms, and one untimed
+# re-warm call) is small, short enough that the two sides see the same machine: a 2-vCPU VM's
+# speed drifts within a second (benchmarks/process-causes-cpu.md), and A/A pairs of this suite
+# agreed 2-3x better with 100 ms bursts than with 400 ms, in the same wall time
+# (benchmarks/burst-length-cpu.md).
+DEFAULT_BURST_MS = 100.0
 # The other side may legitimately keep the machine for minutes (torch.compile, a session
 # fixture building a workload); past this the run is assumed broken, and this process
 # stops waiting rather than hang its CI job.
@@ -109,7 +111,7 @@ def active() -> bool:
 
 
 def burst_ms() -> float:
-    """Target burst length in milliseconds, from ``PERFBUDGET_TURNS_BURST_MS`` (default 400).
+    """Target burst length in milliseconds, from ``PERFBUDGET_TURNS_BURST_MS`` (default 100).
 
     Raises:
         ValueError: naming the variable when it is not a positive number.

@@ -1,0 +1,467 @@
+"""A user-size repository under the A/B gate: A/A runs and planted +5 % / +10 % changes, resumable.
+
+Builds, in a scratch folder, what a user's own repository looks like: models from a model
+library's configs (``transformers``: a tiny BERT classifier trained a step at a time, a tiny GPT-2
+serving streamed greedy generations with its KV cache), a small conv net eager and compiled;
+perfbudget installed from this source tree as a wheel into a fresh virtual environment; perf
+tests written only with the public API (step, operators and FLOPs, memory, numerics, serving,
+compile health); budgets written by ``--update-budgets``; three branches:
+
+- ``main``: the models;
+- ``plant5`` / ``plant10``: one commit on ``main`` adding real work (a fixed number of small
+  matmuls) to the BERT training step and to every GPT-2 decode step, sized at set-up to +5 % /
+  +10 % of each, measured in one process by interleaving the plain and the planted call.
+
+Each ``run`` is one ``perfbudget ab`` with default settings except ``--max-minutes 10``: an A/A
+(``main`` against ``main``) or a plant against ``main``. Its numbers (every timing/rate check's
+outcome and pair ratios, the planted checks' verdicts, wall time, the machine) are appended to
+``benchmarks/user-repo-cpu.json`` and the table ``benchmarks/user-repo-cpu.md`` is written again,
+so the benchmark can be run in parts, across sessions and machines (rows keep their machine).
+
+The planted checks carry ``ab_tolerance: 0.025`` (a user who wants +5 % caught says so in the
+budget file; with the default 5 % a +5 % change sits on the limit): *caught* = that check fails.
+
+Usage (a quiet 2-vCPU machine, nothing else timing)::
+
+    python benchmarks/user_repo.py setup [--work DIR]          # ~5 min: wheel, venv, repo, budgets, plants
+    python benchmarks/user_repo.py run aa [--runs 8]           # <= 10 min each
+    python benchmarks/user_repo.py run plant10 [--runs 6]
+    python benchmarks/user_repo.py run plant5 [--runs 6]
+    python benchmarks/user_repo.py table                       # rewrite the .md from the .json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import glob
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+RESULTS = HERE / "user-repo-cpu.json"
+TABLE = HERE / "user-repo-cpu.md"
+DEFAULT_WORK = ROOT / ".perfbudget" / "user-repo"
+TORCH = "torch==2.13.0"
+TRANSFORMERS = "transformers==4.57.6"
+PLANTED = (("bert-train", "step_ms"), ("gpt2-serve", "token_ms"))
+SERVING = ("ttft_ms", "token_ms", "e2e_ms_p50", "e2e_ms_p90", "tokens_per_s")
+KINDS = {"aa": "main", "plant5": "plant5", "plant10": "plant10"}
+MAX_MINUTES = 10
+
+MODELS = '''\
+"""The models under test: built from transformers' configs, no weights downloaded."""
+
+import torch
+from torch import nn
+from transformers import BertConfig, BertForSequenceClassification, GPT2Config, GPT2LMHeadModel
+
+PLANT_BERT = 0  # extra matmuls per BERT training step (a planted regression when > 0)
+PLANT_DECODE = 0  # extra matmuls per GPT-2 decode step
+_W = torch.randn(64, 64, generator=torch.Generator().manual_seed(7))
+
+
+def planted(n: int) -> None:
+    for _ in range(n):
+        torch.mm(_W, _W)
+
+
+class BertTrainer:
+    def __init__(self, batch: int = 16, seq: int = 64) -> None:
+        torch.manual_seed(0)
+        cfg = BertConfig(vocab_size=2000, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         intermediate_size=256, max_position_embeddings=128, num_labels=2)
+        self.model = BertForSequenceClassification(cfg).train()
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+        g = torch.Generator().manual_seed(1)
+        self.ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=g)
+        self.labels = torch.randint(0, 2, (batch,), generator=g)
+        self.batch = batch
+
+    def loss(self) -> torch.Tensor:
+        return self.model(input_ids=self.ids, labels=self.labels).loss
+
+    def step(self) -> torch.Tensor:
+        self.opt.zero_grad(set_to_none=True)
+        loss = self.loss()
+        loss.backward()
+        self.opt.step()
+        planted(PLANT_BERT)
+        return loss.detach()
+
+
+class Gpt2Server:
+    def __init__(self, n_requests: int = 64, new_tokens: int = 12) -> None:
+        torch.manual_seed(0)
+        cfg = GPT2Config(vocab_size=2000, n_positions=128, n_embd=128, n_layer=2, n_head=4)
+        self.model = GPT2LMHeadModel(cfg).eval()
+        g = torch.Generator().manual_seed(2)
+        lengths = torch.randint(4, 48, (n_requests,), generator=g).tolist()
+        self.prompts = [torch.randint(0, cfg.vocab_size, (1, n), generator=g) for n in lengths]
+        self.new_tokens = new_tokens
+
+    def stream(self, ids: torch.Tensor):
+        with torch.inference_mode():
+            out = self.model(input_ids=ids, use_cache=True)
+            token = out.logits[:, -1:].argmax(-1)
+        yield token
+        for _ in range(self.new_tokens - 1):
+            with torch.inference_mode():
+                out = self.model(input_ids=token, past_key_values=out.past_key_values, use_cache=True)
+                token = out.logits[:, -1:].argmax(-1)
+                planted(PLANT_DECODE)
+            yield token
+
+    def requests(self):
+        return [lambda ids=ids: self.stream(ids) for ids in self.prompts]
+
+
+class ConvNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        def block(i, o):
+            return nn.Sequential(nn.Conv2d(i, o, 3, padding=1), nn.BatchNorm2d(o), nn.ReLU(), nn.MaxPool2d(2))
+        self.features = nn.Sequential(block(3, 16), block(16, 32), block(32, 64))
+        self.head = nn.Linear(64 * 4 * 4, 10)
+
+    def forward(self, x):
+        return self.head(self.features(x).flatten(1))
+
+
+class ConvTrainer:
+    def __init__(self, compiled: bool = False, batch: int = 16) -> None:
+        torch.manual_seed(0)
+        self.model = ConvNet()
+        self.forward = torch.compile(self.model) if compiled else self.model
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
+        g = torch.Generator().manual_seed(3)
+        self.x = torch.randn(batch, 3, 32, 32, generator=g)
+        self.y = torch.randint(0, 10, (batch,), generator=g)
+        self.batch = batch
+
+    def step(self) -> torch.Tensor:
+        self.opt.zero_grad(set_to_none=True)
+        loss = nn.functional.cross_entropy(self.forward(self.x), self.y)
+        loss.backward()
+        self.opt.step()
+        return loss.detach()
+'''
+
+TESTS = {
+    "tests_perf/conftest.py": '''\
+import pytest
+
+from usermodels import BertTrainer, ConvTrainer, Gpt2Server
+
+
+@pytest.fixture(scope="module")
+def bert():
+    t = BertTrainer()
+    for _ in range(3):
+        t.step()
+    return t
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    s = Gpt2Server()
+    for make in s.requests()[:4]:
+        for _ in make():
+            pass
+    return s
+
+
+@pytest.fixture(scope="module")
+def conv():
+    t = ConvTrainer()
+    for _ in range(3):
+        t.step()
+    return t
+''',
+    "tests_perf/test_bert.py": '''\
+import pytest
+import torch
+
+from usermodels import BertTrainer
+
+pytestmark = pytest.mark.budget("bert-train")
+
+
+def test_step(perf, bert):
+    perf.step(bert.step, samples_per_step=bert.batch)
+
+
+def test_operators(perf, bert):
+    perf.operators(bert.step)
+    perf.flops(bert.step)
+
+
+def test_memory(perf, bert):
+    perf.memory(bert.loss, optimizer=bert.opt)
+
+
+def test_numerics(perf):
+    t = BertTrainer()
+
+    def bf16_step():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return t.step()
+
+    perf.grads(bf16_step, t.model, steps=5)
+''',
+    "tests_perf/test_gpt2.py": '''\
+import pytest
+
+pytestmark = pytest.mark.budget("gpt2-serve")
+
+
+def test_serving(perf, gpt2):
+    perf.serve(gpt2.requests)
+''',
+    "tests_perf/test_conv.py": '''\
+import pytest
+import torch
+
+from perfbudget.measure import compile_health
+from usermodels import ConvTrainer
+
+
+@pytest.mark.budget("conv-train")
+def test_step(perf, conv):
+    perf.step(conv.step, samples_per_step=conv.batch)
+
+
+@pytest.mark.compiles
+@pytest.mark.budget("conv-compiled")
+def test_compiled(perf):
+    t = ConvTrainer(compiled=True)
+    perf.compile_health(compile_health.warm_until_stable(t.step, [()]))
+    with perf.no_recompiles():
+        perf.step(t.step, samples_per_step=t.batch)
+''',
+    "pytest.ini": '''\
+[pytest]
+addopts = -p no:randomly
+''',
+    ".gitignore": ".perfbudget/\n__pycache__/\n",
+}
+
+
+def sh(cmd: list[str], cwd: Path | None = None, env: dict[str, str] | None = None, check: bool = True,
+       capture: bool = False) -> subprocess.CompletedProcess[str]:
+    print("+", " ".join(cmd), flush=True)
+    return subprocess.run(cmd, cwd=cwd, env=env, check=check, text=True,
+                          capture_output=capture)
+
+
+def git(repo: Path, *args: str) -> str:
+    return sh(["git", *args], cwd=repo, capture=True).stdout.strip()
+
+
+def venv_env(work: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{work / 'venv' / 'bin'}:{env['PATH']}"
+    env.pop("PYTHONPATH", None)
+    env["VIRTUAL_ENV"] = str(work / "venv")
+    return env
+
+
+CALIBRATE = '''\
+import statistics, sys, time
+import torch
+import usermodels as um
+torch.set_num_threads(1)
+b, s = um.BertTrainer(), um.Gpt2Server()
+for _ in range(5): b.step()
+def decode_run():
+    t = []
+    for make in s.requests()[:16]:
+        it = make(); next(it)
+        for _ in it:
+            pass
+mm = lambda n: um.planted(n)
+def timed(fn, reps):
+    t0 = time.perf_counter()
+    for _ in range(reps): fn()
+    return (time.perf_counter() - t0) / reps
+decode_run()
+steps = [statistics.median(timed(b.step, 1) for _ in range(5)) for _ in range(20)]
+mm_s = statistics.median(timed(lambda: mm(50), 1) / 50 for _ in range(40))
+decode_s = statistics.median(timed(decode_run, 1) for _ in range(5)) / (16 * (s.new_tokens - 1))
+print(statistics.median(steps), decode_s, mm_s)
+'''
+
+
+def setup(work: Path) -> None:
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    sh([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(work / "dist"), str(ROOT)])
+    wheel = glob.glob(str(work / "dist" / "perfbudget-*.whl"))[0]
+    sh([sys.executable, "-m", "venv", str(work / "venv")])
+    pip = [str(work / "venv" / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    if sh([*pip, f"{TORCH}+cpu"], check=False).returncode != 0:  # a local wheel first, else torch's CPU index
+        sh([*pip, "--index-url", "https://download.pytorch.org/whl/cpu", f"{TORCH}+cpu"])
+    sh([*pip, "triton==3.6.0", "numpy<2.4", TRANSFORMERS, wheel])
+    repo = work / "repo"
+    repo.mkdir()
+    (repo / "usermodels.py").write_text(MODELS)
+    for rel, text in TESTS.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(text)
+    env = venv_env(work)
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "-c", "user.name=u", "-c", "user.email=u@x", "add", "-A")
+    git(repo, "-c", "user.name=u", "-c", "user.email=u@x", "commit", "-qm", "models and perf tests")
+    # Budgets as a user writes them: --update-budgets, then the planted checks' A/B tolerance.
+    sh(["taskset", "-c", "1", "pytest", "tests_perf", "-q", "--update-budgets"], cwd=repo, env=env)
+    ident = glob.glob(str(repo / "budgets" / "cpu-*.yaml"))
+    import yaml
+
+    for path in ident:
+        doc = yaml.safe_load(Path(path).read_text())
+        for key, metric in PLANTED:
+            entry = doc.get("budgets", {}).get(key, {}).get(metric)
+            if entry is not None:
+                entry["ab_tolerance"] = 0.025
+        Path(path).write_text(yaml.safe_dump(doc, sort_keys=False))
+    git(repo, "add", "-A")
+    git(repo, "-c", "user.name=u", "-c", "user.email=u@x", "commit", "-qm", "budgets")
+    # Size the plants on this machine: a step, a decode step and one planted matmul, one process.
+    out = sh(["taskset", "-c", "1", str(work / "venv" / "bin" / "python"), "-c", CALIBRATE], cwd=repo, env=env,
+             capture=True).stdout.split()
+    step_s, decode_s, mm_s = (float(x) for x in out[-3:])
+    plants = {}
+    for name, frac in (("plant5", 0.05), ("plant10", 0.10)):
+        n_bert, n_dec = max(1, round(frac * step_s / mm_s)), max(1, round(frac * decode_s / mm_s))
+        git(repo, "checkout", "-q", "-b", name, "main")
+        text = MODELS.replace("PLANT_BERT = 0 ", f"PLANT_BERT = {n_bert} ").replace(
+            "PLANT_DECODE = 0 ", f"PLANT_DECODE = {n_dec} ")
+        (repo / "usermodels.py").write_text(text)
+        git(repo, "-c", "user.name=u", "-c", "user.email=u@x", "commit", "-qam", f"planted +{frac:.0%}")
+        plants[name] = {"bert_matmuls": n_bert, "decode_matmuls": n_dec,
+                        "bert_plant": n_bert * mm_s / step_s, "decode_plant": n_dec * mm_s / decode_s}
+    git(repo, "checkout", "-q", "main")
+    info = {"step_ms": step_s * 1e3, "decode_step_ms": decode_s * 1e3, "matmul_us": mm_s * 1e6,
+            "plants": plants, "wheel": Path(wheel).name, "transformers": TRANSFORMERS}
+    (work / "setup.json").write_text(json.dumps(info, indent=1))
+    print(json.dumps(info, indent=1))
+
+
+def summarise(results: dict, kind: str) -> dict:
+    records = [r for r in results["records"] if (r.get("extra") or {}).get("ab", {}).get("compared")
+               and r.get("kind") in ("timing", "rate")]
+    checks = {}
+    for r in records:
+        base = r.get("base") or {}
+        checks[f"{r['key']}.{r['metric']}"] = {"outcome": r["outcome"], "ratio": base.get("ratio"),
+                                               "pairs": base.get("pair_ratios", []),
+                                               "sd": r["extra"]["ab"].get("sd")}
+    return checks
+
+
+def run(work: Path, kind: str, runs: int) -> None:
+    repo, env = work / "repo", venv_env(work)
+    setup_info = json.loads((work / "setup.json").read_text())
+    for _ in range(runs):
+        git(repo, "checkout", "-q", KINDS[kind])
+        out = work / f"{kind}-{int(time.time())}.json"
+        t0 = time.monotonic()
+        proc = sh(["perfbudget", "ab", "--base", "main", "--max-minutes", str(MAX_MINUTES), "--out", str(out),
+                   "--", "tests_perf"], cwd=repo, env=env, check=False)
+        wall = time.monotonic() - t0
+        ident = sh(["perfbudget", "show", "--identity"], cwd=repo, env=env, capture=True).stdout.strip()
+        if not out.exists():
+            raise SystemExit(f"perfbudget ab exited {proc.returncode} without results: see its output above")
+        results = json.loads(out.read_text())
+        row = {"kind": kind, "exit": proc.returncode, "wall_s": round(wall),
+               "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+               "identity": ident, "commit_of_perfbudget": git(ROOT, "rev-parse", "--short", "HEAD"),
+               "pairs": (results.get("meta", {}).get("ab") or {}).get("pairs"),
+               "stop": (results.get("meta", {}).get("ab") or {}).get("stopped"),
+               "prior": "measured" if ((results.get("meta", {}).get("ab") or {}).get("policy") or {}).get("noise")
+               else "flat",
+               "burst_ms": (results.get("meta", {}).get("ab") or {}).get("burst_ms"),
+               "plant": setup_info["plants"].get(kind), "checks": summarise(results, kind)}
+        data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"runs": []}
+        data["runs"].append(row)
+        RESULTS.write_text(json.dumps(data, indent=1) + "\n")
+        write_table()
+        git(repo, "checkout", "-q", "main")
+
+
+def _pct(x: float) -> str:
+    return f"{x:.0%}"
+
+
+def write_table() -> None:
+    data = json.loads(RESULTS.read_text())
+    lines = ["# A user-size repository under the A/B gate (CPU)", "",
+             "Written by `python benchmarks/user_repo.py` (see its docstring for the repository it builds);",
+             "one row per `perfbudget ab` run, default settings except `--max-minutes 10`. *decided*: timing",
+             "and rate checks compared with the base that passed or failed (not inconclusive); *caught*: the",
+             "planted check failed (`bert-train.step_ms`, `gpt2-serve.token_ms`, `ab_tolerance` 2.5 %).",
+             "Per-pair sd: of ln(head/base), the run's own pairs.", "",
+             "| run | date | machine | perfbudget | burst ms | prior | exit | wall s | pairs | stop | decided | failed | "
+             "planted (set-up) | caught | planted ratio read | serving per-pair sd (max) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for i, row in enumerate(data["runs"], 1):
+        checks = row["checks"]
+        decided = sum(c["outcome"] in ("pass", "fail", "stale") for c in checks.values())
+        failed = sorted(k for k, c in checks.items() if c["outcome"] == "fail")
+        planted = [f"{k}.{m}" for k, m in PLANTED]
+        caught = [k.split(".")[0] for k in planted if checks.get(k, {}).get("outcome") == "fail"]
+        read = ", ".join(f"{checks[k]['ratio']:.3f}" for k in planted if checks.get(k, {}).get("ratio"))
+        sds = [statistics.stdev(math.log(x) for x in c["pairs"]) for k, c in checks.items()
+               if k.split(".")[-1] in SERVING and len(c["pairs"]) > 1]
+        plant = row.get("plant")
+        plant_txt = f"+{plant['bert_plant']:.1%} / +{plant['decode_plant']:.1%}" if plant else "none"
+        others = [f for f in failed if f not in planted]
+        cells = [f"{row['kind']} {i}", row["date"], row["identity"], row["commit_of_perfbudget"],
+                 row.get("burst_ms"), row.get("prior"), row["exit"],
+                 row["wall_s"], row["pairs"], row["stop"],
+                 f"{decided} of {len(checks)} ({_pct(decided / max(1, len(checks)))})", ", ".join(others) or "none",
+                 plant_txt, (", ".join(caught) or "none") if plant else "-", read, f"{max(sds):.1%}" if sds else "-"]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    undecided: dict[str, int] = {}
+    for row in data["runs"]:
+        if row["kind"] == "aa":
+            for k, c in row["checks"].items():
+                if c["outcome"] not in ("pass", "fail", "stale"):
+                    undecided[k] = undecided.get(k, 0) + 1
+    if undecided:
+        lines += ["", "Checks left undecided in A/A runs (times):", ""]
+        lines += [f"- `{k}`: {n}" for k, n in sorted(undecided.items(), key=lambda kv: -kv[1])]
+    TABLE.write_text("\n".join(lines) + "\n")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("setup")
+    p.add_argument("--work", type=Path, default=DEFAULT_WORK)
+    p = sub.add_parser("run")
+    p.add_argument("kind", choices=tuple(KINDS))
+    p.add_argument("--runs", type=int, default=1)
+    p.add_argument("--work", type=Path, default=DEFAULT_WORK)
+    sub.add_parser("table")
+    args = ap.parse_args()
+    if args.cmd == "setup":
+        setup(args.work)
+    elif args.cmd == "run":
+        run(args.work, args.kind, args.runs)
+    else:
+        write_table()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
