@@ -9,10 +9,19 @@ import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["atomic_write", "lock"]
+__all__ = ["atomic_write", "lock", "shown_path"]
 
 DEFAULT_MODE = 0o644
 """Permissions of a new file (the temp file is created 0600; results and budgets are meant to be shared)."""
+
+
+def shown_path(path: str | os.PathLike[str]) -> str:
+    """``path`` as a message shows it: relative to the working folder when it lies under it."""
+    p = Path(path)
+    if p.is_absolute():
+        with contextlib.suppress(ValueError):
+            return str(p.resolve().relative_to(Path.cwd().resolve()))
+    return str(p)
 
 
 def atomic_write(path: str | os.PathLike[str], data: str | bytes, *, encoding: str = "utf-8") -> Path:

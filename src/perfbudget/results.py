@@ -16,7 +16,7 @@ from .budgets.schema import Budget
 from .budgets.update import Measured, measured_value
 from .budgets.verdict import Outcome, Verdict
 from .device import DeviceInfo
-from .fileio import atomic_write
+from .fileio import atomic_write, shown_path
 from .metrics import UnknownMetricError
 from .vocabulary import count_outcomes
 
@@ -178,9 +178,7 @@ class BudgetRef:
     @property
     def where(self) -> str:
         """``budgets/cpu.yaml:12`` (or the file alone), relative to the working folder when under it."""
-        source = self.source
-        with contextlib.suppress(ValueError):
-            source = str(Path(source).resolve().relative_to(Path.cwd().resolve())) if Path(source).is_absolute() else source
+        source = shown_path(self.source)
         return f"{source}:{self.line}" if self.line else source
 
 

@@ -76,6 +76,14 @@ def test_a_noise_file_round_trips_and_pools(tmp_path: Path) -> None:
     assert load_noise(tmp_path / "nowhere") == {}
 
 
+def test_a_noise_file_is_named_relative_to_the_working_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    NoiseTable(identity=ID, checks={("enc", "step_ms"): CheckNoise(ss=0.001, df=4, runs=1)}).write(tmp_path / "budgets")
+    back = load_noise(tmp_path / "budgets")[ID]
+    assert back.path is not None and back.path.is_absolute()
+    assert back.where == f"budgets/noise/{ID}.yaml"  # what a verdict's reason shows
+
+
 @pytest.mark.parametrize(("text", "where"), [
     ("schema: 1\nidentity: other\nchecks: {}\n", "identity: expected the identity the file is named after"),
     ("schema: 2\nidentity: X\nchecks: {}\n", "schema: expected schema 1, got 2"),

@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from ..fileio import atomic_write
+from ..fileio import atomic_write, shown_path
 from ..measure.stats import t_quantile
 from .schema import BudgetError
 
@@ -98,7 +98,7 @@ class NoiseTable:
 
     @property
     def where(self) -> str:
-        return str(self.path) if self.path is not None else f"{NOISE_DIR}/{self.identity}.yaml"
+        return shown_path(self.path) if self.path is not None else f"{NOISE_DIR}/{self.identity}.yaml"
 
     def get(self, key: str, metric: str) -> CheckNoise | None:
         return self.checks.get((key, metric))
