@@ -249,6 +249,7 @@ def test_compiled(perf):
 ''',
     "pytest.ini": '''\
 [pytest]
+pythonpath = .
 addopts = -p no:randomly
 ''',
     ".gitignore": ".perfbudget/\n__pycache__/\n",
@@ -350,7 +351,7 @@ def setup(work: Path) -> None:
         plants[name] = {"bert_matmuls": n_bert, "decode_matmuls": n_dec,
                         "bert_plant": n_bert * mm_s / step_s, "decode_plant": n_dec * mm_s / decode_s}
     git(repo, "checkout", "-q", "main")
-    info = {"step_ms": step_s * 1e3, "decode_step_ms": decode_s * 1e3, "matmul_us": mm_s * 1e6,
+    info = {"perfbudget_commit": git(ROOT, "rev-parse", "--short", "HEAD"), "step_ms": step_s * 1e3, "decode_step_ms": decode_s * 1e3, "matmul_us": mm_s * 1e6,
             "plants": plants, "wheel": Path(wheel).name, "transformers": TRANSFORMERS}
     (work / "setup.json").write_text(json.dumps(info, indent=1))
     print(json.dumps(info, indent=1))
@@ -384,7 +385,7 @@ def run(work: Path, kind: str, runs: int) -> None:
         results = json.loads(out.read_text())
         row = {"kind": kind, "exit": proc.returncode, "wall_s": round(wall),
                "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-               "identity": ident, "commit_of_perfbudget": git(ROOT, "rev-parse", "--short", "HEAD"),
+               "identity": ident, "commit_of_perfbudget": setup_info["perfbudget_commit"],
                "pairs": (results.get("meta", {}).get("ab") or {}).get("pairs"),
                "stop": (results.get("meta", {}).get("ab") or {}).get("stopped"),
                "prior": "measured" if ((results.get("meta", {}).get("ab") or {}).get("policy") or {}).get("noise")

@@ -187,3 +187,25 @@ def test_a_gpm_metric_nvml_refuses_is_unmeasurable_not_a_crash(monkeypatch: pyte
         values_pct={"sm_occupancy": 40.0, "tensor_util": 10.0}, window_s=1.0, padded_s=0.0))
     assert recorder_module._gpm_pass(lambda: None, windows=2, metrics=("sm_occupancy", "tensor_util")) == {
         "sm_occupancy": [0.4, 0.4], "tensor_util": [0.1, 0.1]}
+
+
+def test_serve_takes_rounds_of_the_same_requests_in_order(recorder: PerfRecorder) -> None:
+    served: list[int] = []
+
+    def request(i: int):
+        def stream():
+            served.append(i)
+            for _ in range(3):
+                yield i
+        return stream
+
+    def requests():
+        return [request(i) for i in range(5)]
+
+    recorder.serve(requests, rounds=3)
+    assert served == list(range(5)) * 3  # an A/B run pairs request i with itself, round by round
+    records = {r.metric: r for r in recorder.records()}
+    assert records["e2e_ms_p50"].n == 15 and records["ttft_ms"].n == 15
+    assert records["token_ms"].n == 15 * 2  # the tokens after each first one
+    with pytest.raises(ValueError, match="rounds must be >= 1, got 0"):
+        recorder.serve(requests, rounds=0)

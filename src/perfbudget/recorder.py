@@ -39,11 +39,15 @@ from .metrics import OP_METRIC_FAMILIES, UnknownMetricError, op_metric, parse_na
 from .results import Record
 from .vocabulary import Outcome
 
-__all__ = ["AB_OPERATORS_ENV", "NEW_OP_SHARE_CHECK", "NEW_OP_SHARE_UPDATE", "OPERATOR_FAMILIES", "OP_ROUNDS", "CountedSteps",
+__all__ = ["AB_OPERATORS_ENV", "NEW_OP_SHARE_CHECK", "NEW_OP_SHARE_UPDATE", "OPERATOR_FAMILIES", "OP_ROUNDS", "SERVE_ROUNDS", "CountedSteps",
            "PerfRecorder", "ServeRound", "pinned_operators"]
 
 #: Profiled rounds behind each per-operator sample set (one sample per round).
 OP_ROUNDS = 16
+#: Rounds of requests behind each serving sample set. One round of 64 requests left a pair's
+#: median per-request ratio uncertain by 3-5 % (its own sampling, a user's tiny GPT-2:
+#: benchmarks/user-repo-cpu.md), as much as the pairs differed.
+SERVE_ROUNDS = 4
 #: Operators above this share of the step get budgets when budgets are written...
 NEW_OP_SHARE_UPDATE = 0.05
 #: ...and a new operator must pass this share before a check run calls it unbudgeted.
@@ -85,7 +89,7 @@ def pinned_operators(path: str, nodeid: str, key: str) -> tuple[str, ...] | None
 
 @dataclass(frozen=True, kw_only=True)
 class ServeRound:
-    """Latencies of one round of streamed requests, each paired with its reference time."""
+    """Latencies of one sample set of streamed requests (its rounds in order), each paired with its reference time."""
 
     samples: dict[str, tuple[list[float], list[float]]]
     """metric -> (samples, paired machine-speed reference times)."""
@@ -369,6 +373,7 @@ class PerfRecorder:
         requests: Callable[[], Iterable[Callable[[], Iterable[Any]]]],
         *,
         reference: Callable[[], Any] | bool | None = None,
+        rounds: int = SERVE_ROUNDS,
     ) -> dict[str, Verdict]:
         """Record serving latencies of streamed requests: ``ttft_ms``, ``token_ms``,
         ``e2e_ms_p50``, ``e2e_ms_p90`` and ``tokens_per_s``.
@@ -379,12 +384,16 @@ class PerfRecorder:
                 should hold >= 64 requests so a p90 has samples above it.
             reference: as in :meth:`time` (default: none); timed after every request, and
                 every latency is paired with its request's reference time.
+            rounds: rounds of requests per sample set (``requests()`` called once per round);
+                an A/B run pairs each request with itself on the other side, round by round.
 
         Returns:
             metric -> verdict.
         """
+        if rounds < 1:
+            raise ValueError(f"rounds must be >= 1, got {rounds!r}")
         ref = self._reference(reference)
-        passes = Passes(lambda: self._serve_round(requests, ref))
+        passes = Passes(lambda: self._serve_round(requests, ref, rounds))
 
         def of(metric: str, part: int) -> Callable[[ServeRound], list[float]]:
             return lambda r: r.samples[metric][part]
@@ -393,9 +402,11 @@ class PerfRecorder:
                 for m in _SERVE_METRICS}
 
     def _serve_round(self, requests: Callable[[], Iterable[Callable[[], Iterable[Any]]]],
-                     ref: Callable[[], Any] | None) -> ServeRound:
+                     ref: Callable[[], Any] | None, rounds: int) -> ServeRound:
         out: dict[str, tuple[list[float], list[float]]] = {m: ([], []) for m in _SERVE_METRICS}
-        for t in time_streams(requests(), device=self._dev, threads=self._timing_threads(), reference=ref):
+        timed = (t for _ in range(rounds)
+                 for t in time_streams(requests(), device=self._dev, threads=self._timing_threads(), reference=ref))
+        for t in timed:
             values = {"ttft_ms": [t.first_ms], "token_ms": list(t.item_ms), "e2e_ms_p50": [t.total_ms],
                       "e2e_ms_p90": [t.total_ms], "tokens_per_s": [t.items_per_s]}
             for metric, xs in values.items():
