@@ -276,14 +276,13 @@ def venv_env(work: Path) -> dict[str, str]:
 
 
 CALIBRATE = '''\
-import statistics, sys, time
+import statistics, time
 import torch
 import usermodels as um
 torch.set_num_threads(1)
 b, s = um.BertTrainer(), um.Gpt2Server()
 for _ in range(5): b.step()
 def decode_run():
-    t = []
     for make in s.requests()[:16]:
         it = make(); next(it)
         for _ in it:

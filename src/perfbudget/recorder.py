@@ -393,7 +393,7 @@ class PerfRecorder:
         if rounds < 1:
             raise ValueError(f"rounds must be >= 1, got {rounds!r}")
         ref = self._reference(reference)
-        passes = Passes(lambda: self._serve_round(requests, ref, rounds))
+        passes = Passes(lambda: self._serve_rounds(requests, ref, rounds))
 
         def of(metric: str, part: int) -> Callable[[ServeRound], list[float]]:
             return lambda r: r.samples[metric][part]
@@ -401,7 +401,7 @@ class PerfRecorder:
         return {m: self._record(m, passes.measurement(of(m, 0), reference=of(m, 1) if ref is not None else None))
                 for m in _SERVE_METRICS}
 
-    def _serve_round(self, requests: Callable[[], Iterable[Callable[[], Iterable[Any]]]],
+    def _serve_rounds(self, requests: Callable[[], Iterable[Callable[[], Iterable[Any]]]],
                      ref: Callable[[], Any] | None, rounds: int) -> ServeRound:
         out: dict[str, tuple[list[float], list[float]]] = {m: ([], []) for m in _SERVE_METRICS}
         timed = (t for _ in range(rounds)

@@ -69,6 +69,15 @@ def run(repo: Path, **kw: object) -> ABRun:
     return run_ab(config, command=fake_command, say=lambda line: None)
 
 
+def test_a_bad_burst_length_is_a_usage_error_before_any_pair(make_repo: Callable[..., Path],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = make_repo({"src/fakelib/__init__.py": lib(), "budgets/cpu.yaml": BUDGETS})
+    monkeypatch.setenv("PERFBUDGET_TURNS_BURST_MS", "fast")
+    with pytest.raises(UsageError, match="PERFBUDGET_TURNS_BURST_MS"):
+        run(repo, burst_ms=None)
+    assert not list((repo / ".perfbudget" / "ab").glob("pair-*"))
+
+
 def side_log(path: Path) -> dict[str, list]:
     return json.loads(Path(str(path) + ".bursts.json").read_text())
 

@@ -196,6 +196,10 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
     t0 = time.monotonic()
     deadline = t0 + config.max_minutes * 60.0
     root = config.root.resolve()
+    try:  # resolved once: both sides get it, and the results keep it (a calibration holds for it)
+        burst_ms = config.burst_ms if config.burst_ms is not None else turns.burst_ms()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     try:
         base = prepare_base(root, config.base, merge_base=config.merge_base, path=config.workdir / "base")
         head = head_commit(root)
@@ -250,7 +254,7 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
             ("every selected test" if tests is None else f"{len(tests)} test(s) with undecided checks")
         say(f"perfbudget ab: pair {index} ({first} first; {what}) ...")
         run = run_pair(index, trees=trees, shims=shims, workdir=workdir, command=command, first=first,
-                       timeout_s=max(deadline - now, 1.0), burst_ms=config.burst_ms, cpus=cpus, tests=tests, env=env,
+                       timeout_s=max(deadline - now, 1.0), burst_ms=burst_ms, cpus=cpus, tests=tests, env=env,
                        replaces=None if to_replace is None else to_replace.index, lockstep=not config.instructions)
         pair, side_problems = _pair_records(run)
         run = replace(run, ran=_nodeids(pair.head))
@@ -333,7 +337,7 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
             "min_pairs": config.min_pairs, "max_pairs": config.max_pairs, "stopped": stopped,
             "strict": config.strict, "allow_missing_base": config.allow_missing_base,
             "wall_s": round(wall_s, 3), "cpus": list(cpus),
-            "burst_ms": config.burst_ms if config.burst_ms is not None else turns.burst_ms(),
+            "burst_ms": burst_ms,
             "compared": sum(1 for r in comparison.records if r.base is not None),
             "not_compared": len(comparison.not_compared), "base_only": [list(c) for c in comparison.base_only],
             "inconclusive": [list(c) for c in comparison.inconclusive],
