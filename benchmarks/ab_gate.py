@@ -182,10 +182,10 @@ def ab_run(clone: Path, base: str, out: Path, max_pairs: int, tests: tuple[str, 
         if r["outcome"] == "not_measured":
             continue
         base_side = r.get("base") or {}
-        info = (r.get("extra") or {}).get("ab") or {}
+        info = {**base_side, **((r.get("extra") or {}).get("ab") or {})}  # results schema 2 / 1
         checks[f"{r['key']}.{r['metric']}"] = {"outcome": r["outcome"], "ratio": base_side.get("ratio"),
                                               "pairs": base_side.get("pairs"), "sd": info.get("sd"),
-                                              "mde": info.get("mde"),
+                                              "mde": info.get("mde", info.get("detectable")),
                                               "pair_ratios": base_side.get("pair_ratios") or []}
     ab = data["meta"].get("ab", {})
     runs = ab.get("runs") or []

@@ -5,8 +5,8 @@ Run: ``PYTHONPATH=src .venv/bin/python benchmarks/ab_prior_sim.py [--runs 10000]
 
 Each run draws per-pair log-ratios from a normal law (true head/base ratio, per-pair sd) and
 follows ``.ci/run``'s schedule: at least 2 pairs, at most 4, a check decided stops, a failure
-needs one pair more than the minimum (``ab/compare.py``'s confirmation rule). It uses the
-real :func:`perfbudget.ab.verdict.judge_ratios`. Not a test: it asserts nothing.
+needs one pair more than the minimum (``ab/merge.py``'s confirmation rule). It uses the
+real :func:`perfbudget.ab.ratios.judge_ratios`. Not a test: it asserts nothing.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import math
 import random
 import sys
 
-from perfbudget.ab.verdict import PRIOR_DF, PRIOR_SD, Prior, can_decide, judge_ratios
+from perfbudget.ab.ratios import PRIOR_DF, PRIOR_SD, Prior, can_decide, judge_ratios
 
 MIN_PAIRS, MAX_PAIRS = 2, 4
 

@@ -37,7 +37,7 @@ def spreads(path: str) -> dict[str, tuple[float, int]]:
     """check -> (sum of squares of ln ratio about its mean, degrees of freedom)."""
     out = {}
     for r in json.loads(Path(path).read_text())["records"]:
-        ab = (r.get("extra") or {}).get("ab") or {}
+        ab = {**(r.get("base") or {}), **((r.get("extra") or {}).get("ab") or {})}  # results schema 2 / 1
         pairs = (r.get("base") or {}).get("pair_ratios") or []
         if ab.get("compared") and r.get("kind") in ("timing", "rate") and len(pairs) > 1:
             ys = [math.log(x) for x in pairs]

@@ -1,16 +1,20 @@
-"""A real main-branch history (issue 18, 4b): a scratch repository of consecutive commits, one perf test,
-a real lockstep A/B run of every commit against its parent, each kept in a history; one +2 % step
-planted three times in a row. Times code: run it on a quiet machine, never beside another timing run.
+"""A real main-branch history: a scratch repository of consecutive commits, one perf test, a real
+lockstep A/B run of every commit against its parent, each kept in a history; a creep planted in steps.
+Times code: run it on a quiet machine, never beside another timing run.
 
-The scratch repository (``--workdir``) has a library whose step does ``4000 * FACTOR`` additions and
+The scratch repository (``--workdir``) has a library whose step does ``--work`` small matmuls
+(``--kind torch``, the default) or ``4000 * FACTOR`` pure-Python additions (``--kind python``), and
 one test timing it through perfbudget's public API. Commit 0 has ``FACTOR = 1.0``; of the
-``--commits`` commits after it, numbers 3, 4 and 5 each multiply ``FACTOR`` by 1.02; the others
-change only a comment. For every commit: ``perfbudget ab --base HEAD~1`` there, then
-``perfbudget history add``; at the end ``perfbudget history show``, ``check --since`` commit 0, and
-``report``.
+``--commits`` commits after it, those named by ``--planted`` each multiply ``FACTOR`` by ``--step``;
+the others change only a comment (``--planted none``: a history of no-op commits). For every
+commit: ``perfbudget ab --base HEAD~1`` there, then ``perfbudget history add``; at the end
+``perfbudget history show``, ``check --since`` commit 0, and ``report``.
 
-Usage: python benchmarks/history_real.py [--commits 8] [--workdir /tmp/perfbudget-history-real] [--dry-run]
+Usage: python benchmarks/history_real.py [--commits 5] [--planted 2,3,4,5] [--step 1.025]
+           [--workdir /tmp/perfbudget-history-real] [--out FILE.md] [--dry-run]
        (--dry-run builds the repository and prints the commands, without timing anything)
+The issue's creep: a no-op commit, then four of +2.5 % each (the defaults); its control:
+``--planted none``.
 """
 
 from __future__ import annotations
@@ -25,10 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PERFBUDGET = ROOT / ".venv" / "bin" / "perfbudget"
-PLANTED = (3, 4, 5)
-STEP = 1.02
-
-LIB = """\
+LIB = {"python": """\
 # revision {rev}
 FACTOR = {factor!r}
 
@@ -38,7 +39,20 @@ def step():
     for i in range(int(4000 * FACTOR)):
         x += i
     return x
-"""
+""", "torch": """\
+# revision {rev}
+import torch
+
+FACTOR = {factor!r}
+A = torch.randn(64, 64)
+
+
+def step():
+    x = A
+    for _ in range(round(400 * FACTOR)):
+        x = torch.mm(A, A)
+    return x
+"""}
 
 TEST = """\
 import pytest
@@ -69,7 +83,7 @@ def git(repo: Path, *args: str) -> str:
                            str(repo), *args], capture_output=True, text=True, check=True).stdout.strip()
 
 
-def build(repo: Path, commits: int) -> list[str]:
+def build(repo: Path, commits: int, *, planted: tuple[int, ...], step: float, kind: str) -> list[str]:
     """The scratch repository; returns its commits, oldest first (commit 0 first)."""
     if repo.exists():
         shutil.rmtree(repo)
@@ -83,18 +97,21 @@ def build(repo: Path, commits: int) -> list[str]:
     shas = []
     factor = 1.0
     for i in range(commits + 1):
-        if i in PLANTED:
-            factor = round(factor * STEP, 6)
-        (repo / "src" / "scratchlib" / "__init__.py").write_text(LIB.format(rev=i, factor=factor))
+        if i in planted:
+            factor = round(factor * step, 6)
+        (repo / "src" / "scratchlib" / "__init__.py").write_text(LIB[kind].format(rev=i, factor=factor))
         git(repo, "add", "-A")
-        git(repo, "commit", "-q", "-m", f"commit {i}" + (f": step x{STEP}" if i in PLANTED else ""))
+        git(repo, "commit", "-q", "-m", f"commit {i}" + (f": step x{step}" if i in planted else ""))
         shas.append(git(repo, "rev-parse", "HEAD"))
     return shas
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--commits", type=int, default=8, help="commits after commit 0 (>= 8 for the issue)")
+    p.add_argument("--commits", type=int, default=5, help="commits after commit 0")
+    p.add_argument("--planted", default="2,3,4,5", help="commits that multiply the work by --step, or none")
+    p.add_argument("--step", type=float, default=1.025)
+    p.add_argument("--kind", choices=("torch", "python"), default="torch")
     p.add_argument("--workdir", type=Path, default=Path("/tmp/perfbudget-history-real"))
     p.add_argument("--max-pairs", type=int, default=4)
     p.add_argument("--dry-run", action="store_true", help="build the repository and print the commands only")
@@ -102,7 +119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="also write a Markdown transcript (each commit's A/B verdict, history show and check)")
     args = p.parse_args(argv)
     repo = args.workdir / "repo"
-    shas = build(repo, args.commits)
+    planted = () if args.planted == "none" else tuple(int(x) for x in args.planted.split(","))
+    shas = build(repo, args.commits, planted=planted, step=args.step, kind=args.kind)
     db = args.workdir / "history.db"
     commands: list[list[str]] = []
     for i, sha in enumerate(shas[1:], start=1):
@@ -115,13 +133,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                  [str(PERFBUDGET), "history", "check", "--since", shas[0], "--db", str(db)],
                  [str(PERFBUDGET), "history", "report", "--db", str(db), "-o", str(args.workdir / "history.html")]]
     if args.dry_run:
-        print(f"# scratch repository: {repo} ({len(shas)} commits; planted x{STEP} at {PLANTED})")
+        print(f"# scratch repository: {repo} ({len(shas)} commits; planted x{args.step} at {planted})")
         for c in commands:
             print(shlex.join(c))
         return 0
     if db.exists():
         db.unlink()
-    transcript = [f"Scratch repository: {len(shas)} commits; planted x{STEP} at commits {PLANTED}.", ""]
+    transcript = [f"Scratch repository: {len(shas)} commits ({args.kind} step); planted x{args.step} at commits "
+                  f"{planted or 'none'}.", ""]
     for c in commands:
         print("$ " + shlex.join(c), flush=True)
         # `ab` exits 1 when a commit fails its own A/B (the planted steps may): that is data here;

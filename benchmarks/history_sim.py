@@ -8,7 +8,7 @@ commit is measured two ways:
 - absolute: one value per commit (a stored-mode run on a stable machine): the level times
   exp(e), e one draw of a per-pair log-ratio from the A/A runs;
 - A/B: ``pairs`` process pairs, each ln(head/parent) = the commit's step + one draw; the ratio,
-  its interval and per-pair sd from ``perfbudget.ab.verdict.judge_ratios`` (the verdict's own
+  its interval and per-pair sd from ``perfbudget.ab.ratios.judge_ratios`` (the verdict's own
   pooling with the prior), its standard error = sd / sqrt(pairs).
 
 Draws: the A/A per-pair log-ratios, centred within each run and scaled by sqrt(n / (n - 1)) to undo
@@ -45,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from perfbudget.ab.verdict import PRIOR_DF, PRIOR_SD, judge_ratios
+from perfbudget.ab.ratios import PRIOR_DF, PRIOR_SD, judge_ratios
 from perfbudget.history.changepoints import (
     Breakpoints,
     ChangeConfig,
@@ -335,7 +335,7 @@ def check_history(steps: Sequence[float], offset_sd: float, rng: np.random.Gener
     pairs judged by the A/B verdict's ``judge_ratios``; the record's value the median of the head's
     processes, as ``perfbudget ab`` writes it; :meth:`Check.from_record` reduces it.
     """
-    from perfbudget.ab.compare import ABInfo
+    from perfbudget.ab.merge import ABInfo
     from perfbudget.device import DeviceInfo
     from perfbudget.history import Check, Point, Run, analyze, findings_since
     from perfbudget.history.analysis import machine_trends

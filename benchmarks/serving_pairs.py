@@ -18,7 +18,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from perfbudget.ab.verdict import pair_ratio
+from perfbudget.ab.ratios import pair_ratio
 from perfbudget.metrics import parse_name
 
 SERVING = ("ttft_ms", "token_ms", "e2e_ms_p50", "e2e_ms_p90", "tokens_per_s")

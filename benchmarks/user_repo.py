@@ -27,7 +27,12 @@ Usage (a quiet 2-vCPU machine, nothing else timing)::
     python benchmarks/user_repo.py run aa [--runs 8]           # <= 10 min each
     python benchmarks/user_repo.py run plant10 [--runs 6]
     python benchmarks/user_repo.py run plant5 [--runs 6]
+    python benchmarks/user_repo.py calibrate                   # the A/As so far -> the repo's noise file
     python benchmarks/user_repo.py table                       # rewrite the .md from the .json
+
+``calibrate`` does what a user does after A/A runs on their machine: ``perfbudget calibrate`` on
+the A/A results of this set-up, the noise file committed on ``main`` and the plant branches
+rebased onto it; later runs judge each measured check with its own prior ("prior: measured").
 """
 
 from __future__ import annotations
@@ -357,14 +362,12 @@ def setup(work: Path) -> None:
 
 
 def summarise(results: dict, kind: str) -> dict:
-    records = [r for r in results["records"] if (r.get("extra") or {}).get("ab", {}).get("compared")
-               and r.get("kind") in ("timing", "rate")]
     checks = {}
-    for r in records:
-        base = r.get("base") or {}
-        checks[f"{r['key']}.{r['metric']}"] = {"outcome": r["outcome"], "ratio": base.get("ratio"),
-                                               "pairs": base.get("pair_ratios", []),
-                                               "sd": r["extra"]["ab"].get("sd")}
+    for r in results["records"]:
+        base = {**(r.get("base") or {}), **((r.get("extra") or {}).get("ab") or {})}  # results schema 2 / 1
+        if base.get("compared") and r.get("kind") in ("timing", "rate"):
+            checks[f"{r['key']}.{r['metric']}"] = {"outcome": r["outcome"], "ratio": base.get("ratio"),
+                                                   "pairs": base.get("pair_ratios", []), "sd": base.get("sd")}
     return checks
 
 
@@ -396,6 +399,21 @@ def run(work: Path, kind: str, runs: int) -> None:
         RESULTS.write_text(json.dumps(data, indent=1) + "\n")
         write_table()
         git(repo, "checkout", "-q", "main")
+
+
+def calibrate(work: Path) -> None:
+    repo, env = work / "repo", venv_env(work)
+    runs = sorted(glob.glob(str(work / "aa-*.json")))
+    if not runs:
+        raise SystemExit(f"no A/A results in {work}: run `user_repo.py run aa` first")
+    git(repo, "checkout", "-q", "main")
+    sh(["perfbudget", "calibrate", "--replace", *runs], cwd=repo, env=env)
+    git(repo, "add", "-A", "budgets/noise")
+    git(repo, "-c", "user.name=u", "-c", "user.email=u@x", "commit", "-qm", f"noise measured from {len(runs)} A/A run(s)")
+    for branch in KINDS.values():
+        if branch != "main":
+            git(repo, "-c", "user.name=u", "-c", "user.email=u@x", "rebase", "-q", "main", branch)
+    git(repo, "checkout", "-q", "main")
 
 
 def _pct(x: float) -> str:
@@ -465,12 +483,16 @@ def main() -> int:
     p.add_argument("kind", choices=tuple(KINDS))
     p.add_argument("--runs", type=int, default=1)
     p.add_argument("--work", type=Path, default=DEFAULT_WORK)
+    p = sub.add_parser("calibrate")
+    p.add_argument("--work", type=Path, default=DEFAULT_WORK)
     sub.add_parser("table")
     args = ap.parse_args()
     if args.cmd == "setup":
         setup(args.work)
     elif args.cmd == "run":
         run(args.work, args.kind, args.runs)
+    elif args.cmd == "calibrate":
+        calibrate(args.work)
     else:
         write_table()
     return 0

@@ -12,15 +12,16 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 ROOT = "perfbudget"
 
 #: Each first-level module or package of ``src/perfbudget`` and its floor: it imports only from
-#: lower floors (measure <- budgets <- judge <- recorder <- plugin/cli, reports reading records).
+#: lower floors (measure <- budgets <- judging <- judge <- recorder <- plugin/cli, reports reading records).
 #: ``perfbudget`` is the package root, which re-exports the public API and so sits on top.
 FLOORS: dict[str, int] = {
     "device": 0, "metrics": 0, "fileio": 0, "exitcodes": 0, "vocabulary": 0,  # data and files, nothing of ours below
     "measure": 1,
     "budgets": 2, "artifacts": 2, "extras": 2, "pinning": 2, "preflight": 2,
-    "judge": 3, "results": 3,
-    "recorder": 4, "report": 4,
-    "outcome": 5, "show": 5, "ab": 5,
+    "judging": 3, "results": 3,  # the run's way of judging: one object, chosen once
+    "judge": 4, "report": 4,
+    "recorder": 5,
+    "decision_text": 5, "show": 5, "ab": 5,
     "session": 6, "history": 6,  # history reads results and the A/B run's statistics
     "xdist": 7, "cli": 7, "hookspec": 7, "instructions_run": 4,
     "plugin": 8,

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from perfbudget.budgets import load_dir
+from perfbudget.decision_text import decision_text
 from perfbudget.device import DeviceInfo
 from perfbudget.extras import OperatorMoves
 from perfbudget.judge import Judge, JudgeConfig
 from perfbudget.measure import instructions as ins
 from perfbudget.measure.unmeasurable import Unmeasurable
-from perfbudget.outcome import decision_text
 from perfbudget.recorder import CountedSteps, PerfRecorder
 
 # A machine with an identity, declared stable, so its stored timing budgets gate.

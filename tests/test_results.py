@@ -41,7 +41,7 @@ def test_the_json_form_has_one_key_per_field_and_reads_back(tmp_path: Path) -> N
     assert d["samples"] == [41.0, "nan", "inf"] and d["ref_ms"] == "nan" and d["ci"] == [40.0, 43.0]
     path = Results(records=[FULL], meta={"mode": "check"}).write(tmp_path / "r.json")
     data = json.loads(path.read_text())
-    assert data["schema"] == RESULTS_SCHEMA == 1
+    assert data["schema"] == RESULTS_SCHEMA == 2
     back = load_results(path)
     assert back.meta == {"mode": "check"} and len(back.records) == 1 and same(back.records[0], FULL)
     got = back.records[0]
@@ -60,11 +60,11 @@ def test_files_of_earlier_writers_read_with_defaults_for_later_fields() -> None:
 
 
 @pytest.mark.parametrize(("schema", "message"), [
-    (2, "results schema 2 is newer than this perfbudget reads (schema 1); upgrade perfbudget to read it"),
-    (None, "schema: expected a results schema version (1 to 1), got None"),
-    ("1", "schema: expected a results schema version (1 to 1), got '1'"),
-    (True, "schema: expected a results schema version (1 to 1), got True"),
-    (0, "schema: expected a results schema version (1 to 1), got 0"),
+    (3, "results schema 3 is newer than this perfbudget reads (schema 2); upgrade perfbudget to read it"),
+    (None, "schema: expected a results schema version (1 to 2), got None"),
+    ("1", "schema: expected a results schema version (1 to 2), got '1'"),
+    (True, "schema: expected a results schema version (1 to 2), got True"),
+    (0, "schema: expected a results schema version (1 to 2), got 0"),
 ])
 def test_a_schema_this_version_does_not_read_is_refused_naming_file_and_versions(
     tmp_path: Path, schema: object, message: str

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from perfbudget import session as session_module
+from perfbudget.judging import Stored
 from perfbudget.session import PerfSession
-from perfbudget.vocabulary import RunMode
 
 
 def make(tmp_path: Path) -> PerfSession:
-    return PerfSession(rootdir=tmp_path, budgets_dir=tmp_path / "budgets", strict=False, mode=RunMode.CHECK,
+    return PerfSession(rootdir=tmp_path, budgets_dir=tmp_path / "budgets", strict=False, judging=Stored(),
                        allow_loosen=False, json_path=tmp_path / "results.json", threads=1, max_load=1.0,
                        is_worker=False)
 

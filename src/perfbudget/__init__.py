@@ -13,18 +13,20 @@ from .budgets import (
     load_dir,
 )
 from .device import DeviceInfo
-from .judge import Decision, Judge, JudgeConfig, TestOutcome
+from .judge import Decision, Judge, JudgeConfig
+from .judging import ABSide, Judging, Stored, Update
 from .measure.machine import describe
 from .metrics import METRICS, Metric, parse_name
 from .recorder import PerfRecorder
 from .results import BaseSide, BudgetRef, Record, Results, load_results, merge_results
-from .vocabulary import OUTCOMES, Outcome
+from .vocabulary import OUTCOMES, Outcome, TestOutcome
 
 __version__ = "0.1.0"
 
 __all__ = [
     "METRICS",
     "OUTCOMES",
+    "ABSide",
     "BaseSide",
     "Budget",
     "BudgetError",
@@ -34,13 +36,16 @@ __all__ = [
     "DeviceInfo",
     "Judge",
     "JudgeConfig",
+    "Judging",
     "Measured",
     "Metric",
     "Outcome",
     "PerfRecorder",
     "Record",
     "Results",
+    "Stored",
     "TestOutcome",
+    "Update",
     "UpdateReport",
     "Verdict",
     "VerdictPolicy",

@@ -1,14 +1,14 @@
 """Decide what a test's measurements mean: gating, normalisation, family control, the test's decision.
 
 The judge turns (metric, samples, budget) into verdicts and a test's verdicts into a
-:class:`Decision`. It measures only through the callbacks it is handed (``more``) and
-renders nothing: the report turns a decision into text.
+:class:`Decision`: it resolves each check's budget and hands it to the run's way of judging
+(:mod:`perfbudget.judging`: stored budgets, budget update, one side of an A/B run), chosen once
+per run. It measures only through the callbacks it is handed (``more``) and renders nothing:
+the report turns a decision into text.
 """
 
 from __future__ import annotations
 
-import math
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,12 +17,13 @@ from .budgets.loader import BudgetSet
 from .budgets.schema import Budget, BudgetError
 from .budgets.verdict import Outcome, Verdict, VerdictPolicy, decide
 from .device import DeviceInfo
-from .measure.stats import median, quantile_ci
+from .judging import Judging, Samples, Stored
+from .measure.stats import median
 from .metrics import OP_TIMED_FAMILIES, MetricName, family_of
-from .vocabulary import RunMode, StrEnum
+from .vocabulary import TestOutcome
 
-__all__ = ["AB_PRECISION_ENV", "DEFAULT_AB_PRECISION", "OP_FAMILIES", "REFERENCE_MISMATCH", "STABLE_MACHINE_ENV",
-           "Decision", "Judge", "JudgeConfig", "TestOutcome", "ab_precision", "stable_identity"]
+__all__ = ["REFERENCE_MISMATCH", "STABLE_MACHINE_ENV", "Decision", "Judge", "JudgeConfig",
+           "stable_identity"]
 
 #: Environment variable a self-hosted runner sets to declare itself stable: this machine's
 #: identity (``perfbudget show --identity``), or ``yes`` for whatever identity it has.
@@ -50,40 +51,9 @@ def stable_identity(declared: str, device: DeviceInfo) -> str | None:
                      f"but this {device.type} device is {ident}: fix the declaration (or the runner) before "
                      "stored timing budgets may gate")
 
-#: Environment variable ``perfbudget ab`` sets for its sides: the within-pair precision each
-#: statistical check samples to (see :attr:`JudgeConfig.ab_precision`).
-AB_PRECISION_ENV = "PERFBUDGET_AB_PRECISION"
-#: Target half-width of a check's within-pair head/base ratio when one is asked for: +-1 %.
-DEFAULT_AB_PRECISION = 0.01
-
-
-def ab_precision(value: str | None) -> float | None:
-    """The precision a side samples to, read from :data:`AB_PRECISION_ENV`'s value
-    (unset, empty or ``0``: ``None``, one fixed sample set, as ``perfbudget ab`` defaults to).
-
-    Raises:
-        ValueError: naming the variable and the value, for anything but a fraction in [0, 1).
-    """
-    if value is None or not value.strip():
-        return None
-    try:
-        x = float(value)
-    except ValueError:
-        x = math.nan
-    if not 0 <= x < 1:
-        raise ValueError(f"{AB_PRECISION_ENV}={value!r}: expected a fraction in [0, 1) such as 0.01 (+-1 %), "
-                         "or 0 for one fixed sample set per check")
-    return x or None
-
-
-#: Families whose many per-operator checks share one false-alarm budget (Bonferroni): ``metrics.OP_TIMED_FAMILIES``.
-OP_FAMILIES = OP_TIMED_FAMILIES
 #: Beyond this relative change of the machine-speed reference against the budget's, the
 #: machine is not the one the budget describes: timing checks are not judged.
 REFERENCE_MISMATCH = 0.30
-
-Samples = float | Sequence[float]
-
 
 @dataclass(frozen=True, kw_only=True)
 class JudgeConfig:
@@ -91,19 +61,7 @@ class JudgeConfig:
 
     Attributes:
         strict: stale, unbudgeted, not-judged and not-measured checks fail the test.
-        mode: ``UPDATE``: the run writes budgets: budget verdicts do not fail the test.
-            ``COLLECT``: one side of a lockstep A/B run: statistical checks are never judged
-            here (no confirmation, never a failure); the A/B driver judges them on the
-            head/base ratio. They sample to ``ab_precision``.
-        ab_precision: with ``collect``, the half-width (a fraction) that a check's
-            within-pair head/base ratio should reach: a check keeps taking fresh batches
-            (each one in turns with the other side) while the CI of its own median is wider
-            than ``ab_precision / sqrt(2)`` (each side carries half the ratio's variance),
-            up to ``ab_max_batches`` extra batches or ``ab_max_s`` seconds. Noisy checks get
-            more samples, quiet ones none. ``None``: one fixed sample set.
-        ab_max_batches: see ``ab_precision``.
-        ab_max_s: see ``ab_precision`` (wall time of the extra batches, the other side's
-            turns included).
+        judging: the run's way of judging (:mod:`perfbudget.judging`), chosen once per run.
         policy: statistical settings.
         preflight: reasons timing cannot be trusted right now (busy CPU, shared or
             throttled GPU): statistical checks are then not judged.
@@ -117,45 +75,18 @@ class JudgeConfig:
     """
 
     strict: bool = False
-    mode: RunMode = RunMode.CHECK
+    judging: Judging = field(default_factory=Stored)
     policy: VerdictPolicy = field(default_factory=VerdictPolicy)
     preflight: tuple[str, ...] = ()
     family_alpha: float = 0.05
     reference_mismatch: float = REFERENCE_MISMATCH
     stable_identity: str | None = None
-    ab_precision: float | None = None
-    ab_max_batches: int = 4
-    ab_max_s: float = 60.0
-
-    @property
-    def update(self) -> bool:
-        return self.mode == RunMode.UPDATE
-
-    @property
-    def collect(self) -> bool:
-        return self.mode == RunMode.COLLECT
 
     def __post_init__(self) -> None:
-        if self.ab_precision is not None and not 0 < self.ab_precision < 1:
-            raise ValueError(f"ab_precision must be in (0, 1) or None, got {self.ab_precision!r}")
-        if self.ab_max_batches < 0 or self.ab_max_s < 0:
-            raise ValueError(f"ab_max_batches and ab_max_s must be >= 0, got {self.ab_max_batches!r}, "
-                             f"{self.ab_max_s!r}")
         if not 0 < self.family_alpha < 1:
             raise ValueError(f"family_alpha must be in (0, 1), got {self.family_alpha!r}")
         if self.reference_mismatch <= 0:
             raise ValueError(f"reference_mismatch must be > 0, got {self.reference_mismatch!r}")
-
-
-class TestOutcome(StrEnum):
-    """What a test's verdicts mean for the test (pytest's own outcome follows it)."""
-
-    __test__ = False  # not a test class, whatever pytest's name pattern says
-
-    PASS = "pass"
-    SKIP = "skip"
-    """Nothing failed, but something was not judged."""
-    FAIL = "fail"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -227,9 +158,7 @@ class Judge:
 
     def policy_for(self, name: MetricName) -> VerdictPolicy:
         """The test's per-operator checks share :attr:`JudgeConfig.family_alpha` (Bonferroni)."""
-        policy = self.config.policy
-        if self.config.collect:
-            policy = VerdictPolicy(confidence=policy.confidence, max_extra_rounds=0, confirm=False)
+        policy = self.config.judging.policy(self.config.policy)
         if name.metric.name not in OP_TIMED_FAMILIES:
             return policy
         n = sum(1 for m in self.budgeted() if family_of(m) in OP_TIMED_FAMILIES)
@@ -260,11 +189,8 @@ class Judge:
                 new budget, this run's median): ``x * ref_ms / r`` for times, ``x * r /
                 ref_ms`` for rates.
         """
-        metric = name.full
-        if self.config.collect:
-            if name.metric.statistical:
-                samples = self._to_precision(samples, more, paired=reference is not None)
-            more = None
+        samples, more, reference = self.config.judging.gather(name, samples, more, reference,
+                                                              confidence=self.config.policy.confidence)
         problem = ""
         budget = None
         errors = self.errors()
@@ -273,31 +199,36 @@ class Judge:
             problem = f"budget file error: {errors[0]}{others}"
         else:
             try:
-                budget = self.budgets.resolve(self.key, metric, self.device)
+                budget = self.budgets.resolve(self.key, name.full, self.device)
             except BudgetError as exc:
                 problem = str(exc)
-        statistical = name.metric.statistical
         if problem:
             # Keep what was measured, so a broken budget file loses no data.
             v = decide(self.key, name, samples, None, policy=self.config.policy)
             return v.with_(outcome=Outcome.ERROR, reason=problem)
-        # One side of a lockstep A/B run: both sides share the machine's state, so its load
-        # is no reason to set samples aside, and the ratio is judged raw: normalising by a
-        # reference measured beside each sample would cancel part of a real slowdown too.
+        return self.config.judging.decide(self, name, samples, budget, more=more, reference=reference)
+
+    def recorded_verdict(self, name: MetricName, samples: Samples, budget: Budget | None) -> Verdict:
+        """The verdict of the samples as recorded: no screen (under the run's policy)."""
+        return decide(self.key, name, samples, budget, policy=self.policy_for(name))
+
+    def stored_verdict(self, name: MetricName, samples: Samples, budget: Budget | None, *,
+                       more: Callable[[], Any] | None, reference: Sequence[float] | None) -> Verdict:
+        """The verdict against a stored budget (or none): advisory, set aside or decided."""
+        statistical = name.metric.statistical
         # Stored timing is a verdict only on a machine declared stable, against budgets keyed
         # by its identity; elsewhere it is shown (advisory) and `perfbudget ab` judges timing.
         # An unbudgeted timing metric on such a machine is advisory too: a budget written
         # there would not gate either, so asking for one (a skip) would be noise.
-        advisory = statistical and not self.config.collect and (
-            not self.config.stable_identity if budget is None else not self.gates(budget))
+        advisory = statistical and (not self.config.stable_identity if budget is None else not self.gates(budget))
         # A busy machine sets aside only what could fail: an advisory check is shown anyway.
-        if self.config.preflight and statistical and not self.config.collect and not advisory:
+        if self.config.preflight and statistical and not advisory:
             return _not_judged(decide(self.key, name, samples, None, policy=self.config.policy), budget,
                                "preflight: " + "; ".join(self.config.preflight))
         ref_ms: float | None = None
-        if reference is not None and not self.config.collect:
+        if reference is not None:
             mismatch = self._reference_mismatch(reference, budget)
-            if mismatch and not self.config.collect:
+            if mismatch:
                 return _not_judged(decide(self.key, name, samples, None, policy=self.config.policy), budget, mismatch)
             samples, more, ref_ms = _normalised(name, samples, reference, more, budget)
         if advisory:
@@ -313,22 +244,6 @@ class Judge:
             v = v.with_(outcome=Outcome.ADVISORY, advice="",
                         reason=f"advisory: no stored budget for it on this machine; {self._why_advisory(None)}")
         return v
-
-    def _to_precision(self, samples: Samples, more: Callable[[], Any] | None, *, paired: bool) -> Samples:
-        """One A/B side's samples of a statistical check, extended by fresh batches while the
-        CI of their median is wider than the side's share of :attr:`JudgeConfig.ab_precision`."""
-        cfg = self.config
-        if cfg.ab_precision is None or more is None or isinstance(samples, (int, float)):
-            return samples
-        target = cfg.ab_precision / math.sqrt(2)
-        xs = list(samples)
-        t0 = time.monotonic()
-        for _ in range(cfg.ab_max_batches):
-            if _half_width(xs, cfg.policy.confidence) <= target or time.monotonic() - t0 > cfg.ab_max_s:
-                break
-            fresh = more()
-            xs += list(fresh[0] if paired else fresh)
-        return xs
 
     def gates(self, budget: Budget) -> bool:
         """Whether a stored timing budget may fail a test here: the machine is declared stable
@@ -377,24 +292,11 @@ class Judge:
             (m, "budgeted for this key on this device, but the test did not record it")
             for m in sorted(self.budgeted()) if m not in recorded and self._owned_by_test(m, recorded)
         )
-        failing = list(by[Outcome.ERROR])
-        if not cfg.update and not cfg.collect:
-            failing += by[Outcome.FAIL]
-            if cfg.strict:
-                failing += [*by[Outcome.STALE], *by[Outcome.UNBUDGETED], *not_judged, *by[Outcome.INCONCLUSIVE],
-                            *(v for v in by[Outcome.ADVISORY] if v.advice == Outcome.FAIL)]
+        outcome, failing = cfg.judging.settle(by, strict=cfg.strict, missing=bool(not_measured), verdicts=verdicts)
         judged = (*by[Outcome.PASS], *by[Outcome.STALE], *by[Outcome.FAIL], *by[Outcome.INCONCLUSIVE])
-        kw: dict[str, Any] = dict(
-            judged=judged, advisory=by[Outcome.ADVISORY], not_judged=not_judged, unbudgeted=by[Outcome.UNBUDGETED], unmeasurable=unmeasurable,
-            not_measured=not_measured,
-        )
-        if failing or (cfg.strict and not cfg.update and not_measured):
-            return Decision(outcome=TestOutcome.FAIL, failing=tuple(failing), **kw)
-        if cfg.update or cfg.collect:
-            return Decision(outcome=TestOutcome.PASS, **kw)
-        something_missing = (not_judged or by[Outcome.UNBUDGETED] or by[Outcome.INCONCLUSIVE]
-                             or (unmeasurable and len(unmeasurable) == len(verdicts)))
-        return Decision(outcome=TestOutcome.SKIP if something_missing else TestOutcome.PASS, **kw)
+        return Decision(outcome=outcome, failing=failing, judged=judged,
+                        advisory=by[Outcome.ADVISORY], not_judged=not_judged, unbudgeted=by[Outcome.UNBUDGETED],
+                        unmeasurable=unmeasurable, not_measured=not_measured)
 
     @staticmethod
     def _owned_by_test(metric: str, recorded: set[str]) -> bool:
@@ -406,17 +308,6 @@ class Judge:
         """
         family = family_of(metric)
         return any(family_of(r) == family for r in recorded)
-
-
-def _half_width(xs: Sequence[float], confidence: float) -> float:
-    """Relative half-width of the distribution-free CI of the median of ``xs`` (inf: too few)."""
-    if len(xs) < 2:
-        return math.inf
-    lo, hi, coverage = quantile_ci(xs, 0.5, confidence)
-    mid = median(xs)
-    if coverage < confidence or mid == 0:
-        return math.inf
-    return (hi - lo) / 2 / abs(mid)
 
 
 def _not_judged(v: Verdict, budget: Budget | None, reason: str) -> Verdict:

@@ -84,8 +84,9 @@ class Metric:
         quantile: which quantile of the samples a statistical metric budgets
             (0.5: the median; 0.9 for ``*_p90``), with its distribution-free CI.
         tolerance: default relative tolerance when it differs from the kind's.
-        paired: the samples are one per request (or token) in a fixed order that both sides of
-            an A/B run serve alike, so head/base is taken request by request.
+        paired: the samples come in an order both sides of an A/B run follow alike (one per
+            request, served in the same order; one per profiled round, taken in turns), so
+            head/base is taken sample by sample.
         doc: one line shown by ``perfbudget show`` and in error suggestions.
     """
 
@@ -158,8 +159,10 @@ _REGISTRY: tuple[Metric, ...] = (
     # timing: statistics over samples, lower is better
     _m("step_ms", "ms", "lower", "timing", "one training or inference step"),
     _m("latency_ms", "ms", "lower", "timing", "latency of a named call", arg="what"),
-    _m("op_self_ms", "ms", "lower", "timing", "operator self time per step (profiled)", arg="op"),
-    _m("op_share", "1", "lower", "timing", "operator share of the profiled step", arg="op"),
+    # One sample per profiled round; an A/B run's sides profile their rounds in turns, round i
+    # beside round i (benchmarks/op-pairing-cpu.md).
+    _m("op_self_ms", "ms", "lower", "timing", "operator self time per step (profiled)", arg="op", paired=True),
+    _m("op_share", "1", "lower", "timing", "operator share of the profiled step", arg="op", paired=True),
     _m("ttft_ms", "ms", "lower", "timing", "time to first token", paired=True),
     _m("token_ms", "ms", "lower", "timing", "per-token decode latency", paired=True),
     _m("e2e_ms_p50", "ms", "lower", "timing", "end-to-end request latency, median", paired=True),

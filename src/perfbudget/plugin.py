@@ -15,14 +15,14 @@ import pytest
 from . import hookspec, xdist
 from .artifacts import artifact_dir, describe_artifacts, write_failure_artifacts
 from .budgets.verdict import VerdictPolicy
+from .decision_text import decision_text
 from .device import DeviceType
-from .judge import STABLE_MACHINE_ENV, Judge, JudgeConfig, TestOutcome
-from .outcome import decision_text
+from .judge import STABLE_MACHINE_ENV, Judge, JudgeConfig
 from .preflight import check as preflight_check
 from .recorder import CountedSteps, PerfRecorder
 from .results import Record
 from .session import PerfSession, add_options
-from .vocabulary import Outcome, RunMode, count_outcomes, tally_text
+from .vocabulary import Outcome, TestOutcome, count_outcomes, tally_text
 
 __all__ = ["PLUGIN_NAME", "BudgetSpec", "PerfPlugin"]
 
@@ -141,7 +141,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(PerfPlugin(session), PLUGIN_NAME)
     if config.pluginmanager.hasplugin("xdist") and not session.is_worker:
         config.pluginmanager.register(xdist.ControllerHooks(session), _XDIST_NAME)
-    if session.mode == RunMode.COLLECT:
+    if session.judging.takes_turns:
         turns.join()
 
 
@@ -224,9 +224,9 @@ class PerfPlugin:
         except ValueError as exc:
             _fail(str(exc))
         config = JudgeConfig(
-            strict=ps.strict, mode=ps.mode, policy=VerdictPolicy(),
+            strict=ps.strict, judging=ps.judging, policy=VerdictPolicy(),
             preflight=preflight_check(spec.device, max_load_per_core=ps.max_load).problems,
-            stable_identity=stable, ab_precision=ps.ab_precision,
+            stable_identity=stable,
         )
         rec = PerfRecorder(Judge(spec.key, ps.device(spec.device), ps.budgets, config), nodeid=item.nodeid,
                            update_command=ps.update_command(item.nodeid), threads=ps.threads,
@@ -324,14 +324,14 @@ class PerfPlugin:
             import torch
 
             torch.set_num_threads(self._threads_before)
-        if ps.mode == RunMode.COLLECT:
+        if ps.judging.takes_turns:
             from .measure import turns
 
             turns.leave()
         if ps.is_worker:
             session.config.workeroutput[xdist.WORKER_KEY] = xdist.worker_output(ps)  # type: ignore[attr-defined]
             return
-        if not ps.records and not ps.errors and ps.mode != RunMode.UPDATE:
+        if not ps.records and not ps.errors and not ps.judging.writes_budgets:
             return
         results = ps.finish()
         if ps.update_report is not None and ps.update_report.errors:

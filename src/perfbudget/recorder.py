@@ -9,9 +9,7 @@ Every method builds a :class:`~perfbudget.measure.measurement.Measurement` throu
 from __future__ import annotations
 
 import contextlib
-import json
 import math
-import os
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,11 +37,16 @@ from .metrics import OP_METRIC_FAMILIES, UnknownMetricError, op_metric, parse_na
 from .results import Record
 from .vocabulary import Outcome
 
-__all__ = ["AB_OPERATORS_ENV", "NEW_OP_SHARE_CHECK", "NEW_OP_SHARE_UPDATE", "OPERATOR_FAMILIES", "OP_ROUNDS", "SERVE_ROUNDS", "CountedSteps",
-           "PerfRecorder", "ServeRound", "pinned_operators"]
+__all__ = ["NEW_OP_SHARE_CHECK", "NEW_OP_SHARE_UPDATE", "OP_ROUNDS", "OP_ROUND_STEPS", "SERVE_ROUNDS", "CountedSteps",
+           "PerfRecorder", "ServeRound"]
 
-#: Profiled rounds behind each per-operator sample set (one sample per round).
-OP_ROUNDS = 16
+#: Profiled rounds behind each per-operator sample set (one sample per round, of
+#: :data:`OP_ROUND_STEPS` steps). A round's self times vary ~10 % as a whole whether it profiles
+#: one step or eight, and each profiled step costs ~10x the step (the profiler's events): twice
+#: the rounds of one step each take the time of 16 rounds of two and halve a pair's sampling
+#: variance (benchmarks/op-pairing-cpu.md).
+OP_ROUNDS = 32
+OP_ROUND_STEPS = 1
 #: Rounds of requests behind each serving sample set. One round of 64 requests left a pair's
 #: median per-request ratio uncertain by 3-5 % (its own sampling, a user's tiny GPT-2:
 #: benchmarks/user-repo-cpu.md), as much as the pairs differed.
@@ -53,39 +56,9 @@ NEW_OP_SHARE_UPDATE = 0.05
 #: ...and a new operator must pass this share before a check run calls it unbudgeted.
 #: The gap keeps an operator hovering at 5 % from flipping between runs.
 NEW_OP_SHARE_CHECK = 0.07
-#: The per-operator families: their budgets name the operators a test must record (``metrics.OP_METRIC_FAMILIES``).
-OPERATOR_FAMILIES = OP_METRIC_FAMILIES
 #: A failing step is explained by the operators above this share of it, with the budgeted ones.
 _EXPLAIN_MIN_SHARE = 0.02
 _SERVE_METRICS = ("ttft_ms", "token_ms", "e2e_ms_p50", "e2e_ms_p90", "tokens_per_s")
-
-#: Set by ``perfbudget ab`` for its sides after the first pair: a JSON file
-#: ``{nodeid: {key: [operator, ...]}}`` naming the operators each test records from then on.
-AB_OPERATORS_ENV = "PERFBUDGET_AB_OPERATORS"
-
-
-def pinned_operators(path: str, nodeid: str, key: str) -> tuple[str, ...] | None:
-    """The operators a lockstep A/B run pins for ``nodeid``'s ``key`` (``None``: not pinned).
-
-    Raises:
-        ValueError: the file cannot be read or is not of the form above (naming the file).
-    """
-    if not path:
-        return None
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{AB_OPERATORS_ENV}={path}: cannot be read: {exc}") from None
-    ops = data.get(nodeid, {}).get(key) if isinstance(data, dict) and isinstance(data.get(nodeid, {}), dict) else None
-    if ops is None:
-        return None
-    if not isinstance(ops, list) or not all(isinstance(o, str) for o in ops):
-        raise ValueError(f"{AB_OPERATORS_ENV}={path}: [{nodeid!r}][{key!r}]: expected a list of operator names, "
-                         f"got {ops!r}")
-    return tuple(ops)
-
 
 @dataclass(frozen=True, kw_only=True)
 class ServeRound:
@@ -173,7 +146,7 @@ class PerfRecorder:
 
     @property
     def update(self) -> bool:
-        return self.judge.config.update
+        return self.judge.config.judging.writes_budgets
 
     @property
     def _dev(self) -> Any:
@@ -421,8 +394,8 @@ class PerfRecorder:
         step: Callable[[], Any],
         *,
         rounds: int = OP_ROUNDS,
-        steps: int = 2,
-        families: Sequence[str] = OPERATOR_FAMILIES,
+        steps: int = OP_ROUND_STEPS,
+        families: Sequence[str] = OP_METRIC_FAMILIES,
         reference: bool = False,
     ) -> Any:
         """Record per-operator self time, share of the step and call counts.
@@ -445,9 +418,9 @@ class PerfRecorder:
         Returns:
             The first :class:`~perfbudget.measure.operators.OpRounds`.
         """
-        unknown = set(families) - set(OPERATOR_FAMILIES)
+        unknown = set(families) - set(OP_METRIC_FAMILIES)
         if unknown or not families:
-            raise ValueError(f"families must be some of {OPERATOR_FAMILIES}, got {tuple(families)!r}")
+            raise ValueError(f"families must be some of {OP_METRIC_FAMILIES}, got {tuple(families)!r}")
         ref = machine_reference(self._dev) if reference else None
         self._fails_with(step)
         passes = Passes(lambda: profile_rounds(step, rounds=rounds, steps=steps, device=self._dev, reference=ref))
@@ -470,13 +443,12 @@ class PerfRecorder:
         (in any per-operator family), plus new ones above the share threshold of this run's mode.
 
         In the later pairs of a lockstep A/B run the driver names, per test, the operators
-        either side recorded so far (:data:`AB_OPERATORS_ENV`); both sides then record exactly
+        either side recorded so far (:meth:`perfbudget.judging.Judging.pinned_operators`); both sides then record exactly
         those and the budgeted ones, so an operator near the threshold is compared in every
         pair instead of being listed by one process and not by the other.
         """
-        ops = set(self._op_budgets(OPERATOR_FAMILIES))
-        pinned = pinned_operators(os.environ.get(AB_OPERATORS_ENV, ""), self.nodeid, self.key) \
-            if self.judge.config.collect else None
+        ops = set(self._op_budgets(OP_METRIC_FAMILIES))
+        pinned = self.judge.config.judging.pinned_operators(self.nodeid, self.key)
         if pinned is not None:
             ops |= set(pinned)
         else:

@@ -17,18 +17,59 @@ from .budgets.update import Measured, measured_value
 from .budgets.verdict import Outcome, Verdict
 from .device import DeviceInfo
 from .fileio import atomic_write, shown_path
+from .measure.stats import normal_quantile, t_quantile
 from .metrics import UnknownMetricError
 from .vocabulary import count_outcomes
 
 __all__ = ["RESULTS_SCHEMA", "BaseSide", "BudgetRef", "FieldError", "Record", "Results", "load_results", "merge_results"]
 
-RESULTS_SCHEMA = 1
+RESULTS_SCHEMA = 2
 """Version of the results file's form. Bump it when the form changes in a way this version's reader
 would misread, and add the step from the previous version to :data:`_MIGRATIONS`."""
 
-_MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
-"""``version -> step``: the step turns a results file of ``version`` into one of ``version + 1``.
-Empty: schema 1 is the first form."""
+#: The degrees of freedom schema-1 files' flat prior was worth (their ``meta.ab.policy.prior_df``
+#: when they say): what a record written before the verdict kept its own had behind its interval.
+_SCHEMA1_PRIOR_DF = 3.0
+
+
+def _ab_into_base(data: dict[str, Any]) -> dict[str, Any]:
+    """Schema 1 -> 2: how an A/B verdict was reached moves from ``extra["ab"]`` into ``base``
+    (one typed comparison); a record not compared gets a ``base`` that says so and why. A record
+    written before the verdict kept its degrees of freedom and per-pair sd gets them from its
+    interval (the flat prior's df, the pairs', the t quantile of its coverage)."""
+    meta_ab = data.get("meta", {}).get("ab") if isinstance(data.get("meta"), dict) else None
+    policy = meta_ab.get("policy") if isinstance(meta_ab, dict) else None
+    prior_df = policy.get("prior_df") if isinstance(policy, dict) else None
+    if isinstance(prior_df, bool) or not isinstance(prior_df, (int, float)):
+        prior_df = _SCHEMA1_PRIOR_DF
+    records = []
+    for rec in data.get("records", []):
+        extra = rec.get("extra") if isinstance(rec, dict) else None
+        ab = extra.get("ab") if isinstance(extra, dict) else None
+        if not isinstance(ab, dict):
+            records.append(rec)
+            continue
+        base = dict(rec.get("base") or {"value": None})
+        base.update({k: ab[k] for k in ("compared", "note", "tolerance", "tolerance_from", "sd", "df", "prior",
+                                        "confidence") if k in ab})
+        if base.get("detectable") is None and ab.get("mde") is not None:
+            base["detectable"] = ab["mde"]
+        pairs = base.get("pairs")
+        if base.get("compared", True) and isinstance(pairs, int) and pairs >= 1 and base.get("ratio") is not None:
+            if base.get("df") is None:
+                base["df"] = float(prior_df) + pairs - 1
+            ci = base.get("ratio_ci")
+            if base.get("sd") is None and isinstance(ci, list) and len(ci) == 2 and all(
+                    isinstance(x, (int, float)) and x > 0 for x in ci) and base["df"] > 0:
+                coverage = base.get("confidence") or 0.95
+                half = (math.log(ci[1]) - math.log(ci[0])) / 2
+                base["sd"] = half / t_quantile(0.5 + coverage / 2, base["df"]) * math.sqrt(pairs)
+        records.append({**rec, "base": base, "extra": {k: v for k, v in extra.items() if k != "ab"}})  # type: ignore[union-attr]
+    return {**data, "records": records}
+
+
+_MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _ab_into_base}
+"""``version -> step``: the step turns a results file of ``version`` into one of ``version + 1``."""
 
 _D = TypeVar("_D")
 
@@ -184,7 +225,9 @@ class BudgetRef:
 
 @dataclass(frozen=True, kw_only=True)
 class BaseSide:
-    """What the base commit measured for the same check in a lockstep A/B run."""
+    """A lockstep A/B run's comparison of a check with the base commit: what the base measured,
+    head/base and how it was judged. ``compared`` is false for a check judged against the
+    stored budgets alone (``note`` says why: the base lacks it, could not run, ...)."""
 
     value: float | None
     """The base side's value (median over process pairs for statistical kinds)."""
@@ -201,6 +244,29 @@ class BaseSide:
     detectable: float | None = None
     """The smallest change (a fraction, in the bad direction) this run could have resolved as a
     failure at the pairs it got: a statistical check's minimum detectable effect."""
+    compared: bool = True
+    """Judged against the base; otherwise against the stored budgets alone (``note`` says why)."""
+    note: str = ""
+    """Why it was not compared (``the base lacks it``)."""
+    tolerance: float | None = None
+    """The relative tolerance applied to head/base."""
+    tolerance_from: str = ""
+    """``budgets/cpu.yaml:12``, or ``default for timing`` when the check has no budget."""
+    sd: float | None = None
+    """Pooled per-pair sd of ln(head/base) behind the interval."""
+    df: float | None = None
+    """Degrees of freedom of the interval's t quantile (the pairs', plus the prior's unless it was set aside)."""
+    prior: str = ""
+    """Where the prior sd came from: ``default for timing``, ``measured: budgets/noise/<identity>.yaml,
+    10 df``, or ``set aside`` (the pairs contradicted it)."""
+    confidence: float | None = None
+    """Two-sided coverage of ``ratio_ci`` (above the policy's for a test's per-operator checks,
+    which share one false-alarm budget)."""
+
+    @property
+    def log_se(self) -> float | None:
+        """Standard error of ln(ratio): the per-pair sd over the square root of the pairs."""
+        return self.sd / math.sqrt(self.pairs) if self.sd is not None and self.sd > 0 and self.pairs >= 1 else None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -231,7 +297,7 @@ class Record:
     kind: str = ""
     direction: str = ""
     base: BaseSide | None = None
-    """Lockstep A/B: the base commit's side of the comparison."""
+    """Lockstep A/B: the comparison with the base commit (:attr:`vs_base`: only where it was compared)."""
     advice: str = ""
     """For an ``advisory`` record: the outcome it would have had where timing gates."""
     extra: dict[str, Any] = field(default_factory=dict)
@@ -254,6 +320,21 @@ class Record:
 
     def with_(self, **changes: Any) -> Record:
         return replace(self, **changes)
+
+    @property
+    def value_log_se(self) -> float | None:
+        """Standard error of ln(value) from its interval and that interval's coverage (``None``
+        where the record has no such interval, or a value that is not positive)."""
+        ci, cover = self.ci, self.ci_confidence
+        if self.value is None or not (self.value > 0) or ci is None or cover is None or not 0 < cover < 1 \
+                or not all(math.isfinite(x) and x > 0 for x in ci) or not ci[1] > ci[0]:
+            return None
+        return (math.log(ci[1]) - math.log(ci[0])) / (2 * normal_quantile(0.5 + cover / 2))
+
+    @property
+    def vs_base(self) -> BaseSide | None:
+        """The comparison with the base commit where the check was compared with it, else ``None``."""
+        return self.base if self.base is not None and self.base.compared else None
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON form, one key per field: NaN/inf as strings, nested records as dicts."""

@@ -18,13 +18,14 @@ from .budgets.loader import BudgetSet, load_dir
 from .budgets.update import UpdateReport, apply_updates, check_commit, provenance_commit
 from .device import DeviceInfo, DeviceType
 from .fileio import atomic_write, lock
-from .judge import AB_PRECISION_ENV, STABLE_MACHINE_ENV, ab_precision, stable_identity
+from .judge import STABLE_MACHINE_ENV, stable_identity
+from .judging import AB_OPERATORS_ENV, AB_PRECISION_ENV, Judging, ab_precision, judging_for
 from .measure.instructions import running_under_valgrind
 from .measure.machine import describe
 from .metrics import lookup
 from .preflight import DEFAULT_MAX_LOAD_PER_CORE
 from .results import BudgetRef, Record, Results
-from .vocabulary import Outcome, RunMode
+from .vocabulary import Outcome
 
 __all__ = ["UNFINISHED_KEY", "PerfSession", "add_options"]
 
@@ -77,7 +78,8 @@ class PerfSession:
     rootdir: Path
     budgets_dir: Path
     strict: bool
-    mode: RunMode
+    judging: Judging
+    """The run's way of judging (stored budgets, budget update, one side of an A/B run), chosen once."""
     allow_loosen: bool
     json_path: Path
     threads: int
@@ -92,8 +94,6 @@ class PerfSession:
     """The declaration of a stable machine (an identity or ``yes``), empty when not declared."""
     commit: str | None = None
     """The commit passed with ``--perf-commit``, for provenance where the tree has no git."""
-    ab_precision: float | None = None
-    """One A/B side: the within-pair precision its statistical checks sample to (``None``: one set)."""
     pinned_gpu: str | None = None
     records: list[Record] = field(default_factory=list)
     errors: list[dict[str, str]] = field(default_factory=list)
@@ -127,10 +127,10 @@ class PerfSession:
             raise pytest.UsageError(f"ini perfbudget_artifacts: {exc}") from None
         collect = bool(config.getoption("--perf-collect"))
         update = bool(config.getoption("--update-budgets"))
-        if collect and update:
-            raise pytest.UsageError("--perf-collect (one side of an A/B run) cannot be combined with --update-budgets")
         try:
-            precision = ab_precision(os.environ.get(AB_PRECISION_ENV)) if collect else None
+            judging = judging_for(collect=collect, update=update,
+                                  precision=ab_precision(os.environ.get(AB_PRECISION_ENV)) if collect else None,
+                                  operators_file=os.environ.get(AB_OPERATORS_ENV, "") if collect else "")
         except ValueError as exc:
             raise pytest.UsageError(str(exc)) from None
         commit = config.getoption("--perf-commit") or None
@@ -142,13 +142,12 @@ class PerfSession:
             rootdir=root,
             budgets_dir=budgets_dir,
             strict=bool(config.getoption("--perf-strict")),
-            mode=RunMode.COLLECT if collect else RunMode.UPDATE if update else RunMode.CHECK,
+            judging=judging,
             allow_loosen=bool(config.getoption("--allow-loosen")),
             json_path=json_path,
             threads=threads,
             max_load=max_load,
             is_worker=hasattr(config, "workerinput"),
-            ab_precision=precision,
             commit=commit,
             budgets_dir_arg=arg,
             artifacts=ArtifactConfig(kinds=kinds, threads=threads),
@@ -222,7 +221,7 @@ class PerfSession:
         return self.json_path.parent / "artifacts"
 
     def _meta(self) -> dict[str, Any]:
-        return {"budgets_dir": str(self.budgets_dir), "errors": self.errors, "mode": str(self.mode)}
+        return {"budgets_dir": str(self.budgets_dir), "errors": self.errors, "mode": str(self.judging.mode)}
 
     def checkpoint(self) -> None:
         """Write the records so far to :attr:`json_path`, marked :data:`UNFINISHED_KEY`, when any
@@ -233,7 +232,7 @@ class PerfSession:
         reads once the side has ended. :meth:`finish` replaces the file.
         """
         written = len(self.records) + len(self.errors)
-        if self.is_worker or self.mode == RunMode.COLLECT or written == self._checkpointed:
+        if self.is_worker or self.judging.takes_turns or written == self._checkpointed:
             return
         meta = {**self._meta(), UNFINISHED_KEY: "written after each test; the run did not finish (killed), "
                 "so budgets that apply but no finished test recorded are not listed"}
@@ -255,13 +254,13 @@ class PerfSession:
         # Reports beside the JSON: results.md (CI step summary), results.html (plots).
         try:
             atomic_write(self.json_path.with_suffix(".md"), markdown_report(results))
-            if self.html and self.mode != RunMode.COLLECT:
+            if self.html and not self.judging.takes_turns:
                 from .report import write_html
 
                 write_html(results, self.json_path.with_suffix(".html"))
         except Exception as exc:
             warnings.warn(f"perfbudget: reports beside {self.json_path} not written: {exc!r}", stacklevel=1)
-        if self.mode == RunMode.UPDATE:
+        if self.judging.writes_budgets:
             self.update_report = apply_updates(
                 results.measured(), self.budgets, allow_loosen=self.allow_loosen,
                 commit=provenance_commit(self.rootdir, given=self.commit)

@@ -8,7 +8,7 @@ import enum
 import sys
 from collections.abc import Iterable, Mapping
 
-__all__ = ["OUTCOMES", "Outcome", "RunMode", "StrEnum", "count_outcomes", "tally_text"]
+__all__ = ["OUTCOMES", "Outcome", "RunMode", "StrEnum", "TestOutcome", "count_outcomes", "tally_text"]
 
 if sys.version_info >= (3, 11):
     StrEnum = enum.StrEnum
@@ -84,3 +84,14 @@ class RunMode(StrEnum):
     COLLECT = "collect"
     """One side of a lockstep A/B run (``--perf-collect``): record samples, judge nothing;
     ``perfbudget ab`` judges head/base."""
+
+
+class TestOutcome(StrEnum):
+    """What a test's verdicts mean for the test (pytest's own outcome follows it)."""
+
+    __test__ = False  # not a test class, whatever pytest's name pattern says
+
+    PASS = "pass"
+    SKIP = "skip"
+    """Nothing failed, but something was not judged."""
+    FAIL = "fail"

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from perfbudget.ab.calibration import calibrate
-from perfbudget.ab.compare import PairRecords, compare_pairs
-from perfbudget.ab.verdict import ABPolicy, can_decide, judge_ratios, resolvable_lines
+from perfbudget.ab.merge import PairRecords, compare_pairs
+from perfbudget.ab.ratios import ABPolicy, can_decide, judge_ratios, resolvable_lines
 from perfbudget.budgets.loader import BudgetSet
 from perfbudget.budgets.noise import CheckNoise, NoiseTable, load_noise, noise_path
 from perfbudget.budgets.schema import BudgetError
@@ -205,14 +205,48 @@ def test_the_calibrate_command_writes_the_file_beside_the_budgets(tmp_path: Path
 
 
 def test_the_verdicts_degrees_of_freedom_and_prior_are_kept_and_history_reads_them() -> None:
-    from perfbudget.ab.compare import ABInfo
     from perfbudget.history.store import Check
 
     (m,) = compare_pairs(pairs_of((1.035, 1.043, 1.031, 1.039)), budgets=BudgetSet(root=Path("b")), final=True,
                          policy=policy_with(0.006, 20)).records
-    info = ABInfo.from_extra(m.extra)
+    info = m.base
     assert info is not None and info.df == 12 + 3 and info.prior.startswith("measured: noise/")
     assert Check.from_record(m).df == 15  # not the flat prior's 3 + 3
     (s,) = compare_pairs(pairs_of((1.10, 0.92, 1.12, 0.90)), budgets=BudgetSet(root=Path("b")), final=True,
                          policy=policy_with(0.006, 20)).records
-    assert ABInfo.from_extra(s.extra).prior == "set aside" and Check.from_record(s).df == 3  # type: ignore[union-attr]
+    assert s.base is not None and s.base.prior == "set aside" and Check.from_record(s).df == 3
+
+
+def test_noise_measured_in_turns_of_another_length_is_neither_pooled_nor_used(tmp_path: Path) -> None:
+    from perfbudget.ab.run import ABConfig, _with_noise
+    from perfbudget.measure.machine import describe
+
+    here = describe("cpu").identity
+    assert here is not None
+    t400 = NoiseTable(identity=here, checks={("enc", "step_ms"): CheckNoise(ss=0.004, df=4, runs=1)},
+                      provenance=({"file": "a.json", "burst_ms": 400.0},))
+    t100 = NoiseTable(identity=here, checks={("enc", "step_ms"): CheckNoise(ss=0.001, df=4, runs=1)},
+                      provenance=({"file": "b.json", "burst_ms": 100.0},))
+    with pytest.raises(ValueError, match=r"turns of 400 ms, the new runs in turns of 100 ms"):
+        t400.pooled(t100)
+    t400.write(tmp_path / "budgets")
+    said: list[str] = []
+    config = ABConfig(root=tmp_path, base="HEAD")
+    assert _with_noise(config, tmp_path, said.append, burst_ms=100.0).noise == {}
+    assert "holds for turns of 400 ms, this run takes 100 ms" in said[0]
+    said.clear()
+    assert here in _with_noise(config, tmp_path, said.append, burst_ms=400.0).noise
+    assert not any("flat prior" in line for line in said)
+
+
+def test_calibrate_refuses_to_pool_runs_of_another_turn_length(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    res = ab_results({"step_ms": (1.01, 0.98, 1.02)})
+    res.write(tmp_path / "a.json")
+    assert main(["calibrate", "--budgets-dir", str(tmp_path / "budgets"), str(tmp_path / "a.json")]) == 0
+    before = noise_path(tmp_path / "budgets", ID).read_text()
+    res.meta["ab"]["burst_ms"] = 400.0
+    res.write(tmp_path / "b.json")
+    assert main(["calibrate", "--budgets-dir", str(tmp_path / "budgets"), str(tmp_path / "b.json")]) == 2
+    assert "turns of 100 ms, the new runs in turns of 400 ms" in capsys.readouterr().err
+    assert noise_path(tmp_path / "budgets", ID).read_text() == before
+    assert main(["calibrate", "--replace", "--budgets-dir", str(tmp_path / "budgets"), str(tmp_path / "b.json")]) == 0

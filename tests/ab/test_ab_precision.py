@@ -9,21 +9,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from perfbudget.ab.compare import PairRecords
+from perfbudget.ab.merge import PairRecords
 from perfbudget.ab.run import _pin_operators
 from perfbudget.budgets import load_dir
 from perfbudget.device import DeviceInfo
-from perfbudget.judge import DEFAULT_AB_PRECISION, Judge, JudgeConfig, ab_precision
+from perfbudget.judge import Judge, JudgeConfig
+from perfbudget.judging import DEFAULT_AB_PRECISION, ABSide, Stored, ab_precision, pinned_operators
 from perfbudget.metrics import parse_name
-from perfbudget.recorder import AB_OPERATORS_ENV, PerfRecorder, pinned_operators
+from perfbudget.recorder import PerfRecorder
 from perfbudget.results import Record, Results
-from perfbudget.vocabulary import RunMode
 
 CPU = DeviceInfo(type="cpu", model="test cpu", count=2, threads=1)
 
 
 def _side(tmp_path: Path, precision: float | None, **kw: float) -> Judge:
-    return Judge("k", CPU, load_dir(tmp_path), JudgeConfig(mode=RunMode.COLLECT, ab_precision=precision, **kw))
+    return Judge("k", CPU, load_dir(tmp_path), JudgeConfig(judging=ABSide(precision=precision, **kw)))
 
 
 def _batches(sd: float, seed: int = 1) -> tuple[list[float], list[int], object]:
@@ -47,12 +47,12 @@ def test_a_noisy_check_takes_fresh_batches_up_to_the_cap_and_a_quiet_one_none(tm
     assert taken[0] == 0 and v.n == 30
 
     first, taken, more = _batches(sd=0.2)
-    v = _side(tmp_path, 0.01, ab_max_batches=3).judge(name, first, more=more)  # type: ignore[arg-type]
+    v = _side(tmp_path, 0.01, max_batches=3).judge(name, first, more=more)  # type: ignore[arg-type]
     assert taken[0] == 3 and v.n == 120, "a noisy check samples until the cap"
     assert v.outcome == "unbudgeted"
 
     first, taken, more = _batches(sd=0.03)
-    v = _side(tmp_path, 0.01, ab_max_batches=20).judge(name, first, more=more)  # type: ignore[arg-type]
+    v = _side(tmp_path, 0.01, max_batches=20).judge(name, first, more=more)  # type: ignore[arg-type]
     assert 0 < taken[0] < 20, "a moderately noisy check stops once its median is tight"
     lo, hi = sorted(v.samples)[0], sorted(v.samples)[-1]
     assert lo < hi
@@ -67,7 +67,7 @@ def test_without_a_precision_a_side_takes_one_fixed_sample_set(tmp_path: Path) -
 def test_paired_batches_keep_their_samples_not_the_reference(tmp_path: Path) -> None:
     rng = random.Random(3)
     first = [5.0 * (1 + rng.gauss(0, 0.3)) for _ in range(30)]
-    v = _side(tmp_path, 0.01, ab_max_batches=1).judge(
+    v = _side(tmp_path, 0.01, max_batches=1).judge(
         parse_name("step_ms"), first, reference=[1.0] * 30,
         more=lambda: ([5.0] * 30, [1.0] * 30))
     assert v.n == 60 and v.samples[-1] == 5.0
@@ -118,19 +118,20 @@ def test_a_broken_pin_file_is_an_error_naming_it(tmp_path: Path) -> None:
         pinned_operators(str(path), "t", "k")
 
 
-def test_a_pinned_side_records_exactly_the_pinned_operators(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_pinned_side_records_exactly_the_pinned_operators(tmp_path: Path) -> None:
     a, b = torch.randn(64, 64), torch.randn(64, 64)
 
     def step() -> torch.Tensor:
         return (a @ b).relu_().sum()
 
+    path = tmp_path / "operators.json"
+
     def ops_recorded(collect: bool) -> set[str]:
-        rec = PerfRecorder(Judge("k", CPU, load_dir(tmp_path), JudgeConfig(mode=RunMode.COLLECT if collect else RunMode.CHECK)), nodeid="t::x")
+        judging = ABSide(operators_file=str(path)) if collect else Stored()
+        rec = PerfRecorder(Judge("k", CPU, load_dir(tmp_path), JudgeConfig(judging=judging)), nodeid="t::x")
         rec.operators(step, rounds=2, steps=2, families=("op_count",))
         return {r.metric for r in rec.records()}
 
-    path = tmp_path / "operators.json"
     path.write_text(json.dumps({"t::x": {"k": ["aten::relu_", "aten::sum"]}}))
-    monkeypatch.setenv(AB_OPERATORS_ENV, str(path))
     assert ops_recorded(collect=True) == {"op_count[aten::relu_]", "op_count[aten::sum]"}
     assert "op_count[aten::mm]" in ops_recorded(collect=False), "outside an A/B side the pin file is not read"

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from perfbudget.ab.compare import ABInfo
 from perfbudget.ab.run import ABConfig, run_ab
 from perfbudget.results import load_results
 
@@ -166,9 +165,9 @@ def test_later_pairs_rerun_only_undecided_tests_and_an_unresolvable_check_is_inc
         noisy = by_node[nodeid]
         # Beyond reach after two pairs: at its own spread, the one pair left would not decide it.
         assert noisy.outcome == "inconclusive" and noisy.base is not None and noisy.base.pairs == 2, (noisy.reason, logs)
-        info = ABInfo.from_extra(noisy.extra)
-        assert info is not None and info.mde is not None and info.mde > 0
-        assert f"this run could resolve changes beyond +{info.mde * 100:.3g} %" in noisy.reason
+        info = noisy.base
+        assert info is not None and info.detectable is not None and info.detectable > 0
+        assert f"this run could resolve changes beyond +{info.detectable * 100:.3g} %" in noisy.reason
     quiet, exact = by_node[quiet_id], by_node[exact_id]
     assert quiet.outcome == "pass" and quiet.base is not None and quiet.base.pairs == 2, (quiet.reason, logs)
     assert exact.outcome == "pass" and "vs base: same as the base (1000)" in exact.reason

@@ -15,11 +15,10 @@ from ab_support import HERE
 
 from perfbudget.ab import pairs as pairs_module
 from perfbudget.ab.cli import build_parser, main, register, summary
-from perfbudget.ab.compare import ABInfo
 from perfbudget.ab.coordinator import Coordinator
 from perfbudget.ab.pairs import PairRun, SideSetup, parse_cpus
+from perfbudget.ab.ratios import pair_ratio
 from perfbudget.ab.run import ABConfig, ABRun, UsageError, run_ab
-from perfbudget.ab.verdict import pair_ratio
 from perfbudget.cli import main as report_main
 from perfbudget.results import load_results
 
@@ -130,7 +129,7 @@ def test_a_planted_slowdown_fails_and_exact_changes_are_shown(make_repo: Callabl
     assert "[tolerance from" in step.reason and "cpu.yaml:6]" in step.reason
     assert "vs base: base 1000 -> head 1200 (+20.0 %)" in by_metric["flops"].reason
     extra = by_metric["latency_ms[extra]"]
-    info = ABInfo.from_extra(extra.extra)
+    info = extra.base
     assert info is not None and not info.compared and extra.outcome == "unbudgeted"
     assert "not compared with the base: the base lacks it" in extra.reason
     assert_never_both_running(result)
@@ -153,7 +152,7 @@ def test_a_base_that_cannot_run_is_an_error_naming_why_and_the_flag(make_repo: C
     (message,) = [p for p in result.problems if p.startswith("the base ")]
     assert "could not run under this instrument (pytest exited 1;" in message and "--allow-missing-base" in message
     step, flops = result.results.records
-    assert step.outcome == "error" and step.base is None and "--allow-missing-base" in step.reason
+    assert step.outcome == "error" and step.vs_base is None and "--allow-missing-base" in step.reason
     assert flops.outcome == "pass" and "not compared with the base" in flops.reason  # exact: the head's budgets
     assert result.results.meta["ab"]["allow_missing_base"] is False
 
@@ -164,7 +163,7 @@ def test_a_base_that_cannot_run_is_judged_on_budgets_with_allow_missing_base(mak
     result = run(repo, allow_missing_base=True)
     assert result.stopped == "base unavailable" and len(result.pairs) == 1
     step, flops = result.results.records
-    assert step.outcome == "unbudgeted" and step.base is None
+    assert step.outcome == "unbudgeted" and step.vs_base is None
     assert "the base could not run under this instrument (pytest exited 1;" in step.reason
     assert flops.outcome == "pass" and "not compared with the base" in flops.reason
     assert any("base: pytest exited 1 and wrote no results" in p and "predates fakelib" in p for p in result.problems)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from perfbudget.ab.compare import ABInfo
 from perfbudget.device import DeviceInfo
 from perfbudget.results import BaseSide, Record, Results
 
@@ -42,10 +41,10 @@ def ab_results(head: str, base: str, pair_ratios: Sequence[float], *, step_ms: f
     half = 2.0 * sd / math.sqrt(n)
     base_side = BaseSide(value=step_ms / math.exp(mean), ratio=math.exp(mean),
                          ratio_ci=(math.exp(mean - half), math.exp(mean + half)), pairs=n,
-                         pair_ratios=tuple(pair_ratios))
-    info = ABInfo(compared=True, tolerance=0.05, tolerance_from="default for timing", sd=sd, confidence=0.95)
+                         pair_ratios=tuple(pair_ratios), tolerance=0.05, tolerance_from="default for timing", sd=sd,
+                         df=3.0 + n - 1, confidence=0.95)
     return Results(meta={"mode": "ab", "ab": {"head_commit": head, "base_commit": base,
                                               "policy": {"prior_df": 3.0}}}, records=[
         Record(nodeid=NODE, key="encoder-train", metric="step_ms", outcome="pass", value=step_ms, unit="ms",
-               kind="timing", direction="lower", device=DEVICE, base=base_side, extra=info.to_extra()),
+               kind="timing", direction="lower", device=DEVICE, base=base_side),
     ])

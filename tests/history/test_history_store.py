@@ -24,6 +24,7 @@ from perfbudget.history import (
     checks_from_results,
     run_of,
 )
+from perfbudget.results import load_results
 from perfbudget.vocabulary import Outcome
 
 
@@ -62,12 +63,19 @@ def test_an_ab_run_of_uncommitted_changes_is_refused_unless_given_a_commit() -> 
     assert run_of(res, source="ab.json", commit=sha(2), date=date(2)).commit == sha(2)
 
 
-def test_the_standard_error_comes_from_the_interval_when_the_sd_is_missing() -> None:
+def test_a_schema_1_record_without_its_sd_gets_its_standard_error_from_its_interval(tmp_path: Path) -> None:
+    import json
+
     res = ab_results(sha(2), sha(1), [1.02, 1.04, 1.03], sd=0.02)
-    rec = res.records[0].with_(extra={})
-    check = Check.from_record(rec, prior_df=3.0)
+    data = res.as_dict()
+    data["schema"] = 1
+    base = data["records"][0]["base"]
+    data["records"][0]["base"] = {k: base[k] for k in ("value", "ratio", "ratio_ci", "pairs", "pair_ratios")}
+    data["records"][0]["extra"] = {"ab": {"compared": True, "tolerance": 0.05, "confidence": 0.95}}
+    (tmp_path / "old.json").write_text(json.dumps(data))
+    check = Check.from_record(load_results(tmp_path / "old.json").records[0])
     # The made-up interval is +-2 sd/sqrt(n); t(0.975, 5) = 2.571 turns it back into sd/sqrt(n) * 2 / 2.571.
-    assert check.log_se == pytest.approx(0.02 / 3**0.5 * 2 / 2.5706, rel=1e-3)
+    assert check.log_se == pytest.approx(0.02 / 3**0.5 * 2 / 2.5706, rel=1e-3) and check.df == 5.0
 
 
 def test_adding_the_same_commit_and_machine_again_replaces_its_rows(tmp_path: Path) -> None:
@@ -184,9 +192,9 @@ def test_a_writer_killed_mid_transaction_leaves_every_earlier_row(tmp_path: Path
 
 
 def test_records_as_perfbudget_ab_merges_them_are_kept_with_their_standard_error(tmp_path: Path) -> None:
-    """The A/B side of the contract: records made by ``ab.compare.compare_pairs`` (what ``perfbudget ab``
+    """The A/B side of the contract: records made by ``ab.merge.compare_pairs`` (what ``perfbudget ab``
     writes), not by hand."""
-    from perfbudget.ab.compare import ABInfo, PairRecords, compare_pairs
+    from perfbudget.ab.merge import PairRecords, compare_pairs
     from perfbudget.budgets.loader import BudgetSet
     from perfbudget.results import Record, Results, load_results
 
@@ -205,7 +213,7 @@ def test_records_as_perfbudget_ab_merges_them_are_kept_with_their_standard_error
     results = load_results(path)
     checks = {c.metric: c for c in checks_from_results(results)}
     step = next(r for r in results.records if r.metric == "step_ms")
-    info = ABInfo.from_extra(step.extra)
+    info = step.base
     assert step.base is not None and info is not None and info.sd is not None
     assert checks["step_ms"].ratio == pytest.approx(step.base.ratio)
     assert checks["step_ms"].log_se == pytest.approx(info.sd / 3**0.5) and checks["step_ms"].df == 5.0

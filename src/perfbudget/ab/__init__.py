@@ -6,16 +6,14 @@ turns through a coordinator (``ab.coordinator``, ``ab.pairs``; the client is
 ``perfbudget.measure.turns``), in process pairs until every timing check is decided or
 inconclusive, later pairs re-running only the undecided tests and pairs that lost
 turn-taking not used (``ab.run``), and merges the pairs into one record per check
-(``ab.compare``) with the verdict on head/base (``ab.verdict``). Never imports pytest:
+(``ab.merge``) with the verdict on head/base (``ab.ratios``). Never imports pytest:
 the sides are subprocesses.
 """
 
-from .compare import AB_INFO, ABInfo, Comparison, PairRecords, compare_pairs
 from .coordinator import Coordinator, Turn, TurnLog
+from .merge import Comparison, PairRecords, compare_pairs
 from .pairs import PairRun, SideCommand, SideRun, SideSetup, pytest_command, run_pair, select_tests
-from .run import ABConfig, ABRun, UsageError, run_ab
-from .trees import BaseTree, GitError, build_shim, instrument_dir, prepare_base, side_env
-from .verdict import (
+from .ratios import (
     ABPolicy,
     RatioVerdict,
     describe_change,
@@ -24,11 +22,11 @@ from .verdict import (
     pair_ratio,
     t_quantile,
 )
+from .run import ABConfig, ABRun, UsageError, run_ab
+from .trees import BaseTree, GitError, build_shim, instrument_dir, prepare_base, side_env
 
 __all__ = [
-    "AB_INFO",
     "ABConfig",
-    "ABInfo",
     "ABPolicy",
     "ABRun",
     "BaseTree",

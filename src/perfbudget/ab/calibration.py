@@ -45,21 +45,21 @@ def calibrate(results: Iterable[tuple[str, Results]], *, date: str | None = None
         pairs_seen = 0
         for r in res.records:
             identity = r.device.identity if r.device is not None else None
-            if identity is None or r.base is None:
+            if identity is None or r.vs_base is None:
                 continue
             try:
                 metric = parse_name(r.metric).metric
             except UnknownMetricError:
                 continue
             noise: CheckNoise | None = None
-            ratios = [x for x in r.base.pair_ratios if x > 0 and math.isfinite(x)]
+            ratios = [x for x in r.vs_base.pair_ratios if x > 0 and math.isfinite(x)]
             if metric.statistical and len(ratios) >= 2:
                 ys = [math.log(x) for x in ratios]
                 mean = sum(ys) / len(ys)
                 noise = CheckNoise(ss=sum((y - mean) ** 2 for y in ys), df=len(ys) - 1, runs=1)
                 pairs_seen = max(pairs_seen, len(ys))
-            elif metric.kind == "count" and aa and r.base.ratio is not None and r.base.ratio > 0:
-                noise = CheckNoise(ss=math.log(r.base.ratio) ** 2, df=1, runs=1, spread="runs")
+            elif metric.kind == "count" and aa and r.vs_base.ratio is not None and r.vs_base.ratio > 0:
+                noise = CheckNoise(ss=math.log(r.vs_base.ratio) ** 2, df=1, runs=1, spread="runs")
             if noise is not None:
                 per_identity.setdefault(identity, {})[(r.key, r.metric)] = noise
         for identity, checks in per_identity.items():
@@ -96,7 +96,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 def cmd_calibrate(args: argparse.Namespace, out: TextIO) -> int:
     from ..exitcodes import ExitCode
     from ..results import load_results
-    from .verdict import ABPolicy, resolvable_lines
+    from .ratios import ABPolicy, resolvable_lines
 
     named = []
     for path in args.results:
@@ -108,6 +108,7 @@ def cmd_calibrate(args: argparse.Namespace, out: TextIO) -> int:
     try:
         new = calibrate(named)
         old = {} if args.replace else load_noise(args.budgets_dir)
+        pooled = {i: old[i].pooled(t) if i in old else t for i, t in new.items()}  # all or nothing is written
     except (ValueError, BudgetError) as exc:
         print(f"perfbudget calibrate: error: {exc}", file=sys.stderr)
         return ExitCode.USAGE
@@ -115,8 +116,8 @@ def cmd_calibrate(args: argparse.Namespace, out: TextIO) -> int:
         print("perfbudget calibrate: error: no check with two pairs or more (or an A/A count) in "
               f"{', '.join(args.results)}: nothing to measure the noise from", file=sys.stderr)
         return ExitCode.USAGE
-    for identity, table in new.items():
-        merged = old[identity].pooled(table) if identity in old else table
+    for identity, merged in pooled.items():
+        table = new[identity]
         path = merged.write(args.budgets_dir)
         merged = replace(merged, path=path)
         out.write(f"{path}: {len(table.checks)} check(s) from {len(table.provenance)} run(s)"

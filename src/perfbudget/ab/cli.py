@@ -16,10 +16,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..exitcodes import ExitCode
-from ..judge import DEFAULT_AB_PRECISION
+from ..judging import DEFAULT_AB_PRECISION
 from ..results import Record
 from ..vocabulary import Outcome, count_outcomes, tally_text
-from .compare import ABInfo
 from .pairs import parse_cpus
 from .run import ABConfig, ABRun, UsageError, run_ab
 from .trees import GitError, repo_root
@@ -141,12 +140,11 @@ def summary(run: ABRun) -> str:
         f"perfbudget ab: {len(recs)} check(s): {tally}; {len(run.pairs)} pair(s) ({run.stopped}), "
         f"{meta.get('wall_s', 0):.0f} s; results: {run.path}",
     ]
-    timed = [r for r in recs if r.base is not None and r.base.ratio_ci is not None]
+    timed = [(r, b) for r in recs if (b := r.vs_base) is not None and b.ratio_ci is not None]
     if timed:
         lines.append(f"  {'outcome':<12} {'head/base':>9} {'CI':>15} {'pairs':>5}  check")
-        for r in timed:
-            b = r.base
-            assert b is not None and b.ratio is not None and b.ratio_ci is not None
+        for r, b in timed:
+            assert b.ratio is not None and b.ratio_ci is not None
             ci = f"{b.ratio_ci[0]:.3f}-{b.ratio_ci[1]:.3f}"
             lines.append(f"  {r.outcome:<12} {b.ratio:>9.3f} {ci:>15} {b.pairs:>5}  {_name(r)}")
     for r in recs:
@@ -155,9 +153,9 @@ def summary(run: ABRun) -> str:
     if run.invalid:
         lines.append(f"{len(run.invalid)} pair(s) not used: turn-taking was lost (pair "
                      f"{', '.join(map(str, run.invalid))}; see the problems above)")
-    not_compared = [(r, info) for r in recs if (info := ABInfo.from_extra(r.extra)) is not None and not info.compared]
+    not_compared = [(r, b) for r in recs if (b := r.base) is not None and not b.compared]
     if not_compared:
-        shown = "; ".join(f"{_name(r)} ({info.note})" for r, info in not_compared[:5])
+        shown = "; ".join(f"{_name(r)} ({b.note})" for r, b in not_compared[:5])
         lines.append(f"{len(not_compared)} check(s) not compared with the base (judged against the stored "
                      f"budgets): {shown}" + (" ..." if len(not_compared) > 5 else ""))
     return "\n".join(lines)

@@ -28,18 +28,17 @@ from ..budgets.schema import BudgetError
 from ..exitcodes import ExitCode
 from ..fileio import atomic_write
 from ..instructions_run import callgrind_environment, under_callgrind
-from ..judge import AB_PRECISION_ENV
+from ..judging import AB_OPERATORS_ENV, AB_PRECISION_ENV
 from ..measure import turns
 from ..measure.instructions import INSTALL_HINT, build_helper
 from ..measure.unmeasurable import Unmeasurable
 from ..metrics import op_metric
-from ..recorder import AB_OPERATORS_ENV
 from ..results import Results, load_results
 from ..vocabulary import Outcome, StrEnum
-from .compare import Comparison, PairRecords, compare_pairs
+from .merge import Comparison, PairRecords, compare_pairs
 from .pairs import PairRun, SideCommand, SideSetup, one_cpu, pytest_command, run_pair
+from .ratios import ABPolicy, resolvable_lines
 from .trees import AB_DIR, GitError, build_shim, head_commit, instrument_dir, prepare_base
-from .verdict import ABPolicy, resolvable_lines
 
 __all__ = ["ABConfig", "ABRun", "StopReason", "UsageError", "run_ab"]
 
@@ -228,90 +227,22 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
     operators_file.unlink(missing_ok=True)
     env = {**env, AB_OPERATORS_ENV: str(operators_file),
            AB_PRECISION_ENV: f"{config.precision:g}" if config.precision else "0"}
-    policy = _with_noise(config, root, say)
-    runs: list[PairRun] = []
-    records: list[PairRecords] = []  # the valid pairs only
-    problems: list[str] = []
-    comparison = Comparison(records=[])
-    budgets: BudgetSet | None = None
-    stopped = StopReason.MAX_PAIRS
-    head_failed = False
-    slot = 1  # the valid pair being run: odd slots start with the base, even ones with the head
-    to_replace: PairRun | None = None  # an invalid pair awaiting its one re-run
-    tests: tuple[str, ...] | None = None  # None: the user's selection (pair 1)
-    while len(runs) < config.max_pairs:
-        now = time.monotonic()
-        if runs:
-            expected_s = runs[-1].wall_s  # the next pair runs the same tests or fewer
-            if now + expected_s > deadline:
-                stopped = StopReason.TIME
-                say(f"perfbudget ab: stopping after {len(runs)} pair(s): another (~{expected_s:.0f} s) would end "
-                    f"past --max-minutes {config.max_minutes:g}")
-                break
-        index = len(runs) + 1
-        first = to_replace.first if to_replace is not None else ("base" if slot % 2 == 1 else "head")
-        what = f"re-running invalid pair {to_replace.index}" if to_replace is not None else \
-            ("every selected test" if tests is None else f"{len(tests)} test(s) with undecided checks")
+    plan = _Plan(config=config, root=root, deadline=deadline, policy=_with_noise(config, root, say, burst_ms=burst_ms),
+                 operators_file=operators_file, say=say)
+    while (index := plan.next_pair()) is not None:
+        replaces = plan.to_replace
+        first = replaces.first if replaces is not None else ("base" if plan.slot % 2 == 1 else "head")
+        what = f"re-running invalid pair {replaces.index}" if replaces is not None else \
+            ("every selected test" if plan.tests is None else f"{len(plan.tests)} test(s) with undecided checks")
         say(f"perfbudget ab: pair {index} ({first} first; {what}) ...")
-        run = run_pair(index, trees=trees, shims=shims, workdir=workdir, command=command, first=first,
-                       timeout_s=max(deadline - now, 1.0), burst_ms=burst_ms, cpus=cpus, tests=tests, env=env,
-                       replaces=None if to_replace is None else to_replace.index, lockstep=not config.instructions)
-        pair, side_problems = _pair_records(run)
-        run = replace(run, ran=_nodeids(pair.head))
-        runs.append(run)
-        say(f"perfbudget ab: pair {index} took {run.wall_s:.0f} s "
-            f"(turns: base {run.turns.grants('base')}, head {run.turns.grants('head')})")
-        if run.timed_out and records:
-            # Stopped by our own clock: the pair is incomplete, the earlier ones stand.
-            stopped = StopReason.TIME
-            problems.append(f"pair {index}: stopped at --max-minutes {config.max_minutes:g}; not used")
-            break
-        problems.extend(side_problems)
-        if run.sides["head"].returncode not in (0, None):
-            head_failed = True
-        if pair.head is None:
-            stopped = StopReason.HEAD_FAILED
-            break
-        if run.invalid and not run.timed_out:
-            # Part of the pair ran out of lockstep: its ratios would carry the machine's drift.
-            problems.append(f"pair {index}: invalid, its records are not used: {run.invalid}")
-            if to_replace is None:
-                to_replace = run
-                say(f"perfbudget ab: pair {index} is invalid ({run.invalid}); re-running it once")
-            else:
-                say(f"perfbudget ab: pair {index} (re-running pair {to_replace.index}) is invalid too; "
-                    "dropped")
-                problems.append(f"pair {to_replace.index}: dropped: its re-run (pair {index}) was invalid too")
-                to_replace = None
-                slot += 1
-            continue
-        to_replace = None
-        records.append(replace(pair, index=index))
-        _pin_operators(operators_file, records)
-        if budgets is None:
-            budgets = _budgets(root, pair.head)
-        if run.timed_out:
-            stopped = StopReason.TIME
-            break
-        if len(records) == 1 and pair.base is None:
-            stopped = StopReason.BASE_UNAVAILABLE
-            break
-        comparison = compare_pairs(records, budgets=budgets, policy=policy, final=False,
-                                   min_pairs=config.min_pairs, pairs_left=_pairs_left(config, runs, deadline))
-        if comparison.beyond_reach:
-            say(f"perfbudget ab: {len(comparison.beyond_reach)} check(s) beyond reach: the pairs left (within "
-                f"--max-pairs {config.max_pairs} and --max-minutes {config.max_minutes:g}) would not decide them "
-                "at their spread; no pair is spent on them")
-        if not comparison.undecided:
-            stopped = StopReason.BEYOND_REACH if comparison.beyond_reach else StopReason.DECIDED
-            break
-        tests = _tests_of(comparison)
-        slot += 1
-        say(f"perfbudget ab: {len(comparison.undecided)} check(s) undecided in {len(tests)} test(s)")
-    if to_replace is not None:
-        problems.append(f"pair {to_replace.index}: dropped: no pair budget (--max-pairs {config.max_pairs}) "
-                        "or time left to re-run it")
-        say(f"perfbudget ab: pair {to_replace.index} dropped: no pair or time left to re-run it")
+        plan.took(run_pair(index, trees=trees, shims=shims, workdir=workdir, command=command, first=first,
+                           timeout_s=max(deadline - time.monotonic(), 1.0), burst_ms=burst_ms, cpus=cpus,
+                           tests=plan.tests, env=env, replaces=None if replaces is None else replaces.index,
+                           lockstep=not config.instructions))
+    plan.finish()
+    runs, records, problems, policy = plan.runs, plan.records, plan.problems, plan.policy
+    stopped = plan.stopped or StopReason.MAX_PAIRS
+    budgets, head_failed = plan.budgets, plan.head_failed
     missing_base = stopped == StopReason.BASE_UNAVAILABLE and not config.allow_missing_base
     if missing_base:
         why = records[0].base_problem if records else ""
@@ -338,7 +269,7 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
             "strict": config.strict, "allow_missing_base": config.allow_missing_base,
             "wall_s": round(wall_s, 3), "cpus": list(cpus),
             "burst_ms": burst_ms,
-            "compared": sum(1 for r in comparison.records if r.base is not None),
+            "compared": sum(1 for r in comparison.records if r.vs_base is not None),
             "not_compared": len(comparison.not_compared), "base_only": [list(c) for c in comparison.base_only],
             "inconclusive": [list(c) for c in comparison.inconclusive],
             "policy": {"confidence": config.policy.confidence, "prior_sd": dict(config.policy.prior_sd),
@@ -361,6 +292,117 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
                  problems=tuple(problems), stopped=stopped, invalid=invalid)
 
 
+@dataclass(kw_only=True)
+class _Plan:
+    """Which pair runs next, and when none does: the state of :func:`run_ab`'s loop.
+
+    Each pair's outcome (:meth:`took`) either stops the run with a :class:`StopReason`, asks
+    for an invalid pair to be run once more (same first side), or names the tests that still
+    hold undecided checks for the next pair; :meth:`next_pair` also stops at ``--max-pairs``
+    and where another pair would end past ``--max-minutes``.
+    """
+
+    config: ABConfig
+    root: Path
+    deadline: float
+    policy: ABPolicy
+    operators_file: Path
+    say: Callable[[str], None]
+    runs: list[PairRun] = field(default_factory=list)
+    records: list[PairRecords] = field(default_factory=list)
+    """The valid pairs only."""
+    problems: list[str] = field(default_factory=list)
+    budgets: BudgetSet | None = None
+    stopped: StopReason | None = None
+    """Why no further pair runs, once one of :meth:`took`'s outcomes or the clock says so."""
+    head_failed: bool = False
+    slot: int = 1
+    """The valid pair being run: odd slots start with the base, even ones with the head."""
+    to_replace: PairRun | None = None
+    """An invalid pair awaiting its one re-run."""
+    tests: tuple[str, ...] | None = None
+    """The tests of the next pair (``None``: the user's selection, pair 1)."""
+
+    def next_pair(self) -> int | None:
+        """The next pair's number, or ``None`` when the run stops (:attr:`stopped` says why)."""
+        if self.stopped is not None:
+            return None
+        if len(self.runs) >= self.config.max_pairs:
+            self._stop(StopReason.MAX_PAIRS)
+            return None
+        if self.runs:
+            expected_s = self.runs[-1].wall_s  # the next pair runs the same tests or fewer
+            if time.monotonic() + expected_s > self.deadline:
+                self.say(f"perfbudget ab: stopping after {len(self.runs)} pair(s): another (~{expected_s:.0f} s) "
+                         f"would end past --max-minutes {self.config.max_minutes:g}")
+                self._stop(StopReason.TIME)
+                return None
+        return len(self.runs) + 1
+
+    def _stop(self, why: StopReason) -> None:
+        self.stopped = why
+
+    def took(self, run: PairRun) -> None:
+        """Take in one pair's outcome."""
+        config, index = self.config, run.index
+        pair, side_problems = _pair_records(run)
+        run = replace(run, ran=_nodeids(pair.head))
+        self.runs.append(run)
+        self.say(f"perfbudget ab: pair {index} took {run.wall_s:.0f} s "
+                 f"(turns: base {run.turns.grants('base')}, head {run.turns.grants('head')})")
+        if run.timed_out and self.records:
+            # Stopped by our own clock: the pair is incomplete, the earlier ones stand.
+            self.problems.append(f"pair {index}: stopped at --max-minutes {config.max_minutes:g}; not used")
+            return self._stop(StopReason.TIME)
+        self.problems.extend(side_problems)
+        if run.sides["head"].returncode not in (0, None):
+            self.head_failed = True
+        if pair.head is None:
+            return self._stop(StopReason.HEAD_FAILED)
+        if run.invalid and not run.timed_out:
+            # Part of the pair ran out of lockstep: its ratios would carry the machine's drift.
+            self.problems.append(f"pair {index}: invalid, its records are not used: {run.invalid}")
+            if self.to_replace is None:
+                self.to_replace = run
+                self.say(f"perfbudget ab: pair {index} is invalid ({run.invalid}); re-running it once")
+            else:
+                self.say(f"perfbudget ab: pair {index} (re-running pair {self.to_replace.index}) is invalid too; "
+                         "dropped")
+                self.problems.append(f"pair {self.to_replace.index}: dropped: its re-run (pair {index}) was invalid too")
+                self.to_replace = None
+                self.slot += 1
+            return None
+        self.to_replace = None
+        self.records.append(replace(pair, index=index))
+        _pin_operators(self.operators_file, self.records)
+        if self.budgets is None:
+            self.budgets = _budgets(self.root, pair.head)
+        if run.timed_out:
+            return self._stop(StopReason.TIME)
+        if len(self.records) == 1 and pair.base is None:
+            return self._stop(StopReason.BASE_UNAVAILABLE)
+        comparison = compare_pairs(self.records, budgets=self.budgets, policy=self.policy, final=False,
+                                   min_pairs=config.min_pairs,
+                                   pairs_left=_pairs_left(config, self.runs, self.deadline))
+        if comparison.beyond_reach:
+            self.say(f"perfbudget ab: {len(comparison.beyond_reach)} check(s) beyond reach: the pairs left (within "
+                     f"--max-pairs {config.max_pairs} and --max-minutes {config.max_minutes:g}) would not decide "
+                     "them at their spread; no pair is spent on them")
+        if not comparison.undecided:
+            return self._stop(StopReason.BEYOND_REACH if comparison.beyond_reach else StopReason.DECIDED)
+        self.tests = _tests_of(comparison)
+        self.slot += 1
+        self.say(f"perfbudget ab: {len(comparison.undecided)} check(s) undecided in {len(self.tests)} test(s)")
+        return None
+
+    def finish(self) -> None:
+        """Say what the loop left: an invalid pair with no pair or time left to re-run it."""
+        if self.to_replace is not None:
+            self.problems.append(f"pair {self.to_replace.index}: dropped: no pair budget (--max-pairs "
+                                 f"{self.config.max_pairs}) or time left to re-run it")
+            self.say(f"perfbudget ab: pair {self.to_replace.index} dropped: no pair or time left to re-run it")
+
+
 def _pairs_left(config: ABConfig, runs: Sequence[PairRun], deadline: float) -> int:
     """Pairs the run may still start: within --max-pairs, and within --max-minutes at the last pair's length."""
     left = config.max_pairs - len(runs)
@@ -369,9 +411,11 @@ def _pairs_left(config: ABConfig, runs: Sequence[PairRun], deadline: float) -> i
     return max(left, 0)
 
 
-def _with_noise(config: ABConfig, root: Path, say: Callable[[str], None]) -> ABPolicy:
+def _with_noise(config: ABConfig, root: Path, say: Callable[[str], None], *, burst_ms: float) -> ABPolicy:
     """The policy with the measured noise of ``<root>/budgets/noise`` (unless the policy brings its
-    own), after saying, per measured check of this machine, the change the run can resolve.
+    own), after saying, per measured check of this machine, the change the run can resolve. This
+    machine's noise measured in turns of another length than ``burst_ms`` is not used: its checks
+    start from the flat prior.
 
     Raises:
         UsageError: a noise file that cannot be read (naming it, the key and the value).
@@ -384,11 +428,16 @@ def _with_noise(config: ABConfig, root: Path, say: Callable[[str], None]) -> ABP
         raise UsageError(f"measured noise: {exc}") from None
     if not tables:
         return config.policy
-    policy = replace(config.policy, noise=tables)
     from ..measure.machine import describe  # torch: only when there is noise to match
 
     identity = describe("cpu").identity
     table = tables.get(identity or "")
+    if table is not None and table.bursts_ms and table.bursts_ms != {burst_ms}:
+        say(f"perfbudget ab: the measured noise of this machine ({table.where}) holds for turns of "
+            f"{table.turns_text}, this run takes {burst_ms:g} ms: its "
+            "timing checks start from the flat prior (calibrate again with runs of this length)")
+        return replace(config.policy, noise={k: v for k, v in tables.items() if k != identity})
+    policy = replace(config.policy, noise=tables)
     if table is None:
         say(f"perfbudget ab: no measured noise for this machine ({identity}; measured: "
             f"{', '.join(sorted(tables))}): its timing checks start from the flat prior")

@@ -3,7 +3,7 @@
 A lockstep A/B judges a timing check on its process pairs' ratios. How much those ratios
 spread is a property of the check *on one kind of machine*: a 20 ms training step reads
 2-3 % per pair, a serving tail or a compiled warm-up 6-10 %. Without a measurement the
-verdict assumes one flat prior for every check of a kind (``ab.verdict.PRIOR_SD``).
+verdict assumes one flat prior for every check of a kind (``ab.ratios.PRIOR_SD``).
 ``perfbudget calibrate`` measures it instead, from A/B results files of one machine
 identity (an A/A run, or the pull-request runs it already made), and writes it here by
 the tool, with provenance, never by hand:
@@ -103,9 +103,24 @@ class NoiseTable:
     def get(self, key: str, metric: str) -> CheckNoise | None:
         return self.checks.get((key, metric))
 
+    @property
+    def bursts_ms(self) -> frozenset[float]:
+        """The turn lengths of the A/B runs pooled here (empty where none was recorded): a
+        timing check's spread per pair depends on it (benchmarks/burst-length-cpu.md)."""
+        return frozenset(float(p["burst_ms"]) for p in self.provenance if p.get("burst_ms") is not None)
+
+    @property
+    def turns_text(self) -> str:
+        """``100 ms`` (``100 ms and 400 ms`` for a file that pools both): :attr:`bursts_ms` in words."""
+        return " and ".join(f"{b:g} ms" for b in sorted(self.bursts_ms))
+
     def pooled(self, other: NoiseTable) -> NoiseTable:
         if other.identity != self.identity:
             raise ValueError(f"cannot pool noise of {other.identity} into {self.identity}")
+        if self.bursts_ms and other.bursts_ms and self.bursts_ms != other.bursts_ms:
+            raise ValueError(f"{self.where}: measured in turns of {self.turns_text}, the new runs in turns of "
+                             f"{other.turns_text}: a spread holds for its turn length; start the file over "
+                             "(--replace) with runs of one length")
         checks = dict(self.checks)
         for cid, n in other.checks.items():
             checks[cid] = checks[cid].pooled(n) if cid in checks else n

@@ -13,10 +13,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Literal
 
-from ..ab.compare import ABInfo
-from ..ab.verdict import PRIOR_DF
-from ..extras import ExtraError
-from ..measure.stats import normal_quantile, t_quantile
 from ..results import Record, Results
 from ..vocabulary import Outcome
 
@@ -171,42 +167,21 @@ class Check:
         return f"{self.key}.{self.metric}"
 
     @classmethod
-    def from_record(cls, r: Record, *, prior_df: float = PRIOR_DF) -> Check:
-        """Reduce a results record; the A/B side's standard error comes from the pooled per-pair sd the
-        verdict used (``extra["ab"]["sd"]``), or, lacking it, from the CI's half-width and its t quantile.
-
-        Raises:
-            ValueError: a record whose ``extra["ab"]`` does not read, naming it.
-        """
-        ratio = ratio_ci = log_se = df = value_se = None
+    def from_record(cls, r: Record) -> Check:
+        """Reduce a results record: the A/B comparison's ratio, interval, standard error and degrees
+        of freedom as the record keeps them (:class:`perfbudget.results.BaseSide`)."""
+        ratio = ratio_ci = log_se = df = None
         pairs = 0
-        b = r.base
+        b = r.vs_base
         if b is not None and b.ratio is not None and _positive(b.ratio):
-            ratio, pairs = b.ratio, b.pairs
+            ratio, pairs, df, log_se = b.ratio, b.pairs, b.df, b.log_se
             if b.ratio_ci is not None and all(_positive(x) for x in b.ratio_ci):
                 ratio_ci = b.ratio_ci
-            try:
-                info = ABInfo.from_extra(r.extra)
-            except ExtraError as exc:
-                raise ValueError(f"record {r.nodeid} {r.key}.{r.metric}: {exc}") from None
-            if pairs >= 1:
-                # The verdict's own degrees of freedom; a record written before they were kept: the flat prior's.
-                df = info.df if info is not None and info.df is not None else prior_df + pairs - 1
-                if info is not None and info.sd is not None and info.sd > 0:
-                    log_se = info.sd / math.sqrt(pairs)
-                elif ratio_ci is not None and df > 0:
-                    confidence = info.confidence if info is not None and info.confidence else 0.95
-                    half = (math.log(ratio_ci[1]) - math.log(ratio_ci[0])) / 2
-                    log_se = half / t_quantile(0.5 + confidence / 2, df)
         value = r.value if r.value is not None and math.isfinite(r.value) else None
         ci = r.ci if r.ci is not None and all(math.isfinite(x) for x in r.ci) else None
+        value_se = None
         if value is not None and value > 0:
-            if log_se is not None:
-                value_se = log_se * _HEAD_SHARE
-            elif ci is not None and all(_positive(x) for x in ci) and ci[1] > ci[0] and r.ci_confidence is not None \
-                    and 0 < r.ci_confidence < 1:
-                z = normal_quantile(0.5 + r.ci_confidence / 2)
-                value_se = (math.log(ci[1]) - math.log(ci[0])) / (2 * z)
+            value_se = log_se * _HEAD_SHARE if log_se is not None else r.value_log_se
         return cls(nodeid=r.nodeid, key=r.key, metric=r.metric, unit=r.unit, kind=r.kind, direction=r.direction,
                    outcome=Outcome(r.outcome), value=value, ci=ci, ratio=ratio, ratio_ci=ratio_ci, log_se=log_se,
                    df=df, pairs=pairs, value_se=value_se)
@@ -231,11 +206,7 @@ def mode_of(results: Results) -> Mode:
 
 def checks_from_results(results: Results) -> list[Check]:
     """Every record of ``results`` as a :class:`Check` (records of one check on several nodeids are kept apart)."""
-    policy = results.meta.get("ab", {}).get("policy", {}) if isinstance(results.meta.get("ab"), dict) else {}
-    prior_df = policy.get("prior_df", PRIOR_DF) if isinstance(policy, dict) else PRIOR_DF
-    if isinstance(prior_df, bool) or not isinstance(prior_df, (int, float)):
-        prior_df = PRIOR_DF
-    return [Check.from_record(r, prior_df=float(prior_df)) for r in results.records]
+    return [Check.from_record(r) for r in results.records]
 
 
 def utc_date(text: str) -> str:

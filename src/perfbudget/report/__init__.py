@@ -17,7 +17,7 @@ from .common import (
     regressions,
     text_table,
 )
-from .compare import Change, diff_results, render_diff
+from .diff import Change, diff_results, render_diff
 from .html import render_html, write_html
 from .junit import junit_properties, junit_xml
 from .markdown import markdown_report

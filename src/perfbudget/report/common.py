@@ -11,7 +11,6 @@ from ..extras import FailureArtifacts, OperatorMoves
 from ..measure.operators import OpMove
 from ..metrics import (
     DEFAULT_TOLERANCE,
-    OP_METRIC_FAMILIES,
     UnknownMetricError,
     op_metric,
     parse_name,
@@ -21,7 +20,6 @@ from ..vocabulary import Outcome, count_outcomes
 
 __all__ = [
     "BASE_COLUMNS",
-    "OP_FAMILIES",
     "OUTCOME_ORDER",
     "REGRESSION_OUTCOMES",
     "FailingTest",
@@ -71,9 +69,6 @@ REGRESSION_OUTCOMES = (Outcome.FAIL, Outcome.ERROR)
 OUTCOME_ORDER: dict[str, int] = {o: i for i, o in enumerate((
     Outcome.ERROR, Outcome.FAIL, Outcome.INCONCLUSIVE, Outcome.NOT_MEASURED, Outcome.UNBUDGETED, Outcome.STALE,
     Outcome.NOT_JUDGED, Outcome.ADVISORY, Outcome.UNMEASURABLE, Outcome.PASS))}
-
-#: Metric families judged per operator: their records are "the operators that moved" (``metrics.OP_METRIC_FAMILIES``).
-OP_FAMILIES = OP_METRIC_FAMILIES
 
 
 # --------------------------------------------------------------------------- numbers
@@ -156,7 +151,7 @@ def tolerance_of(r: Record) -> float:
 
 def has_base(records: Iterable[Record]) -> bool:
     """Whether any record was compared with the base commit (lockstep A/B)."""
-    return any(r.base is not None for r in records)
+    return any(r.vs_base is not None for r in records)
 
 
 def ratio_text(b: BaseSide | None) -> str:
@@ -180,7 +175,7 @@ BASE_COLUMNS = ("base", "head/base", "ratio CI", "pairs", "detectable")
 def base_cells(r: Record) -> list[str]:
     """The :data:`BASE_COLUMNS` cells of a record: base value, head/base, its CI, process pairs and the
     smallest change the run could resolve (``-`` without base, or for exact checks)."""
-    b = r.base
+    b = r.vs_base
     if b is None:
         return ["-"] * len(BASE_COLUMNS)
     return [fmt_value(b.value, r.unit), ratio_text(b), ratio_ci_text(b), str(b.pairs), detectable_text(b)]
@@ -193,7 +188,7 @@ def detectable_text(b: BaseSide) -> str:
 
 def base_text(r: Record) -> str:
     """One line of the A/B comparison: ``base 38 ms, head/base 1.079 (+7.9%), CI 1.051-1.102, 3 pairs``."""
-    b = r.base
+    b = r.vs_base
     if b is None:
         return ""
     parts = [f"base {fmt_value(b.value, r.unit)}", f"head/base {ratio_text(b)}"]

@@ -184,7 +184,7 @@ def plot_vs_base(records: Sequence[Record]) -> str | None:
     pairs and the tolerance band the verdict used."""
     rows = []
     for r in records:
-        b = r.base
+        b = r.vs_base
         ratio = finite(b.ratio) if b else None
         if b is None or ratio is None:
             continue
@@ -192,7 +192,7 @@ def plot_vs_base(records: Sequence[Record]) -> str | None:
         rows.append((r, ratio, tolerance_of(r), ci, f"{fmt_value(r.value, r.unit)} vs {fmt_value(b.value, r.unit)}"))
     if not rows:
         return None
-    pairs = max(r.base.pairs for r, *_ in rows if r.base is not None)
+    pairs = max(r.vs_base.pairs for r, *_ in rows if r.vs_base is not None)
     return _normalised(rows, xlabel="head / base  (1 = base commit; green band = ± tolerance)",
                        title=f"head vs base commit (up to {pairs} process pair{'s' if pairs != 1 else ''})")
 
@@ -227,7 +227,7 @@ def plot_samples(r: Record) -> str | None:
 def plot_base_vs_head(r: Record) -> str | None:
     """The base commit's samples beside the head's for one check of a lockstep A/B run,
     each with its median; head/base, its CI and the process pairs in the title."""
-    b = r.base
+    b = r.vs_base
     if b is None:
         return None
     # Exact and bytes checks have one value per side: shown as one point each.
@@ -281,7 +281,7 @@ def plot_operators(records: Sequence[Record]) -> str | None:
         d = ops.setdefault(r.metric[len("op_self_ms["):-1], {})
         d["measured"] = value
         d["outcome"] = r.outcome
-        base = finite(r.base.value) if r.base else None
+        base = finite(r.vs_base.value) if r.vs_base else None
         reference = base if base is not None else (finite(r.budget.value) if r.budget else None)
         if reference is not None:
             d["reference"] = reference
@@ -404,8 +404,8 @@ def _regression_card(t: FailingTest) -> Iterator[str]:
         yield "<div><b>Artifacts</b>: " + ", ".join(f"{_e(k)} <code>{_e(v)}</code>" for k, v in t.artifacts.items()) \
               + ' <span class="muted">(chrome traces open in ui.perfetto.dev; flame graphs in a browser)</span></div>'
     # Per failing check: base vs head where the base commit was measured, else the samples.
-    ab = [plot_base_vs_head(r) for r in t.bad if r.base is not None][:6]
-    statistical = [r for r in t.bad if r.base is None and r.kind in ("timing", "rate", "energy")][:3]
+    ab = [plot_base_vs_head(r) for r in t.bad if r.vs_base is not None][:6]
+    statistical = [r for r in t.bad if r.vs_base is None and r.kind in ("timing", "rate", "energy")][:3]
     has_ops = bool(t.moves) or any(OperatorTable.from_extra(r.extra) for r in t.records)
     yield _plots(*ab, *(plot_samples(r) for r in statistical), plot_operators(t.records) if has_ops else None)
     yield "</div>"

@@ -59,8 +59,8 @@ def junit_properties(records: Iterable[Record]) -> list[tuple[str, str]]:
             out.append((f"{name}.unit", r.unit))
         if budget_where(r):
             out.append((f"{name}.source", budget_where(r)))
-        if r.base is not None:
-            b = r.base
+        if r.vs_base is not None:
+            b = r.vs_base
             if b.value is not None:
                 out.append((f"{name}.base", _prop(b.value)))
             if b.ratio is not None:
@@ -91,8 +91,8 @@ def _split_nodeid(nodeid: str) -> tuple[str, str]:
 
 def _failure_message(r: Record) -> str:
     text = f"{r.key} {r.metric}: {r.outcome} ({fmt_value(r.value, r.unit)} vs budget {budget_text(r)}"
-    if r.base is not None:
-        text += f", vs base {fmt_value(r.base.value, r.unit)}: head/base {ratio_text(r.base)}"
+    if r.vs_base is not None:
+        text += f", vs base {fmt_value(r.vs_base.value, r.unit)}: head/base {ratio_text(r.vs_base)}"
     return text + ")"
 
 

@@ -65,8 +65,8 @@ def markdown_report(results: Results | Iterable[Record], *, title: str = "perf b
     lines.append("")
     vs_base = has_base(records)
     if vs_base:
-        compared = [r for r in records if r.base is not None]
-        pairs = max(r.base.pairs for r in compared if r.base is not None)
+        compared = [r for r in records if r.vs_base is not None]
+        pairs = max(r.vs_base.pairs for r in compared if r.vs_base is not None)
         lines.append(f"Compared with the base commit (lockstep A/B): {len(compared)} of {len(records)} checks, "
                      f"up to {pairs} process pair{'s' if pairs != 1 else ''}.")
         lines.append("")
@@ -94,7 +94,7 @@ def markdown_report(results: Results | Iterable[Record], *, title: str = "perf b
                      "names the smallest change it could have resolved; more pairs (`--max-pairs`) narrow it.")
         lines.append("")
         lines.extend(md_table(["key", "metric", "head/base", "why", "test"],
-                              ([f"`{r.key}`", f"`{r.metric}`", base_cells(r)[1] if r.base else "-", r.reason,
+                              ([f"`{r.key}`", f"`{r.metric}`", base_cells(r)[1] if r.vs_base else "-", r.reason,
                                 f"`{r.nodeid}`"] for r in inconclusive)))
         lines.append("")
     advisory = [r for r in records if r.outcome == Outcome.ADVISORY]

@@ -86,7 +86,7 @@ def detail_lines(t: FailingTest) -> list[str]:
     lines = [f"{t.key}  {t.nodeid}  ({t.device})"]
     for r in t.bad:
         lines.append(f"  {r.metric}: {r.outcome.upper()}: {numbers_text(r)}")
-        if r.base is not None:
+        if r.vs_base is not None:
             lines.append(f"      vs base: {base_text(r)}")
         if budget_where(r):
             lines.append(f"      budget from {budget_where(r)}")

@@ -204,12 +204,13 @@ def profile_rounds(
 
     tables = []
     refs = []
-    # Lockstep A/B: the other side runs between rounds (each round warms up its own step).
+    # Lockstep A/B: the other side profiles its round i between this side's rounds i and i + 1
+    # (each round warms up its own step), so an A/B compares the sides round by round.
     bursts = Bursts()
     with pinned_threads(threads):
         for i in range(rounds):
             if i:
-                bursts.tick()
+                bursts.handover()
             if reference is not None:
                 t = time.perf_counter()
                 reference()

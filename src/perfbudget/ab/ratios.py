@@ -223,10 +223,12 @@ def pair_ratio(
 
     Unpaired (the default): the ratio of the sides' ``quantile`` (the median by default).
     ``paired``: the samples are requests both sides served in the same order, round after
-    round, so each request is its own control: the median of the per-request ratios, over
-    the largest requests for an upper quantile (the p90's change is the tail requests'
-    change). A ratio of two medians over requests of mixed lengths
-    can land on different requests on the two sides; a per-request ratio cannot. A side
+    round, or profiled rounds the sides took in turns, so each sample is its own control: the
+    median of the per-sample ratios, over the largest requests for an upper quantile (the p90's
+    change is the tail requests' change). A ratio of two medians over requests of mixed lengths
+    can land on different requests on the two sides; a per-request ratio cannot. Round i of one
+    side ran beside round i of the other, so the machine's drift over a pair (seconds) cancels
+    in their ratio and not in a ratio of medians (benchmarks/op-pairing-cpu.md). A side
     that sampled more rounds is paired on the rounds both have (the longer count a multiple
     of the shorter); counts that do not line up (a head that generates other token counts)
     fall back to unpaired.

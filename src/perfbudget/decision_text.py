@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .judge import Decision, TestOutcome
+from .judge import Decision
 from .results import Record
-from .vocabulary import Outcome
+from .vocabulary import Outcome, TestOutcome
 
 __all__ = ["decision_text", "judged_summary"]
 

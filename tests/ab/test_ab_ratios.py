@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from perfbudget.ab.verdict import (
+from perfbudget.ab.ratios import (
     PRIOR_DF,
     PRIOR_SD,
     ABPolicy,

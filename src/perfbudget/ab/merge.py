@@ -1,6 +1,6 @@
 """Merge the records of process pairs into one A/B record per check; decides, never measures.
 
-Statistical checks (timing, rate, energy) are judged on head/base (``ab.verdict``) over
+Statistical checks (timing, rate, energy) are judged on head/base (``ab.ratios``) over
 the pairs in which both sides recorded them; a pair where one side did not (a later pair
 that did not re-run the test, an operator that made one process's top-N list and not the
 other's) is "not compared in pair k", never a regression. One test's per-operator checks
@@ -14,14 +14,13 @@ with ``require_base`` a statistical check of a base that could not run is an err
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from ..budgets.loader import BudgetSet
 from ..budgets.schema import Budget, BudgetError
 from ..budgets.verdict import Outcome, Verdict, decide
-from ..extras import ExtraError, InstructionProfile, OperatorMoves
+from ..extras import InstructionProfile, OperatorMoves
 from ..measure import stats
 from ..measure.operators import OpMove, op_metric
 from ..metrics import (
@@ -33,9 +32,9 @@ from ..metrics import (
     parse_name,
 )
 from ..results import BaseSide, BudgetRef, Record, Results
-from .verdict import ABPolicy, RatioVerdict, can_decide, describe_change, judge_ratios, pair_ratio
+from .ratios import ABPolicy, can_decide, describe_change, judge_ratios, pair_ratio
 
-__all__ = ["AB_INFO", "ABInfo", "CheckId", "Comparison", "PairRecords", "compare_pairs"]
+__all__ = ["CheckId", "Comparison", "PairRecords", "compare_pairs"]
 
 CheckId = tuple[str, str, str]
 """``(nodeid, key, metric)``: the same check on both sides."""
@@ -65,63 +64,6 @@ class PairRecords:
     """Why ``base`` is missing (exit status and the end of its output)."""
     index: int = 0
     """The pair's number in the run, for messages (0: its position in the list, from 1)."""
-
-
-#: Key of :class:`ABInfo` in a record's ``extra``.
-AB_INFO = "ab"
-
-
-@dataclass(frozen=True, kw_only=True)
-class ABInfo:
-    """How a record's verdict was reached in an A/B run (``extra["ab"]``, beside ``record.base``)."""
-
-    compared: bool
-    """Judged against the base; otherwise against the stored budgets alone."""
-    tolerance: float | None = None
-    """The relative tolerance applied to head/base (statistical checks)."""
-    tolerance_from: str = ""
-    """``budgets/cpu.yaml:12``, or ``default for timing`` when the check has no budget."""
-    sd: float | None = None
-    """Pooled per-pair sd of ln(head/base) behind the CI."""
-    df: float | None = None
-    """Degrees of freedom of the CI's t quantile (the pairs', plus the prior's unless it was set aside)."""
-    prior: str = ""
-    """Where the prior sd came from: ``default for timing``, or ``measured: budgets/noise/<identity>.yaml, 10 df``."""
-    mde: float | None = None
-    """Minimum detectable effect at the pairs it got: the smallest regression (a fraction,
-    0.08: 8 %) that this run would have decided ``fail`` (statistical checks)."""
-    confidence: float | None = None
-    """Two-sided coverage of the ratio's CI (above the policy's for a test's per-operator
-    checks, which share one false-alarm budget)."""
-    note: str = ""
-    """Why it was not compared (``the base lacks it``)."""
-
-    def to_extra(self) -> dict[str, Any]:
-        """``{"ab": {"compared", "tolerance", "tolerance_from", "sd", "df", "prior", "mde", "confidence", "note"}}``."""
-        return {AB_INFO: {"compared": self.compared, "tolerance": self.tolerance,
-                          "tolerance_from": self.tolerance_from, "sd": self.sd, "df": self.df, "prior": self.prior,
-                          "mde": self.mde, "confidence": self.confidence, "note": self.note}}
-
-    @classmethod
-    def from_extra(cls, extra: Mapping[str, Any]) -> ABInfo | None:
-        """Read it back from a record's ``extra``; ``None`` for a record not made by ``perfbudget ab``.
-
-        Raises:
-            ExtraError: naming the key and the bad value.
-        """
-        value = extra.get(AB_INFO)
-        if value is None:
-            return None
-        if not isinstance(value, Mapping) or not isinstance(value.get("compared"), bool):
-            raise ExtraError(f"extra[{AB_INFO!r}]: expected {{'compared': bool, ...}}, got {value!r}")
-        numbers = {k: value.get(k) for k in ("tolerance", "sd", "df", "mde", "confidence")}
-        bad = {k: v for k, v in numbers.items() if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)))}
-        if bad:
-            raise ExtraError(f"extra[{AB_INFO!r}]: expected numbers or null, got {bad!r}")
-        return cls(compared=value["compared"], tolerance=numbers["tolerance"],
-                   tolerance_from=str(value.get("tolerance_from", "")), sd=numbers["sd"], df=numbers["df"],
-                   prior=str(value.get("prior", "")), mde=numbers["mde"],
-                   confidence=numbers["confidence"], note=str(value.get("note", "")))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -249,15 +191,15 @@ def _op_move(r: Record) -> OpMove | None:
     info = _metric(r)
     if parsed is None or info is None or r.value is None or not math.isfinite(r.value):
         return None
-    base = r.base.value if r.base is not None and r.base.value is not None and math.isfinite(r.base.value) else None
+    vs = r.vs_base
+    base = vs.value if vs is not None and vs.value is not None and math.isfinite(vs.value) else None
     budget = r.budget.value if r.budget is not None else None
     before = base if base is not None else budget
     if before is None:
         return None
-    ab = ABInfo.from_extra(r.extra) if base is not None else None
-    tolerance = (ab.tolerance if ab is not None and ab.tolerance is not None
+    tolerance = (vs.tolerance if vs is not None and base is not None and vs.tolerance is not None
                  else r.budget.tolerance if r.budget is not None else info.default_tolerance)
-    ratio = r.base.ratio if base is not None and r.base is not None else None
+    ratio = vs.ratio if vs is not None and base is not None else None
     return OpMove(op=parsed[1], family=parsed[0], before=before, after=r.value,
                   against="base" if base is not None else "budget", unit=r.unit, tolerance=tolerance,
                   failing=r.outcome in (Outcome.FAIL, Outcome.ERROR), outcome=r.outcome,
@@ -347,16 +289,14 @@ def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_
     if not ratios:
         why = _why_not(ctx, problems, base_has_it=base_has_it)
         if ctx.require_base and not ctx.base_ran:
-            ab = ABInfo(compared=False, note=why)
             return head0.with_(
                 outcome=Outcome.ERROR,
                 reason=f"not compared with the base: {why}; a timing check is judged on head/base and the "
                        "base gave none (pass --allow-missing-base to judge it against the stored budgets instead)",
-                extra={**head0.extra, **ab.to_extra()}), "not compared"
+                base=_not_with_base(why)), "not compared"
         if head0.outcome == Outcome.NOT_JUDGED:  # set aside by the head's preflight: nothing to judge alone
-            ab = ABInfo(compared=False, note=why)
             return head0.with_(reason=f"not compared with the base: {why}; {head0.reason}",
-                               extra={**head0.extra, **ab.to_extra()}), "not compared"
+                               base=_not_with_base(why)), "not compared"
         return _not_compared(head0, used, budget, why), "not compared"
     if budget is not None and ctx.policy.tolerance_from_budgets and budget.ab_tolerance is not None:
         tolerance, source = budget.ab_tolerance, BudgetRef.of(budget).where
@@ -387,8 +327,6 @@ def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_
     reason = f"{rv.reason} [tolerance from {source}{measured}]"
     if skipped:
         reason += f"; not compared in {', '.join(skipped)}"
-    ab = ABInfo(compared=True, tolerance=tolerance, tolerance_from=source, sd=rv.sd, df=rv.df,
-                prior="set aside" if rv.prior_set_aside else prior.source, mde=rv.mde, confidence=rv.confidence)
     rec = head0.with_(
         outcome={"fail": Outcome.FAIL, "inconclusive": Outcome.INCONCLUSIVE}.get(rv.state, Outcome.PASS),
         value=stats.median(head_stats), ci=None, ci_confidence=None,
@@ -396,15 +334,17 @@ def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_
         budget=None if budget is None else BudgetRef.of(budget),
         limit=base_value * rv.limit, rounds=rv.pairs, confirmed=None, reason=reason,
         samples=tuple(head_xs),
-        base=_base_side(rv, base_value, base_xs, ratios),
-        extra={**head0.extra, **ab.to_extra()},
+        base=BaseSide(value=base_value, samples=tuple(base_xs), ratio=rv.ratio, ratio_ci=rv.ci, pairs=rv.pairs,
+                      pair_ratios=tuple(ratios), detectable=rv.mde, tolerance=tolerance, tolerance_from=source,
+                      sd=rv.sd, df=rv.df, prior="set aside" if rv.prior_set_aside else prior.source,
+                      confidence=rv.confidence),
     )
     return rec, state
 
 
-def _base_side(rv: RatioVerdict, value: float, samples: list[float], ratios: list[float]) -> BaseSide:
-    return BaseSide(value=value, samples=tuple(samples), ratio=rv.ratio, ratio_ci=rv.ci, pairs=rv.pairs,
-                    pair_ratios=tuple(ratios), detectable=rv.mde)
+def _not_with_base(why: str) -> BaseSide:
+    """The comparison of a check judged without the base (``why``: the base lacks it, ...)."""
+    return BaseSide(value=None, compared=False, note=why)
 
 
 def _why_not(ctx: _Context, problems: list[str], *, base_has_it: bool) -> str:
@@ -423,11 +363,8 @@ def _not_compared(head0: Record, used: list[_Used], budget: Budget | None, why: 
     """Judge the head's samples (all pairs) against the stored budget alone."""
     samples = [x for u in used if _usable(u.head) for x in _samples(u.head)]
     v = decide(head0.key, head0.metric, samples, budget)
-    ab = ABInfo(compared=False, note=why)
     return _with_verdict(head0, v).with_(
-        reason=f"not compared with the base: {why}; against the stored budget: {v.reason}",
-        base=None, extra={**head0.extra, **ab.to_extra()},
-    )
+        reason=f"not compared with the base: {why}; against the stored budget: {v.reason}", base=_not_with_base(why))
 
 
 def _with_verdict(rec: Record, v: Verdict) -> Record:
@@ -448,9 +385,7 @@ def _merge_exact(head0: Record, used: list[_Used], ctx: _Context, *, base_has_it
     if not base_values:
         why = _why_not(ctx, [f"base {u.base.outcome}: {u.base.reason}" for u in used
                              if u.base is not None and not _usable(u.base)], base_has_it=base_has_it)
-        ab = ABInfo(compared=False, note=why)
-        return head0.with_(reason=f"{reason}; not compared with the base: {why}",
-                           extra={**head0.extra, **ab.to_extra()})
+        return head0.with_(reason=f"{reason}; not compared with the base: {why}", base=_not_with_base(why))
     base_value = base_values[0]
     change = describe_change(head0.value, base_value, unit=head0.unit)
     if len(head_values) > 1:
@@ -483,12 +418,10 @@ def _merge_exact(head0: Record, used: list[_Used], ctx: _Context, *, base_has_it
             outcome = Outcome.FAIL
             change += ": worse than the base beyond its tolerance"
             attribution = (*attribution, *_moved_functions(head0, used))
-    ab = ABInfo(compared=True, tolerance=tolerance)
     return head0.with_(
         outcome=outcome, attribution=attribution,
         reason=f"{reason}; vs base: {change}" if reason else f"vs base: {change}",
-        base=BaseSide(value=base_value, ratio=ratio, pairs=pairs_with_base),
-        extra={**head0.extra, **ab.to_extra()},
+        base=BaseSide(value=base_value, ratio=ratio, pairs=pairs_with_base, tolerance=tolerance),
     )
 
 
