@@ -8,7 +8,8 @@ one test timing it through perfbudget's public API. Commit 0 has ``FACTOR = 1.0`
 ``--commits`` commits after it, those named by ``--planted`` each multiply ``FACTOR`` by ``--step``;
 the others change only a comment (``--planted none``: a history of no-op commits). For every
 commit: ``perfbudget ab --base HEAD~1`` there, then ``perfbudget history add``; at the end
-``perfbudget history show``, ``check --since`` commit 0, and ``report``.
+``perfbudget history show``, ``check --since`` commit 0, and ``report``, and the chain on each
+run's own per-pair sd beside the pooled one (``--chains DB`` prints that for an existing history).
 
 Usage: python benchmarks/history_real.py [--commits 5] [--planted 2,3,4,5] [--step 1.025]
            [--workdir /tmp/perfbudget-history-real] [--out FILE.md] [--dry-run]
@@ -106,6 +107,24 @@ def build(repo: Path, commits: int, *, planted: tuple[int, ...], step: float, ki
     return shas
 
 
+def chains(db: Path, name: str = "scratch-step.step_ms") -> str:
+    """The cumulative change since the chain's start, on each run's own per-pair sd and with the
+    machine's runs pooled (what ``history check`` uses): how much the pooling narrowed it."""
+    from perfbudget.history import HistoryStore
+    from perfbudget.history.chain import chain_of, cumulative, pooled
+
+    key, metric = name.rsplit(".", 1)
+    with HistoryStore(db) as store:
+        points = store.series(key, metric)
+    own, _ = chain_of(points)
+    out = []
+    for label, links in (("each run's own sd", own), ("pooled per machine", pooled(own, points))):
+        c = cumulative(links)
+        out.append(f"{label}: {c.change:+.1%} ({c.ci[0] - 1:+.1%} to {c.ci[1] - 1:+.1%})")
+    sds = ", ".join(f"{p.check.pair_sd:.1%}" if p.check.pair_sd is not None else "-" for p in points)
+    return f"{name} since the chain's start: " + "; ".join(out) + f" (pairs' own sd per run: {sds})"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--commits", type=int, default=5, help="commits after commit 0")
@@ -115,9 +134,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--workdir", type=Path, default=Path("/tmp/perfbudget-history-real"))
     p.add_argument("--max-pairs", type=int, default=4)
     p.add_argument("--dry-run", action="store_true", help="build the repository and print the commands only")
+    p.add_argument("--chains", type=Path, metavar="DB",
+                   help="only print the chain of an existing history on each run's own sd and pooled")
     p.add_argument("--out", type=Path, default=None,
                    help="also write a Markdown transcript (each commit's A/B verdict, history show and check)")
     args = p.parse_args(argv)
+    if args.chains is not None:
+        print(chains(args.chains))
+        return 0
     repo = args.workdir / "repo"
     planted = () if args.planted == "none" else tuple(int(x) for x in args.planted.split(","))
     shas = build(repo, args.commits, planted=planted, step=args.step, kind=args.kind)
@@ -157,6 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif c[1] == "history" and c[2] != "add":
             transcript += ["", f"`$ perfbudget {' '.join(c[2:4])}` (exit {done.returncode}):", "", "```",
                            (done.stdout + done.stderr).rstrip(), "```"]
+    transcript += ["", chains(db)]
     if args.out is not None:
         args.out.write_text("# A real main-branch history, measured\n\nCommand: `python benchmarks/history_real.py "
                             + " ".join(argv if argv is not None else sys.argv[1:]) + "`\n\n" + "\n".join(transcript)

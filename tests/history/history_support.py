@@ -34,15 +34,16 @@ def stored_results(step_ms: float, *, flops: float = 1e9) -> Results:
 
 
 def ab_results(head: str, base: str, pair_ratios: Sequence[float], *, step_ms: float = 40.0,
-               sd: float = 0.02) -> Results:
-    """An A/B run of ``head`` against ``base``: ``step_ms`` with the given per-pair head/base ratios."""
+               sd: float = 0.02, df: float | None = None) -> Results:
+    """An A/B run of ``head`` against ``base``: ``step_ms`` with the given per-pair head/base ratios,
+    judged at per-pair sd ``sd`` on ``df`` degrees of freedom (default: the pairs' and a 3-df prior's)."""
     n = len(pair_ratios)
     mean = sum(math.log(r) for r in pair_ratios) / n
     half = 2.0 * sd / math.sqrt(n)
     base_side = BaseSide(value=step_ms / math.exp(mean), ratio=math.exp(mean),
                          ratio_ci=(math.exp(mean - half), math.exp(mean + half)), pairs=n,
                          pair_ratios=tuple(pair_ratios), tolerance=0.05, tolerance_from="default for timing", sd=sd,
-                         df=3.0 + n - 1, confidence=0.95)
+                         df=3.0 + n - 1 if df is None else df, confidence=0.95)
     return Results(meta={"mode": "ab", "ab": {"head_commit": head, "base_commit": base,
                                               "policy": {"prior_df": 3.0}}}, records=[
         Record(nodeid=NODE, key="encoder-train", metric="step_ms", outcome="pass", value=step_ms, unit="ms",

@@ -160,7 +160,7 @@ def test_a_database_that_cannot_be_read_exits_2_naming_it(tmp_path: Path, stored
     err = capsys.readouterr().err
     assert err.startswith(f"perfbudget history check: error: {db}")
     if case == "newer":
-        assert "schema_version 99 is newer than this perfbudget reads (2)" in err
+        assert "schema_version 99 is newer than this perfbudget reads (3)" in err
 
 
 def test_an_unknown_ref_exits_2(stored_db: Path, capsys: pytest.CaptureFixture[str]) -> None:

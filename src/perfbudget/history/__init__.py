@@ -12,7 +12,7 @@ from .analysis import (
     findings_since,
     machine_trends,
 )
-from .chain import Cumulative, Link, chain_of, cumulative, cumulative_series
+from .chain import Cumulative, Link, chain_of, cumulative, cumulative_series, pooled
 from .changepoints import ChangeConfig, Drift, Shift, chained_drifts, level_shifts
 from .commits import CommitError, git_commit_info, git_rev, run_of
 from .report import render_history
@@ -62,6 +62,7 @@ __all__ = [
     "level_trend",
     "machine_trends",
     "mode_of",
+    "pooled",
     "render_history",
     "run_of",
 ]

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..report.common import fmt_tolerance
-from .chain import Cumulative, Link, chain_of, cumulative, cumulative_series
+from .chain import Cumulative, Link, chain_of, cumulative, cumulative_series, pooled
 from .changepoints import ChangeConfig, Drift, Shift, chained_drifts, level_shifts
 from .store import HistoryStore, Mode, Point, Run, by_machine
 from .trend import MIN_TREND_POINTS, TREND_KINDS, Trend, level_trend
@@ -57,7 +57,8 @@ def analyze(points: Sequence[Point], *, config: ChangeConfig | None = None, conf
     """Analyse one check's points of one machine and mode (oldest first).
 
     Values of stored runs are searched for level shifts. For A/B runs, checks with a head/parent
-    interval (timing, rates) are chained and their drifts searched; their absolute values are not
+    interval (timing, rates) are chained, with the per-pair sd pooled over each machine identity's
+    runs (:func:`~perfbudget.history.chain.pooled`), and their drifts searched; their absolute values are not
     (on a drifting machine they are mostly noise), except for exact checks, which have no interval.
 
     Raises:
@@ -72,6 +73,7 @@ def analyze(points: Sequence[Point], *, config: ChangeConfig | None = None, conf
     first = points[0]
     valued = [p for p in points if p.check.value is not None and p.check.value >= 0]
     links, gaps = chain_of(points) if first.run.mode == "ab" else ([], [])
+    links = pooled(links, points)
     machines = sorted({p.run.machine for p in points})
     shifts: list[Shift] = []
     if not links and len(machines) == 1:
@@ -80,7 +82,7 @@ def analyze(points: Sequence[Point], *, config: ChangeConfig | None = None, conf
         gaps = [*gaps, f"values from {len(machines)} machines and no head/parent intervals: not searched"]
     drifts = chained_drifts([link.log_ratio for link in links], [link.log_se for link in links],
                             None if any(link.df is None for link in links) else [link.df or 0.0 for link in links],
-                            config=config) if links else []
+                            config=config, sources=[link.noise for link in links]) if links else []
     machine = machines[0] if len(machines) == 1 else f"{len(machines)} machines"
     return SeriesAnalysis(key=first.check.key, metric=first.check.metric, machine=machine,
                           mode=first.run.mode, unit=first.check.unit, direction=first.check.direction,
@@ -172,8 +174,10 @@ def machine_trends(analysis: SeriesAnalysis, window: Sequence[Point], *,
 def findings_since(analysis: SeriesAnalysis, since_date: str, *, since_commit: str | None = None,
                    tolerance: float = 0.05, confidence: float = 0.95) -> tuple[list[Finding], list[str]]:
     """Regressions after the ``since_commit`` run of the series (else after ``since_date``, UTC, as runs
-    keep dates): level shifts and drifts for the worse, a cumulative chained ratio whose interval
-    lies entirely beyond ``1 + tolerance`` (``1 - tolerance`` for rates), and a trend of one
+    keep dates): level shifts and drifts for the worse, a cumulative chained ratio worse with its
+    whole interval (above 1; below for rates) and by more than the tolerance on its estimate (a
+    creep of merges that each passed their A/B run; the runs' per-pair sd pooled per machine
+    identity), and a trend of one
     machine's values (:func:`machine_trends`, from ``since_commit``'s own run on it when there is
     one) whose move's interval lies entirely beyond it.
 
@@ -208,7 +212,8 @@ def findings_since(analysis: SeriesAnalysis, since_date: str, *, since_commit: s
     if later:
         cum = cumulative(later, confidence=confidence)
         lo, hi = cum.ci
-        beyond = lo > 1 + tolerance if analysis.direction != "higher" else hi < 1 - tolerance
+        beyond = (lo > 1 and cum.ratio > 1 + tolerance if analysis.direction != "higher"
+                  else hi < 1 and cum.ratio < 1 - tolerance)
         lines.append(f"cumulative: {analysis.name} on {analysis.machine}: {cum.change:+.1%} ({lo - 1:+.1%} to "
                      f"{hi - 1:+.1%}, {confidence:.0%}) over {cum.merges} merge(s) since {cum.since[:12]}")
         if beyond:

@@ -182,10 +182,12 @@ def level_shifts(values: Sequence[float], *, config: ChangeConfig | None = None,
 
 
 def segment_sum(log_ratios: Sequence[float], log_se: Sequence[float], dfs: Sequence[float] | None,
-                confidence: float) -> tuple[float, tuple[float, float]]:
+                confidence: float, sources: Sequence[str] | None = None) -> tuple[float, tuple[float, float]]:
     """Product of head/parent ratios and its interval: log-ratios add, and so do their variances
     (independent jobs); the t quantile takes the Welch-Satterthwaite degrees of freedom of the sum
-    (the normal quantile when the merges' own degrees of freedom are unknown).
+    (the normal quantile when the merges' own degrees of freedom are unknown). Merges whose standard
+    errors rest on one shared variance estimate (one machine's pooled per-pair sd) name the same
+    ``sources`` entry: their variances add within it and its degrees of freedom count once.
 
     Returns:
         ``(ratio, (low, high))``.
@@ -195,7 +197,12 @@ def segment_sum(log_ratios: Sequence[float], log_se: Sequence[float], dfs: Seque
     se = math.sqrt(var)
     p = 0.5 + confidence / 2
     if dfs is not None and var > 0 and all(d > 0 for d in dfs):
-        df = var * var / math.fsum(s**4 / d for s, d in zip(log_se, dfs, strict=True))
+        groups: dict[object, tuple[float, float]] = {}
+        for i, (s, d) in enumerate(zip(log_se, dfs, strict=True)):
+            key = sources[i] if sources is not None else i
+            v, _ = groups.get(key, (0.0, d))
+            groups[key] = (v + s * s, d)
+        df = var * var / math.fsum(v * v / d for v, d in groups.values())
         q = t_quantile(p, df)
     else:
         q = normal_quantile(p)
@@ -203,12 +210,13 @@ def segment_sum(log_ratios: Sequence[float], log_se: Sequence[float], dfs: Seque
 
 
 def chained_drifts(log_ratios: Sequence[float], log_se: Sequence[float], dfs: Sequence[float] | None = None, *,
-                   config: ChangeConfig | None = None, breakpoints: Breakpoints = pelt_breakpoints) -> list[Drift]:
+                   config: ChangeConfig | None = None, breakpoints: Breakpoints = pelt_breakpoints,
+                   sources: Sequence[str] | None = None) -> list[Drift]:
     """Runs of consecutive merges that changed the level, from each merge's ln(head/parent) and its se.
 
     A penalised fit proposes segments of one mean step (penalty ``chain_penalty * median(se^2) * ln(n)``);
     a segment is kept when the interval of its summed log-ratio (:func:`segment_sum`, at
-    ``chain_confidence``) excludes zero and its change is at least ``min_change``.
+    ``chain_confidence``; ``sources`` as there) excludes zero and its change is at least ``min_change``.
 
     Raises:
         ValueError: lengths that differ, or a standard error that is not a positive number.
@@ -227,7 +235,8 @@ def chained_drifts(log_ratios: Sequence[float], log_se: Sequence[float], dfs: Se
     drifts = []
     for start, end in zip([0, *ends[:-1]], ends, strict=True):
         ratio, (lo, hi) = segment_sum(log_ratios[start:end], log_se[start:end],
-                                      None if dfs is None else dfs[start:end], config.chain_confidence)
+                                      None if dfs is None else dfs[start:end], config.chain_confidence,
+                                      None if sources is None else sources[start:end])
         if (lo > 1.0 or hi < 1.0) and abs(ratio - 1.0) >= config.min_change:
             drifts.append(Drift(first=start, last=end - 1, ratio=ratio, ci=(lo, hi)))
     return drifts

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import math
 import sqlite3
+import statistics
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -30,10 +31,11 @@ __all__ = [
     "utc_date",
 ]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """Version of the store's tables. Bump it when they change in a way this version would misread,
 and add the step from the previous version to :data:`_MIGRATIONS`. Version 2 adds each check's
-``value_se`` (the run's own standard error of ln(value)), which the trend of a machine's values weighs."""
+``value_se`` (the run's own standard error of ln(value)), which the trend of a machine's values weighs;
+version 3 its ``pair_sd`` (the sd of its own pairs' ln(head/base)), which the chain pools per machine."""
 
 _HEAD_SHARE = math.sqrt(0.5)
 """An A/B head's share of its per-pair standard error: ln(head/base) of a pair has the variance of
@@ -48,7 +50,13 @@ def _add_value_se(db: sqlite3.Connection) -> None:
                (_HEAD_SHARE,))
 
 
-_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _add_value_se}
+def _add_pair_sd(db: sqlite3.Connection) -> None:
+    """2 -> 3: the ``pair_sd`` column, unknown for older rows (they kept the verdict's sd, pooled with
+    its prior, not the pairs' own): their links keep their own standard error in the chain."""
+    db.execute("ALTER TABLE checks ADD COLUMN pair_sd REAL")
+
+
+_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _add_value_se, 2: _add_pair_sd}
 """``version -> step``: the step turns a store of ``version`` into one of ``version + 1``, inside the
 write transaction."""
 
@@ -89,6 +97,7 @@ CREATE TABLE IF NOT EXISTS checks (
     df REAL,
     pairs INTEGER NOT NULL DEFAULT 0,
     value_se REAL,
+    pair_sd REAL,
     PRIMARY KEY (run_id, nodeid, key, metric)
 );
 CREATE INDEX IF NOT EXISTS checks_by_name ON checks (key, metric);
@@ -160,6 +169,10 @@ class Check:
     """The run's own standard error of ln(``value``): an A/B head's is ``log_se / sqrt(2)`` (its
     processes' half of the per-pair variance); a stored run's from its interval and that interval's
     coverage. ``None`` when the run does not say (an exact metric, a value of 0, an older store)."""
+    pair_sd: float | None = None
+    """A/B: the sample sd of the pairs' own ln(head/base) (``pairs - 1`` degrees of freedom, no
+    prior): what :func:`perfbudget.history.chain.pooled` pools over a machine's runs. ``None`` with
+    fewer than 2 pairs or from an older store."""
 
     @property
     def name(self) -> str:
@@ -170,11 +183,14 @@ class Check:
     def from_record(cls, r: Record) -> Check:
         """Reduce a results record: the A/B comparison's ratio, interval, standard error and degrees
         of freedom as the record keeps them (:class:`perfbudget.results.BaseSide`)."""
-        ratio = ratio_ci = log_se = df = None
+        ratio = ratio_ci = log_se = df = pair_sd = None
         pairs = 0
         b = r.vs_base
         if b is not None and b.ratio is not None and _positive(b.ratio):
             ratio, pairs, df, log_se = b.ratio, b.pairs, b.df, b.log_se
+            logs = [math.log(x) for x in b.pair_ratios if _positive(x)]
+            if len(logs) >= 2 and len(logs) == len(b.pair_ratios):
+                pair_sd = statistics.stdev(logs)
             if b.ratio_ci is not None and all(_positive(x) for x in b.ratio_ci):
                 ratio_ci = b.ratio_ci
         value = r.value if r.value is not None and math.isfinite(r.value) else None
@@ -184,7 +200,7 @@ class Check:
             value_se = log_se * _HEAD_SHARE if log_se is not None else r.value_log_se
         return cls(nodeid=r.nodeid, key=r.key, metric=r.metric, unit=r.unit, kind=r.kind, direction=r.direction,
                    outcome=Outcome(r.outcome), value=value, ci=ci, ratio=ratio, ratio_ci=ratio_ci, log_se=log_se,
-                   df=df, pairs=pairs, value_se=value_se)
+                   df=df, pairs=pairs, value_se=value_se, pair_sd=pair_sd)
 
 
 def _positive(x: float) -> bool:
@@ -345,10 +361,10 @@ class HistoryStore:
                 for c in checks:
                     self._db.execute(
                         f"INSERT OR REPLACE INTO checks (run_id, {_CHECK_COLUMNS}) "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (run_id, c.nodeid, c.key, c.metric, c.unit, c.kind, c.direction, str(c.outcome), c.value,
                          *(c.ci or (None, None)), c.ratio, *(c.ratio_ci or (None, None)), c.log_se, c.df, c.pairs,
-                         c.value_se))
+                         c.value_se, c.pair_sd))
                     written += 1
         except sqlite3.OperationalError as exc:  # "database is locked" after the busy timeout, a full disk
             raise HistoryError(f"{self.path}: cannot write run {run.short} on {run.machine}: {exc}") from None
@@ -391,7 +407,7 @@ class HistoryStore:
 
 _RUN_COLUMNS = "commit_sha, parent_sha, date_utc, machine, mode, source"
 _CHECK_COLUMNS = ("nodeid, key, metric, unit, kind, direction, outcome, value, ci_low, ci_high, ratio, ratio_low, "
-                  "ratio_high, log_se, df, pairs, value_se")
+                  "ratio_high, log_se, df, pairs, value_se, pair_sd")
 
 
 def _run(row: Sequence[object]) -> Run:
@@ -406,7 +422,7 @@ def _pair(lo: object, hi: object) -> tuple[float, float] | None:
 
 def _check(row: Sequence[object]) -> Check:
     (nodeid, key, metric, unit, kind, direction, outcome, value, ci_low, ci_high, ratio, ratio_low, ratio_high,
-     log_se, df, pairs, value_se) = row
+     log_se, df, pairs, value_se, pair_sd) = row
     return Check(nodeid=str(nodeid), key=str(key), metric=str(metric), unit=str(unit), kind=str(kind),
                  direction=str(direction), outcome=Outcome(outcome),
                  value=None if value is None else float(value),  # type: ignore[arg-type]
@@ -416,7 +432,8 @@ def _check(row: Sequence[object]) -> Check:
                  log_se=None if log_se is None else float(log_se),  # type: ignore[arg-type]
                  df=None if df is None else float(df),  # type: ignore[arg-type]
                  pairs=int(pairs),  # type: ignore[call-overload]
-                 value_se=None if value_se is None else float(value_se))  # type: ignore[arg-type]
+                 value_se=None if value_se is None else float(value_se),  # type: ignore[arg-type]
+                 pair_sd=None if pair_sd is None else float(pair_sd))  # type: ignore[arg-type]
 
 
 def by_machine(points: Iterable[Point]) -> dict[tuple[str, Mode], list[Point]]:
