@@ -175,13 +175,14 @@ def test_ab_runs_on_different_machines_are_one_chain(tmp_path: Path) -> None:
 
 
 # The issue's creep as `perfbudget ab` measures it: a no-op, then four merges of +2.5 %, each run
-# stopping at 2-4 pairs once decided (per-pair ratios drawn at a per-pair sd of about 3 %).
+# stopping at 2-4 pairs once decided (per-pair ratios as spread as on the Intel VM of
+# benchmarks/history-real.md, about 1.5 % per pair).
 CREEP_PAIRS = [
-    [1.05, 0.97],                    # no-op, 2 pairs
-    [1.01, 1.05, 1.02, 1.03],        # +2.5 %
-    [1.04, 1.00, 1.03, 1.035],       # +2.5 %
-    [1.055, 1.00],                   # +2.5 %
-    [1.01, 1.045],                   # +2.5 %
+    [1.02, 0.985],                   # no-op, 2 pairs
+    [1.015, 1.04, 1.02, 1.03],       # +2.5 %
+    [1.04, 1.015, 1.03, 1.035],      # +2.5 %
+    [1.045, 1.01],                   # +2.5 %
+    [1.015, 1.04],                   # +2.5 %
 ]
 
 
@@ -225,12 +226,12 @@ def test_pooling_is_per_machine_identity(tmp_path: Path) -> None:
 def test_the_issues_creep_is_flagged_with_pooled_noise_and_was_not_on_each_runs_own(tmp_path: Path) -> None:
     with _history_of(tmp_path, CREEP_PAIRS) as store:
         points = store.series("encoder-train", "step_ms")
-    own = cumulative(chain_of(points)[0])
-    assert own.ci[0] < 1.0  # each run's own sd: three rest on 1 df (a t quantile of 12.7)
+    own = cumulative(chain_of(points)[0], confidence=0.99)
+    assert own.ci[0] < 1.0  # each run's own sd: three rest on 1 df (a t quantile of 63.7 at 99 %)
     analysis = analyze(points)
     found, _ = findings_since(analysis, date(0), since_commit=sha(0), tolerance=0.05)
     [cum] = [f for f in found if f.what.startswith("cumulative")]
-    assert cum.ci is not None and cum.ci[0] > 1.0 and cum.change > 0.05
+    assert cum.ci is not None and cum.ci[0] > 1.0 and cum.change > 0.05  # +11.8 % (+4.1 % to +20.1 %, 99 %)
     assert (cum.good, cum.bad, cum.merges) == (sha(0), sha(5), 5)
     # The same noise around no change at all is not flagged.
     centred = [list(np.exp(np.log(p) - np.log(p).mean())) for p in CREEP_PAIRS]
@@ -245,4 +246,4 @@ def test_a_cumulative_change_within_the_tolerance_is_not_flagged_however_sure(tm
         analysis = analyze(store.series("encoder-train", "step_ms"))
     found, lines = findings_since(analysis, date(0), since_commit=sha(0), tolerance=0.05)
     assert not [f for f in found if f.what.startswith("cumulative")]
-    assert "+3.9% (+3.6% to +4.1%" in lines[0]
+    assert "+3.9% (+3.4% to +4.3%, 99%)" in lines[0]

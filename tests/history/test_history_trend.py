@@ -211,21 +211,20 @@ def _add_ab(tmp_path: Path, db: Path, values: tuple[float, ...], ratios: tuple[f
         assert code == ExitCode.OK, text
 
 
-def test_check_fails_on_the_issues_creep_by_the_chain_and_by_the_trend_of_one_machines_values(tmp_path: Path) -> None:
+def test_check_fails_on_the_issues_creep_by_the_trend_of_one_machines_values(tmp_path: Path) -> None:
     db = tmp_path / "history.db"
     _add_ab(tmp_path, db, ISSUE_MS, ISSUE_RATIOS)
     code, text = cli("history", "check", "--since", sha(0), "--db", str(db), "--tolerance", "0.05")
     assert code == ExitCode.FAILED, text
-    # The issue's chain read +14.1 % (-0.1 % to +30.3 %) on each run's own sd and degrees of freedom;
-    # with the per-pair sd pooled over the machine's 5 runs (25 df, counted once), worse and beyond 5 %.
-    assert f"cumulative: encoder-train.step_ms on {DEVICE.identity}: +14.1% (+2.7% to +26.7%, 95%) over 5 merge(s)" in text
-    assert (f"REGRESSION encoder-train.step_ms on {DEVICE.identity} (ab): cumulative beyond 5% +14.1% (+2.7% to "
-            f"+26.7%) over 5 merges; commits {sha(0)[:12]}..{sha(5)[:12]}") in text
+    # The issue's chain read +14.1 % (-0.1 % to +30.3 %, 95 %) on each run's own sd and degrees of
+    # freedom; pooled over the machine's 5 runs (25 df, counted once) it is judged at 99 %, where
+    # 6 pairs at 7.2 % per pair still touch no change: the trend of the heads' values finds it.
+    assert f"cumulative: encoder-train.step_ms on {DEVICE.identity}: +14.1% (-1.0% to +31.5%, 99%) over 5 merge(s)" in text
     # Each head's own se: 7.2 % / sqrt(6) / sqrt(2) = 2.08 %, above the line's residual sd (1.77 %).
     assert f"trend: encoder-train.step_ms on {DEVICE.identity}: +17.4% (+7.9% to +27.6%, 95%) over 5 runs" in text
     assert (f"REGRESSION encoder-train.step_ms on {DEVICE.identity} (ab): trend beyond 5% +17.4% (+7.9% to +27.6%) "
             f"over 5 runs; commits {sha(0)[:12]}..{sha(5)[:12]} (git bisect start {sha(5)[:12]} {sha(0)[:12]})") in text
-    assert text.count("REGRESSION") == 2 and "2 regression(s)" in text
+    assert text.count("REGRESSION") == 1 and "1 regression(s)" in text
 
 
 def test_check_passes_no_op_commits_with_the_same_noise(tmp_path: Path) -> None:

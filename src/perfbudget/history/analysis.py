@@ -171,11 +171,19 @@ def machine_trends(analysis: SeriesAnalysis, window: Sequence[Point], *,
     return out
 
 
+CUMULATIVE_CONFIDENCE = 0.99
+"""Two-sided coverage of the cumulative chained ratio ``history check`` judges: one test per check
+and ref, beside the drifts and the trend, so each holds its false alarms near 1 %
+(``benchmarks/history-sim.md``)."""
+
+
 def findings_since(analysis: SeriesAnalysis, since_date: str, *, since_commit: str | None = None,
-                   tolerance: float = 0.05, confidence: float = 0.95) -> tuple[list[Finding], list[str]]:
+                   tolerance: float = 0.05, confidence: float = 0.95,
+                   cumulative_confidence: float = CUMULATIVE_CONFIDENCE) -> tuple[list[Finding], list[str]]:
     """Regressions after the ``since_commit`` run of the series (else after ``since_date``, UTC, as runs
     keep dates): level shifts and drifts for the worse, a cumulative chained ratio worse with its
-    whole interval (above 1; below for rates) and by more than the tolerance on its estimate (a
+    whole ``cumulative_confidence`` interval (above 1; below for rates) and by more than the
+    tolerance on its estimate (a
     creep of merges that each passed their A/B run; the runs' per-pair sd pooled per machine
     identity), and a trend of one
     machine's values (:func:`machine_trends`, from ``since_commit``'s own run on it when there is
@@ -210,12 +218,12 @@ def findings_since(analysis: SeriesAnalysis, since_date: str, *, since_commit: s
                                merges=d.last - d.first + 1))
     later = [link for link in links if after(link.point)]
     if later:
-        cum = cumulative(later, confidence=confidence)
+        cum = cumulative(later, confidence=cumulative_confidence)
         lo, hi = cum.ci
         beyond = (lo > 1 and cum.ratio > 1 + tolerance if analysis.direction != "higher"
                   else hi < 1 and cum.ratio < 1 - tolerance)
         lines.append(f"cumulative: {analysis.name} on {analysis.machine}: {cum.change:+.1%} ({lo - 1:+.1%} to "
-                     f"{hi - 1:+.1%}, {confidence:.0%}) over {cum.merges} merge(s) since {cum.since[:12]}")
+                     f"{hi - 1:+.1%}, {cumulative_confidence:.0%}) over {cum.merges} merge(s) since {cum.since[:12]}")
         if beyond:
             out.append(Finding(**base, what=f"cumulative beyond {fmt_tolerance(tolerance)}", change=cum.change,  # type: ignore[arg-type]
                                ci=cum.ci, good=cum.since, bad=cum.until, merges=cum.merges))
