@@ -145,6 +145,20 @@ def test_report_writes_one_self_contained_page(tmp_path: Path, stored_db: Path) 
     assert "<script" not in text and not re.search(r"(src|href)=['\"]?https?:", text)
 
 
+def test_the_page_shows_what_moved_first_and_folds_series_with_one_run(tmp_path: Path, stored_db: Path) -> None:
+    ab = ab_results(sha(30), sha(29), [1.01, 1.0]).write(tmp_path / "ab.json")  # one A/B run: one point
+    assert cli("history", "add", str(ab), "--db", str(stored_db), "--date", date(30))[0] == ExitCode.OK
+    page = tmp_path / "history.html"
+    assert cli("history", "report", "--db", str(stored_db), "-o", str(page))[0] == ExitCode.OK
+    text = page.read_text()
+    # step_ms has a change point for the worse: linked at the top, plotted before flops (no change).
+    assert re.search(r"Moved for the worse:</b> <a href='#encoder-train\.step_ms-[^']+'>encoder-train\.step_ms</a>", text)
+    assert text.index("<h2 id='encoder-train.step_ms") < text.index("<h2 id='encoder-train.flops")
+    # Several series of one run each would be as many empty headings: one folded table instead.
+    assert "<details><summary>1 series with one run or none" in text
+    assert text.count("<h2") == 2
+
+
 @pytest.mark.parametrize("case", ["missing", "corrupt", "newer"])
 def test_a_database_that_cannot_be_read_exits_2_naming_it(tmp_path: Path, stored_db: Path, case: str,
                                                           capsys: pytest.CaptureFixture[str]) -> None:

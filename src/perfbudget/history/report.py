@@ -217,10 +217,21 @@ def _summary(a: SeriesAnalysis) -> str:
     return "; ".join(bits)
 
 
+def _worse(a: SeriesAnalysis) -> bool:
+    """Whether the series has a change point or drift for the worse: what the page shows first."""
+    return any(a.worse(s.change) for s in a.shifts) or any(a.worse(d.change) for d in a.drifts)
+
+
+def _anchor(a: SeriesAnalysis) -> str:
+    return html.escape(f"{a.name}-{a.machine}-{a.mode}", quote=True)
+
+
 def render_history(analyses: Sequence[SeriesAnalysis], *, title: str = "perf history", tolerance: float = 0.05,
                    source: str = "") -> str:
     """The history page: per check (and machine and mode), its values over commits with the change
     points, and, for A/B history, the cumulative head/parent ratio with its band and the drifts.
+    Series that moved for the worse come first, linked from the top; series with one run or none
+    are one folded table at the end.
 
     Args:
         analyses: from :func:`perfbudget.history.analysis.analyze_store`.
@@ -237,12 +248,19 @@ def render_history(analyses: Sequence[SeriesAnalysis], *, title: str = "perf his
            "<span>— level between change points</span>"
            f"<span style='color:{_BAD}'>┆ change point for the worse</span>"
            f"<span style='color:{_GOOD}'>┆ for the better</span>"
-           "<span>A/B: line = cumulative head/parent ratio since the first merge shown, band = its 95 % interval, "
-           "boxes = drifts (runs of merges that changed the level)</span></p>"]
+           "<span>A/B: line = cumulative head/parent ratio since the first merge shown, band = its 95 % interval "
+           "(<code>history check</code> judges it at 99 %), boxes = drifts (runs of merges that changed the "
+           "level)</span></p>"]
     if not analyses:
         out.append("<p>The history is empty: add results with <code>perfbudget history add</code>.</p>")
-    for a in analyses:
-        out.append(f"<h2 id='{html.escape(a.name)}-{html.escape(a.machine)}-{a.mode}'>{html.escape(a.name)}</h2>")
+    plotted = sorted((a for a in analyses if len(a.points) >= 2 or len(a.links) >= 2 or _worse(a)),
+                     key=lambda a: (not _worse(a), a.name))
+    flagged = [a for a in plotted if _worse(a)]
+    if flagged:
+        out.append("<p><b>Moved for the worse:</b> " + ", ".join(
+            f"<a href='#{_anchor(a)}'>{html.escape(a.name)}</a> ({html.escape(a.machine)})" for a in flagged) + "</p>")
+    for a in plotted:
+        out.append(f"<h2 id='{_anchor(a)}'>{html.escape(a.name)}</h2>")
         kind = "lockstep A/B, head/parent per merge" if a.mode == "ab" else "stored mode, absolute values"
         out.append(f"<p class='meta'>{html.escape(a.machine)} · {kind} · {len(a.points)} commit(s) · "
                    f"{'lower' if a.direction == 'lower' else 'higher' if a.direction == 'higher' else 'either'} is better"
@@ -261,5 +279,12 @@ def render_history(analyses: Sequence[SeriesAnalysis], *, title: str = "perf his
                        "(dot: the value; bar: its interval; grey: the level between change points):</p>")
         if a.points:
             out.append(_values_plot(a))
+    single = sorted((a for a in analyses if a not in plotted), key=lambda a: a.name)
+    if single:
+        rows = "".join(f"<tr><td><code>{html.escape(a.name)}</code></td><td>{html.escape(a.machine)}</td>"
+                       f"<td>{_fmt(a.points[0].check.value or 0.0) + ' ' + html.escape(a.unit) if a.points else '-'}"
+                       f"</td></tr>" for a in single)
+        out.append(f"<details><summary>{len(single)} series with one run or none (nothing to plot yet)</summary>"
+                   f"<table><tr><th>check</th><th>machine</th><th>value</th></tr>{rows}</table></details>")
     out.append("</body></html>\n")
     return "\n".join(out)
