@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from perfbudget.judge import STABLE_MACHINE_ENV
 from perfbudget.measure import turns
 from perfbudget.measure.machine import describe
+from perfbudget.settings import STABLE_MACHINE_ENV
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ import pytest
 
 from perfbudget.budgets.verdict import Outcome, Verdict
 from perfbudget.judging import ABSide, Judging, Stored, Update, judging_for
+from perfbudget.settings import RunSpec
 from perfbudget.vocabulary import RunMode, TestOutcome
 
 
@@ -20,8 +21,11 @@ def by(*verdicts: Verdict) -> dict[Outcome, tuple[Verdict, ...]]:
 def test_the_command_line_chooses_one_way_of_judging() -> None:
     assert isinstance(judging_for(collect=False, update=False), Stored)
     assert isinstance(judging_for(collect=False, update=True), Update)
-    side = judging_for(collect=True, update=False, precision=0.01, operators_file="ops.json")
+    spec = RunSpec(side="head", precision=0.01, operators_file="ops.json")
+    side = judging_for(collect=True, update=False, spec=spec)
     assert side == ABSide(precision=0.01, operators_file="ops.json") and side.mode == RunMode.COLLECT
+    assert judging_for(collect=True, update=False) == ABSide()  # --perf-collect without perfbudget ab
+    assert isinstance(judging_for(collect=False, update=False, spec=spec), Stored)
     with pytest.raises(ValueError, match="cannot be combined"):
         judging_for(collect=True, update=True)
     with pytest.raises(ValueError, match="precision"):

@@ -11,12 +11,12 @@ import pytest
 from perfbudget import session as session_module
 from perfbudget.judging import Stored
 from perfbudget.session import PerfSession
+from perfbudget.settings import Settings
 
 
 def make(tmp_path: Path) -> PerfSession:
-    return PerfSession(rootdir=tmp_path, budgets_dir=tmp_path / "budgets", strict=False, judging=Stored(),
-                       allow_loosen=False, json_path=tmp_path / "results.json", threads=1, max_load=1.0,
-                       is_worker=False)
+    return PerfSession(rootdir=tmp_path, settings=Settings(budgets_dir=tmp_path / "budgets"), strict=False,
+                       judging=Stored(), allow_loosen=False, json_path=tmp_path / "results.json", is_worker=False)
 
 
 def free(path: Path) -> bool:

@@ -20,14 +20,11 @@ from .device import DeviceInfo
 from .judging import Judging, Samples, Stored
 from .measure.stats import median
 from .metrics import OP_TIMED_FAMILIES, MetricName, family_of
+from .settings import STABLE_MACHINE_ENV
 from .vocabulary import TestOutcome
 
 __all__ = ["REFERENCE_MISMATCH", "STABLE_MACHINE_ENV", "Decision", "Judge", "JudgeConfig",
            "stable_identity"]
-
-#: Environment variable a self-hosted runner sets to declare itself stable: this machine's
-#: identity (``perfbudget show --identity``), or ``yes`` for whatever identity it has.
-STABLE_MACHINE_ENV = "PERFBUDGET_STABLE_MACHINE"
 
 
 def stable_identity(declared: str, device: DeviceInfo) -> str | None:

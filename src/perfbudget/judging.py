@@ -29,21 +29,16 @@ from .budgets.schema import Budget
 from .budgets.verdict import Outcome, Verdict, VerdictPolicy
 from .measure.stats import median, quantile_ci
 from .metrics import MetricName
+from .settings import RunSpec
 from .vocabulary import RunMode, TestOutcome
 
-__all__ = ["AB_OPERATORS_ENV", "AB_PRECISION_ENV", "DEFAULT_AB_PRECISION", "ABSide", "Judging", "Samples", "Stored",
-           "Update", "ab_precision", "judging_for", "pinned_operators"]
+__all__ = ["DEFAULT_AB_PRECISION", "ABSide", "Judging", "Samples", "Stored", "Update", "judging_for",
+           "pinned_operators"]
 
 Samples = float | Sequence[float]
 
-#: Environment variable ``perfbudget ab`` sets for its sides: the within-pair precision each
-#: statistical check samples to (see :attr:`ABSide.precision`).
-AB_PRECISION_ENV = "PERFBUDGET_AB_PRECISION"
 #: Target half-width of a check's within-pair head/base ratio when one is asked for: +-1 %.
 DEFAULT_AB_PRECISION = 0.01
-#: Set by ``perfbudget ab`` for its sides after the first pair: a JSON file
-#: ``{nodeid: {key: [operator, ...]}}`` naming the operators each test records from then on.
-AB_OPERATORS_ENV = "PERFBUDGET_AB_OPERATORS"
 
 
 ByOutcome = Mapping[Outcome, tuple[Verdict, ...]]
@@ -140,8 +135,8 @@ class ABSide(Judging):
             fixed sample set.
         max_batches: see ``precision``.
         max_s: see ``precision`` (wall time of the extra batches, the other side's turns included).
-        operators_file: the driver's file of pinned operators (:data:`AB_OPERATORS_ENV`), empty
-            before it writes one.
+        operators_file: the driver's file of pinned operators (named in the side's run spec,
+            :class:`perfbudget.settings.RunSpec`); it writes the file after the first pair.
     """
 
     mode: ClassVar[RunMode] = RunMode.COLLECT
@@ -199,8 +194,9 @@ class ABSide(Judging):
         return pinned_operators(self.operators_file, nodeid, key)
 
 
-def judging_for(*, collect: bool, update: bool, precision: float | None = None, operators_file: str = "") -> Judging:
-    """The run's way of judging from its command line (``--perf-collect``, ``--update-budgets``).
+def judging_for(*, collect: bool, update: bool, spec: RunSpec | None = None) -> Judging:
+    """The run's way of judging from its command line (``--perf-collect``, ``--update-budgets``) and,
+    on a side of an A/B run, its run spec (precision, pinned operators).
 
     Raises:
         ValueError: both at once.
@@ -208,27 +204,8 @@ def judging_for(*, collect: bool, update: bool, precision: float | None = None, 
     if collect and update:
         raise ValueError("--perf-collect (one side of an A/B run) cannot be combined with --update-budgets")
     if collect:
-        return ABSide(precision=precision, operators_file=operators_file)
+        return ABSide(precision=spec.precision, operators_file=spec.operators_file) if spec else ABSide()
     return Update() if update else Stored()
-
-
-def ab_precision(value: str | None) -> float | None:
-    """The precision a side samples to, read from :data:`AB_PRECISION_ENV`'s value
-    (unset, empty or ``0``: ``None``, one fixed sample set, as ``perfbudget ab`` defaults to).
-
-    Raises:
-        ValueError: naming the variable and the value, for anything but a fraction in [0, 1).
-    """
-    if value is None or not value.strip():
-        return None
-    try:
-        x = float(value)
-    except ValueError:
-        x = math.nan
-    if not 0 <= x < 1:
-        raise ValueError(f"{AB_PRECISION_ENV}={value!r}: expected a fraction in [0, 1) such as 0.01 (+-1 %), "
-                         "or 0 for one fixed sample set per check")
-    return x or None
 
 
 def pinned_operators(path: str, nodeid: str, key: str) -> tuple[str, ...] | None:
@@ -244,12 +221,12 @@ def pinned_operators(path: str, nodeid: str, key: str) -> tuple[str, ...] | None
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
-        raise ValueError(f"{AB_OPERATORS_ENV}={path}: cannot be read: {exc}") from None
+        raise ValueError(f"pinned operators {path}: cannot be read: {exc}") from None
     ops = data.get(nodeid, {}).get(key) if isinstance(data, dict) and isinstance(data.get(nodeid, {}), dict) else None
     if ops is None:
         return None
     if not isinstance(ops, list) or not all(isinstance(o, str) for o in ops):
-        raise ValueError(f"{AB_OPERATORS_ENV}={path}: [{nodeid!r}][{key!r}]: expected a list of operator names, "
+        raise ValueError(f"pinned operators {path}: [{nodeid!r}][{key!r}]: expected a list of operator names, "
                          f"got {ops!r}")
     return tuple(ops)
 

@@ -17,11 +17,12 @@ from .artifacts import artifact_dir, describe_artifacts, write_failure_artifacts
 from .budgets.verdict import VerdictPolicy
 from .decision_text import decision_text
 from .device import DeviceType
-from .judge import STABLE_MACHINE_ENV, Judge, JudgeConfig
+from .judge import Judge, JudgeConfig
 from .preflight import check as preflight_check
 from .recorder import CountedSteps, PerfRecorder
 from .results import Record
 from .session import PerfSession, add_options
+from .settings import STABLE_MACHINE_ENV
 from .vocabulary import Outcome, TestOutcome, count_outcomes, tally_text
 
 __all__ = ["PLUGIN_NAME", "BudgetSpec", "PerfPlugin"]
@@ -132,9 +133,9 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     from .measure import placement, turns
 
+    session = PerfSession.from_config(config)  # reads the settings: a bad run spec is a usage error here
     if turns.active():  # a side of a lockstep A/B run: its own draw of memory placement, before any set-up
         placement.shift()
-    session = PerfSession.from_config(config)
     gpu = getattr(config, "workerinput", {}).get(xdist.GPU_KEY)
     if gpu is not None:
         xdist.pin_worker(session, gpu)
@@ -186,11 +187,11 @@ class PerfPlugin:
         import torch
 
         self._threads_before = torch.get_num_threads()
-        torch.set_num_threads(ps.threads)
-        if ps.inductor_dir and any(i.get_closest_marker("compiles") is not None for i in perf_items):
+        torch.set_num_threads(ps.settings.threads)
+        if ps.settings.inductor_dir and any(i.get_closest_marker("compiles") is not None for i in perf_items):
             from .measure.compile_health import inductor_dirs
 
-            inductor_dirs(Path(ps.rootdir) / ps.inductor_dir)
+            inductor_dirs(Path(ps.rootdir) / ps.settings.inductor_dir, keep_tmpdir=ps.settings.keep_tmpdir)
 
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         spec = BudgetSpec.of(item)
@@ -225,11 +226,11 @@ class PerfPlugin:
             _fail(str(exc))
         config = JudgeConfig(
             strict=ps.strict, judging=ps.judging, policy=VerdictPolicy(),
-            preflight=preflight_check(spec.device, max_load_per_core=ps.max_load).problems,
+            preflight=preflight_check(spec.device, max_load_per_core=ps.settings.max_load).problems,
             stable_identity=stable,
         )
         rec = PerfRecorder(Judge(spec.key, ps.device(spec.device), ps.budgets, config), nodeid=item.nodeid,
-                           update_command=ps.update_command(item.nodeid), threads=ps.threads,
+                           update_command=ps.update_command(item.nodeid), threads=ps.settings.threads,
                            counted_steps=spec.counted if ps.counts_instructions else None)
         item.stash[_RECORDER] = rec
         return rec

@@ -8,12 +8,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .device import DeviceType
+from .settings import DEFAULT_MAX_LOAD_PER_CORE
 
 __all__ = ["DEFAULT_MAX_LOAD_PER_CORE", "Preflight", "check"]
-
-#: 1-minute load average per core above which CPU timing is refused. The run itself adds
-#: about one (one timing thread), so 1.5 per core on 2 cores means someone else is busy.
-DEFAULT_MAX_LOAD_PER_CORE = 1.5
 
 
 @dataclass(frozen=True)

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import shlex
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -18,20 +17,24 @@ from .budgets.loader import BudgetSet, load_dir
 from .budgets.update import UpdateReport, apply_updates, check_commit, provenance_commit
 from .device import DeviceInfo, DeviceType
 from .fileio import atomic_write, lock
-from .judge import STABLE_MACHINE_ENV, stable_identity
-from .judging import AB_OPERATORS_ENV, AB_PRECISION_ENV, Judging, ab_precision, judging_for
+from .judge import stable_identity
+from .judging import Judging, judging_for
 from .measure.instructions import running_under_valgrind
 from .measure.machine import describe
 from .metrics import lookup
-from .preflight import DEFAULT_MAX_LOAD_PER_CORE
 from .results import BudgetRef, Record, Results
+from .settings import Settings, run_spec
 from .vocabulary import Outcome
 
-__all__ = ["UNFINISHED_KEY", "PerfSession", "add_options"]
+__all__ = ["UNFINISHED_KEY", "PerfSession", "add_options", "settings_of"]
 
 #: Key of a results file's ``meta`` while the run that writes it has not finished: the file
 #: holds the records of the tests finished so far (:meth:`PerfSession.checkpoint`).
 UNFINISHED_KEY = "unfinished"
+
+
+#: The settings an ini key may set (:class:`perfbudget.settings.Settings`).
+_INI_FIELDS = tuple(f for f in fields(Settings) if f.metadata.get("ini"))
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -53,22 +56,22 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption("--perf-collect", action="store_true", default=False,
                     help="one side of a lockstep A/B run (perfbudget ab): record samples, fixed sample "
                          "sets, timing never fails a test; the A/B driver judges.")
-    parser.addini("perfbudget_budgets_dir", "budget folder, relative to the rootdir", default="budgets")
-    parser.addini("perfbudget_threads", "torch threads for CPU timing", default="1")
-    parser.addini("perfbudget_stable_machine", "declare this machine stable, so stored timing budgets keyed by "
-                  f"its identity gate: its identity (`perfbudget show --identity`) or 'yes'; env {STABLE_MACHINE_ENV} "
-                  "wins; unset: stored timing is advisory", default="")
-    parser.addini("perfbudget_max_load", "1-minute load average per core above which CPU timing checks "
-                  "are not judged (skip; a failure under --perf-strict)", default=str(DEFAULT_MAX_LOAD_PER_CORE))
-    parser.addini("perfbudget_artifacts", "failure artifacts: all, none, or some of trace, flamegraph, memory",
-                  default="all")
-    parser.addini("perfbudget_html", "write the HTML report (with plots) beside the results JSON",
-                  type="bool", default=True)
-    parser.addini("perfbudget_pin_gpus", "under xdist, pin each worker to one GPU (CUDA_VISIBLE_DEVICES)",
-                  type="bool", default=True)
-    parser.addini("perfbudget_inductor_dir", "folder (relative to the rootdir) for inductor's cache and "
-                  "headers when tests marked `compiles` run, so a second run is warm; empty: leave them",
-                  default=".perfbudget")
+    for f in _INI_FIELDS:
+        if isinstance(f.default, bool):
+            parser.addini(f.metadata["ini"], f.metadata["help"], type="bool", default=f.default)
+        else:
+            parser.addini(f.metadata["ini"], f.metadata["help"], default=str(f.default))
+
+
+def settings_of(config: pytest.Config) -> Settings:
+    """The run's settings from its command line, environment and ini file (the one rule of
+    :meth:`Settings.resolve`); a bad value is a usage error naming where it came from."""
+    ini = {f.metadata["ini"]: config.getini(f.metadata["ini"]) for f in _INI_FIELDS}
+    try:
+        return Settings.resolve(cli={"budgets_dir": config.getoption("--budgets-dir")}, ini=ini,
+                                ini_file=str(config.inipath or "ini"), root=Path(str(config.rootpath)))
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 @dataclass
@@ -76,22 +79,16 @@ class PerfSession:
     """Per-session state: options, budgets (loaded once), devices, collected records."""
 
     rootdir: Path
-    budgets_dir: Path
+    settings: Settings
+    """Budgets folder, threads, load limit, stable machine, reports: resolved once (:func:`settings_of`)."""
     strict: bool
     judging: Judging
     """The run's way of judging (stored budgets, budget update, one side of an A/B run), chosen once."""
     allow_loosen: bool
     json_path: Path
-    threads: int
-    max_load: float
     is_worker: bool
     budgets_dir_arg: str | None = None
     artifacts: ArtifactConfig = field(default_factory=ArtifactConfig)
-    html: bool = True
-    pin_gpus: bool = True
-    inductor_dir: str = ".perfbudget"
-    stable_machine: str = ""
-    """The declaration of a stable machine (an identity or ``yes``), empty when not declared."""
     commit: str | None = None
     """The commit passed with ``--perf-commit``, for provenance where the tree has no git."""
     pinned_gpu: str | None = None
@@ -105,32 +102,17 @@ class PerfSession:
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> PerfSession:
-        """The only place that reads ``pytest.Config``."""
+        """With :func:`settings_of`, the only place that reads ``pytest.Config``."""
         root = Path(str(config.rootpath))
-        arg = config.getoption("--budgets-dir")
-        budgets_dir = Path(arg) if arg else root / str(config.getini("perfbudget_budgets_dir"))
-        if not budgets_dir.is_absolute():
-            budgets_dir = Path.cwd() / budgets_dir
+        settings = settings_of(config)
         json_arg = config.getoption("--perf-json")
-        json_path = Path(json_arg) if json_arg else root / ".perfbudget" / "results.json"
         try:
-            threads = int(str(config.getini("perfbudget_threads")))
-            max_load = float(str(config.getini("perfbudget_max_load")))
-        except ValueError:
-            raise pytest.UsageError(
-                f"ini perfbudget_threads / perfbudget_max_load: expected an integer / a number, got "
-                f"{config.getini('perfbudget_threads')!r} / {config.getini('perfbudget_max_load')!r}"
-            ) from None
-        try:
-            kinds = parse_kinds(str(config.getini("perfbudget_artifacts")))
+            kinds = parse_kinds(settings.artifacts)
         except ValueError as exc:
             raise pytest.UsageError(f"ini perfbudget_artifacts: {exc}") from None
-        collect = bool(config.getoption("--perf-collect"))
-        update = bool(config.getoption("--update-budgets"))
         try:
-            judging = judging_for(collect=collect, update=update,
-                                  precision=ab_precision(os.environ.get(AB_PRECISION_ENV)) if collect else None,
-                                  operators_file=os.environ.get(AB_OPERATORS_ENV, "") if collect else "")
+            judging = judging_for(collect=bool(config.getoption("--perf-collect")),
+                                  update=bool(config.getoption("--update-budgets")), spec=run_spec())
         except ValueError as exc:
             raise pytest.UsageError(str(exc)) from None
         commit = config.getoption("--perf-commit") or None
@@ -140,33 +122,26 @@ class PerfSession:
             raise pytest.UsageError(f"--perf-commit: {exc}") from None
         return cls(
             rootdir=root,
-            budgets_dir=budgets_dir,
+            settings=settings,
             strict=bool(config.getoption("--perf-strict")),
             judging=judging,
             allow_loosen=bool(config.getoption("--allow-loosen")),
-            json_path=json_path,
-            threads=threads,
-            max_load=max_load,
+            json_path=Path(json_arg) if json_arg else root / ".perfbudget" / "results.json",
             is_worker=hasattr(config, "workerinput"),
             commit=commit,
-            budgets_dir_arg=arg,
-            artifacts=ArtifactConfig(kinds=kinds, threads=threads),
-            html=bool(config.getini("perfbudget_html")),
-            pin_gpus=bool(config.getini("perfbudget_pin_gpus")),
-            inductor_dir=str(config.getini("perfbudget_inductor_dir")),
-            stable_machine=os.environ.get(STABLE_MACHINE_ENV, "").strip()
-            or str(config.getini("perfbudget_stable_machine")).strip(),
+            budgets_dir_arg=config.getoption("--budgets-dir"),
+            artifacts=ArtifactConfig(kinds=kinds, threads=settings.threads),
         )
 
     @property
     def budgets(self) -> BudgetSet:
         if self._budgets is None:
-            self._budgets = load_dir(self.budgets_dir)
+            self._budgets = load_dir(self.settings.budgets_dir)
         return self._budgets
 
     def device(self, type: DeviceType) -> DeviceInfo:
         if type not in self._devices:
-            self._devices[type] = describe(type, threads=self.threads if type == "cpu" else None)
+            self._devices[type] = describe(type, threads=self.settings.threads if type == "cpu" else None)
         return self._devices[type]
 
     def stable_identity(self, type: DeviceType) -> str | None:
@@ -176,7 +151,7 @@ class PerfSession:
             ValueError: the declaration names another identity (the runner's hardware
                 changed, or a setting was copied to another machine kind).
         """
-        return stable_identity(self.stable_machine, self.device(type))
+        return stable_identity(self.settings.stable_machine, self.device(type))
 
     @property
     def counts_instructions(self) -> bool:
@@ -221,7 +196,7 @@ class PerfSession:
         return self.json_path.parent / "artifacts"
 
     def _meta(self) -> dict[str, Any]:
-        return {"budgets_dir": str(self.budgets_dir), "errors": self.errors, "mode": str(self.judging.mode)}
+        return {"budgets_dir": str(self.settings.budgets_dir), "errors": self.errors, "mode": str(self.judging.mode)}
 
     def checkpoint(self) -> None:
         """Write the records so far to :attr:`json_path`, marked :data:`UNFINISHED_KEY`, when any
@@ -254,7 +229,7 @@ class PerfSession:
         # Reports beside the JSON: results.md (CI step summary), results.html (plots).
         try:
             atomic_write(self.json_path.with_suffix(".md"), markdown_report(results))
-            if self.html and not self.judging.takes_turns:
+            if self.settings.html and not self.judging.takes_turns:
                 from .report import write_html
 
                 write_html(results, self.json_path.with_suffix(".html"))

@@ -12,7 +12,7 @@ import pytest
 
 from . import pinning
 from .results import Record
-from .session import PerfSession
+from .session import PerfSession, settings_of
 
 __all__ = ["GPU_KEY", "WORKER_KEY", "ControllerHooks", "auto_num_workers", "pin_worker", "worker_output"]
 
@@ -29,7 +29,7 @@ class ControllerHooks:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
-        if not self.session.pin_gpus:
+        if not self.session.settings.pin_gpus:
             return
         if self._gpus is None:
             self._gpus = pinning.visible_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"), pinning.nvml_gpu_count())
@@ -70,7 +70,7 @@ def auto_num_workers(config: pytest.Config) -> int | None:
     """``-n auto`` with ``-m gpu`` on a GPU machine: one worker per visible GPU."""
     if not pinning.wants_gpu_workers(str(config.getoption("markexpr", "") or "")):
         return None
-    if not config.getini("perfbudget_pin_gpus"):
+    if not settings_of(config).pin_gpus:
         return None
     gpus = pinning.visible_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"), pinning.nvml_gpu_count())
     return len(gpus) or None

@@ -232,10 +232,10 @@ def test_noise_measured_in_turns_of_another_length_is_neither_pooled_nor_used(tm
     t400.write(tmp_path / "budgets")
     said: list[str] = []
     config = ABConfig(root=tmp_path, base="HEAD")
-    assert _with_noise(config, tmp_path, said.append, burst_ms=100.0).noise == {}
+    assert _with_noise(config, tmp_path / "budgets", said.append, burst_ms=100.0).noise == {}
     assert "holds for turns of 400 ms, this run takes 100 ms" in said[0]
     said.clear()
-    assert here in _with_noise(config, tmp_path, said.append, burst_ms=400.0).noise
+    assert here in _with_noise(config, tmp_path / "budgets", said.append, burst_ms=400.0).noise
     assert not any("flat prior" in line for line in said)
 
 

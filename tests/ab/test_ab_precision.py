@@ -14,7 +14,7 @@ from perfbudget.ab.run import _pin_operators
 from perfbudget.budgets import load_dir
 from perfbudget.device import DeviceInfo
 from perfbudget.judge import Judge, JudgeConfig
-from perfbudget.judging import DEFAULT_AB_PRECISION, ABSide, Stored, ab_precision, pinned_operators
+from perfbudget.judging import ABSide, Stored, pinned_operators
 from perfbudget.metrics import parse_name
 from perfbudget.recorder import PerfRecorder
 from perfbudget.results import Record, Results
@@ -77,18 +77,6 @@ def test_exact_checks_are_not_resampled(tmp_path: Path) -> None:
     called = []
     v = _side(tmp_path, 0.01).judge(parse_name("flops"), 123.0, more=lambda: called.append(1) or [1.0])
     assert not called and v.value == 123.0
-
-
-@pytest.mark.parametrize(("value", "want"), [(None, None), ("", None), ("0.02", 0.02),
-                                             (str(DEFAULT_AB_PRECISION), DEFAULT_AB_PRECISION), ("0", None)])
-def test_precision_setting(value: str | None, want: float | None) -> None:
-    assert ab_precision(value) == want
-
-
-@pytest.mark.parametrize("value", ["1.5", "-0.1", "tight"])
-def test_a_bad_precision_names_the_variable_and_value(value: str) -> None:
-    with pytest.raises(ValueError, match=rf"PERFBUDGET_AB_PRECISION='{value}'"):
-        ab_precision(value)
 
 
 def _record(nodeid: str, key: str, metric: str) -> Record:

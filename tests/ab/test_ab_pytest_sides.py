@@ -65,10 +65,11 @@ def test_a_planted_slowdown_in_the_library_fails_through_real_pytest_sides(make_
 # and the base in even ones, so the pairs' ratios disagree by far more than the noise of a
 # loaded machine and their CI cannot close at --max-pairs 3.
 STEPS_LIB = """\
-import os
 import re
 import sys
 import time
+
+from perfbudget.settings import run_spec
 
 
 def _pair():
@@ -78,7 +79,7 @@ def _pair():
     return int(found.group(1)) if found else 0
 
 
-SLOW = 1.5 if (os.environ.get("PERFBUDGET_TURNS_SIDE") == "head") == (_pair() % 2 == 1) else 1.0
+SLOW = 1.5 if (run_spec().side == "head") == (_pair() % 2 == 1) else 1.0
 
 
 def spin(n):

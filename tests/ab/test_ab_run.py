@@ -321,12 +321,13 @@ def test_an_invalid_re_run_is_dropped_and_no_valid_pair_fails(
 # The step's samples are fixed, not timed: head/base reads 1.0 in pair 1 and 1.5 in pair 2,
 # an interval that straddles a tolerance of 0 after both pairs however busy the machine is.
 UNRESOLVABLE_LIB = """\
-import os
 import re
 import sys
 
+from perfbudget.settings import run_spec
+
 _pair = re.search(r"pair-([0-9]+)", sys.argv[1] if len(sys.argv) > 1 else "")
-_slow = os.environ.get("PERFBUDGET_TURNS_SIDE") == "head" and _pair is not None and _pair.group(1) == "2"
+_slow = run_spec().side == "head" and _pair is not None and _pair.group(1) == "2"
 SAMPLES_MS = [1.5 if _slow else 1.0] * 9
 FLOPS = 1000
 EXTRA = False

@@ -106,6 +106,6 @@ def test_a_base_that_is_not_a_commit_names_the_ref_and_the_fix(make_repo: Callab
 
 
 def test_side_env_puts_the_shim_first_and_keeps_the_rest(tmp_path: Path) -> None:
-    env = side_env(tmp_path / "shim", base_env={"PYTHONPATH": "/x:/y", "KEEP": "1"}, PERFBUDGET_TURNS_SIDE="base")
-    assert env == {"PYTHONPATH": f"{tmp_path / 'shim'}:/x:/y", "KEEP": "1", "PERFBUDGET_TURNS_SIDE": "base"}
+    env = side_env(tmp_path / "shim", base_env={"PYTHONPATH": "/x:/y", "KEEP": "1"}, PERFBUDGET_AB_SPEC="base.spec.json")
+    assert env == {"PYTHONPATH": f"{tmp_path / 'shim'}:/x:/y", "KEEP": "1", "PERFBUDGET_AB_SPEC": "base.spec.json"}
     assert side_env(tmp_path / "s", base_env={})["PYTHONPATH"] == str(tmp_path / "s")

@@ -13,15 +13,18 @@ from ab_support import HERE, client_env
 
 from perfbudget.ab.coordinator import Coordinator
 from perfbudget.measure import turns
+from perfbudget.settings import SPEC_ENV, RunSpec
 
 CLIENT = HERE / "turn_client.py"
 
 
-def _start(sock: Path, side: str, mode: str, log: Path, n: int = 0, **env: str) -> subprocess.Popen[bytes]:
+def _start(sock: Path, side: str, mode: str, log: Path, n: int = 0, **spec: object) -> subprocess.Popen[bytes]:
+    """A client process told its side, the socket and ``spec`` in a run spec beside ``log``."""
+    path = log.with_suffix(".spec.json")
+    path.write_text(RunSpec(side=side, socket=str(sock), **spec).to_json())  # type: ignore[arg-type]
     return subprocess.Popen(
         [sys.executable, str(CLIENT), mode, str(log), str(n)],
-        env=client_env(**{turns.ENV_SOCKET: str(sock), turns.ENV_SIDE: side, **env}),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env=client_env(**{SPEC_ENV: str(path)}), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )
 
 
@@ -41,7 +44,7 @@ def _finish(proc: subprocess.Popen[bytes], timeout_s: float = 60) -> None:
 def test_the_coordinator_alternates_and_the_sides_never_run_at_once(sock: Path, tmp_path: Path) -> None:
     logs = {s: tmp_path / f"{s}.json" for s in turns.SIDES}
     with Coordinator(sock, first="head") as coordinator:
-        procs = {s: _start(sock, s, "bursts", logs[s], 8, **{turns.ENV_BURST_MS: "15"}) for s in turns.SIDES}
+        procs = {s: _start(sock, s, "bursts", logs[s], 8, burst_ms=15) for s in turns.SIDES}
         for s, p in procs.items():
             _finish(p)
             coordinator.side_exited(s)
@@ -66,8 +69,8 @@ def test_the_coordinator_alternates_and_the_sides_never_run_at_once(sock: Path, 
 def test_a_side_that_dies_holding_the_machine_leaves_and_the_other_runs_alone(sock: Path, tmp_path: Path) -> None:
     with Coordinator(sock, first="base") as coordinator:
         dying = _start(sock, "base", "die-holding", tmp_path / "base.json")
-        other = _start(sock, "head", "bursts", tmp_path / "head.json", 5,
-                       **{turns.ENV_BURST_MS: "5", turns.ENV_REPORT: str(tmp_path / "head.turns")})
+        other = _start(sock, "head", "bursts", tmp_path / "head.json", 5, burst_ms=5,
+                       report=str(tmp_path / "head.turns"))
         dying.wait(timeout=60)
         assert dying.returncode == 3
         _finish(other)
@@ -81,7 +84,7 @@ def test_a_side_that_dies_holding_the_machine_leaves_and_the_other_runs_alone(so
 def test_a_side_that_never_starts_is_reported_by_the_parent_and_the_other_runs_alone(
         sock: Path, tmp_path: Path) -> None:
     with Coordinator(sock, first="base") as coordinator:
-        head = _start(sock, "head", "bursts", tmp_path / "head.json", 3, **{turns.ENV_BURST_MS: "5"})
+        head = _start(sock, "head", "bursts", tmp_path / "head.json", 3, burst_ms=5)
         _until_joined(coordinator, "head")
         time.sleep(0.2)
         assert head.poll() is None and coordinator.log().turns == ()  # waits for the base to join before the first grant
@@ -92,13 +95,13 @@ def test_a_side_that_never_starts_is_reported_by_the_parent_and_the_other_runs_a
 
 def test_coordinator_gone_means_a_warning_and_no_hang(sock: Path, tmp_path: Path) -> None:
     # Nobody listens on the socket: the client warns and measures on without turns.
-    _finish(_start(sock, "base", "bursts", tmp_path / "none.json", 2, **{turns.ENV_BURST_MS: "5"}))
+    _finish(_start(sock, "base", "bursts", tmp_path / "none.json", 2, burst_ms=5))
     got = json.loads((tmp_path / "none.json").read_text())
     assert len(got["intervals"]) == 2 and "cannot reach the coordinator" in got["warnings"][0]
     # The coordinator closes while the client waits for a side that never comes.
     coordinator = Coordinator(sock, first="base").start()
     report = tmp_path / "base.turns"
-    waiting = _start(sock, "base", "wait", tmp_path / "gone.json", 0, **{turns.ENV_REPORT: str(report)})
+    waiting = _start(sock, "base", "wait", tmp_path / "gone.json", 0, report=str(report))
     _until_joined(coordinator, "base")
     assert waiting.poll() is None
     coordinator.close()
@@ -126,32 +129,30 @@ def test_a_second_process_for_one_side_is_refused(sock: Path, tmp_path: Path) ->
     assert log.as_dict()["problems"] == [problem]
 
 
-def test_outside_an_ab_run_everything_is_a_no_op(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(turns.ENV_SOCKET, raising=False)
-    assert turns.active() is False
+def test_outside_an_ab_run_everything_is_a_no_op(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv(SPEC_ENV, raising=False)
+    assert turns.active() is False and turns.burst_ms() == turns.DEFAULT_BURST_MS == 100.0
     turns.join()
     turns.pass_turn()
     turns.leave()
+    # A side that does not take turns (instruction counts): a spec without a socket.
+    spec = tmp_path / "base.spec.json"
+    spec.write_text(RunSpec(side="base", burst_ms=25).to_json())
+    monkeypatch.setenv(SPEC_ENV, str(spec))
+    monkeypatch.setattr(turns, "_stopped", False)
+    assert turns.active() is False and turns.burst_ms() == 25.0
 
 
-def test_burst_ms_reads_the_environment_and_names_a_bad_value(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(turns.ENV_BURST_MS, raising=False)
-    assert turns.burst_ms() == turns.DEFAULT_BURST_MS == 100.0
-    monkeypatch.setenv(turns.ENV_BURST_MS, "25")
-    assert turns.burst_ms() == 25.0
-    for bad in ("0", "-3", "fast", "nan"):
-        monkeypatch.setenv(turns.ENV_BURST_MS, bad)
-        with pytest.raises(ValueError, match=rf"{turns.ENV_BURST_MS}: expected a positive number.*{bad!r}"):
-            turns.burst_ms()
-
-
-def test_a_bad_side_name_is_refused_loudly(sock: Path, tmp_path: Path) -> None:
+def test_a_bad_side_name_is_refused_loudly(tmp_path: Path) -> None:
+    spec = tmp_path / "spec.json"
+    spec.write_text('{"side": "left", "socket": "/nowhere"}')
     proc = subprocess.run(
         [sys.executable, "-c", "from perfbudget.measure import turns; turns.join()"],
-        env=client_env(**{turns.ENV_SOCKET: str(sock), turns.ENV_SIDE: "left"}),
-        capture_output=True, text=True, timeout=60,
+        env=client_env(**{SPEC_ENV: str(spec)}), capture_output=True, text=True, timeout=60,
     )
-    assert proc.returncode != 0 and "PERFBUDGET_TURNS_SIDE: expected one of ('base', 'head'), got 'left'" in proc.stderr
+    assert proc.returncode != 0
+    assert f"{SPEC_ENV}={spec} (the run spec of `perfbudget ab`): side: expected one of ('base', 'head'), " \
+           "got 'left'" in proc.stderr
 
 
 def test_first_must_be_a_side(sock: Path) -> None:

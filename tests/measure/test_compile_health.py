@@ -156,7 +156,6 @@ def test_inductor_dirs_keep_the_cache_and_headers_in_the_project(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
-    monkeypatch.delenv("PERFBUDGET_KEEP_TMPDIR", raising=False)
     monkeypatch.setenv("TMPDIR", "/elsewhere")
     monkeypatch.setattr(tempfile, "tempdir", None)
     inductor_dirs(tmp_path / ".perfbudget")
@@ -168,7 +167,6 @@ def test_inductor_dirs_keep_the_cache_and_headers_in_the_project(
 
 def test_inductor_dirs_keep_what_the_user_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/mine")
-    monkeypatch.setenv("PERFBUDGET_KEEP_TMPDIR", "1")
     monkeypatch.setenv("TMPDIR", "/my-tmp")
-    inductor_dirs(tmp_path)
+    inductor_dirs(tmp_path, keep_tmpdir=True)
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/mine" and os.environ["TMPDIR"] == "/my-tmp"

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from perfbudget.measure import placement, turns
+from perfbudget.measure import placement
+from perfbudget.settings import SPEC_ENV, RunSpec
 
 
 def resident_bytes() -> int:
@@ -34,7 +35,8 @@ def test_an_ab_side_draws_its_placement_when_it_starts(pytester: pytest.Pytester
     pytester.makepyfile("def test_nothing_timed():\n    pass\n")
     pytester.runpytest_inprocess("-p", "no:randomly").assert_outcomes(passed=1)
     assert calls == []  # outside an A/B run: nothing taken
-    monkeypatch.setenv(turns.ENV_SOCKET, str(tmp_path / "coordinator.sock"))
-    monkeypatch.setenv(turns.ENV_SIDE, "head")
+    spec = tmp_path / "head.spec.json"
+    spec.write_text(RunSpec(side="head", socket=str(tmp_path / "coordinator.sock")).to_json())
+    monkeypatch.setenv(SPEC_ENV, str(spec))
     pytester.runpytest_inprocess("-p", "no:randomly").assert_outcomes(passed=1)
     assert calls == [1]

@@ -19,6 +19,7 @@ from ..budgets.noise import CheckNoise, NoiseTable, load_noise
 from ..budgets.schema import BudgetError
 from ..metrics import UnknownMetricError, parse_name
 from ..results import Results
+from ..settings import for_folder
 
 __all__ = ["calibrate", "cmd_calibrate", "register"]
 
@@ -84,7 +85,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                     "comparison with its base follows its spread over A/A runs.",
     )
     p.add_argument("results", nargs="+", help="results JSON files written by `perfbudget ab`")
-    p.add_argument("--budgets-dir", default="budgets", help="budget folder (default: budgets)")
+    p.add_argument("--budgets-dir", help="budget folder (default: ini perfbudget_budgets_dir, else budgets)")
     p.add_argument("--replace", action="store_true",
                    help="start the machine's noise file over instead of pooling into it")
     p.add_argument("--pairs", type=int, default=4,
@@ -106,8 +107,9 @@ def cmd_calibrate(args: argparse.Namespace, out: TextIO) -> int:
             print(f"perfbudget calibrate: error: {exc}", file=sys.stderr)
             return ExitCode.USAGE
     try:
+        budgets_dir = for_folder(Path.cwd(), cli={"budgets_dir": args.budgets_dir}).budgets_dir
         new = calibrate(named)
-        old = {} if args.replace else load_noise(args.budgets_dir)
+        old = {} if args.replace else load_noise(budgets_dir)
         pooled = {i: old[i].pooled(t) if i in old else t for i, t in new.items()}  # all or nothing is written
     except (ValueError, BudgetError) as exc:
         print(f"perfbudget calibrate: error: {exc}", file=sys.stderr)
@@ -118,7 +120,7 @@ def cmd_calibrate(args: argparse.Namespace, out: TextIO) -> int:
         return ExitCode.USAGE
     for identity, merged in pooled.items():
         table = new[identity]
-        path = merged.write(args.budgets_dir)
+        path = merged.write(budgets_dir)
         merged = replace(merged, path=path)
         out.write(f"{path}: {len(table.checks)} check(s) from {len(table.provenance)} run(s)"
                   f"{' pooled with ' + str(len(old[identity].provenance)) + ' earlier' if identity in old else ''}\n")

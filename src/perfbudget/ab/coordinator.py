@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..measure.turns import SIDES
+from ..settings import SIDES
 
 __all__ = ["Coordinator", "Turn", "TurnLog"]
 

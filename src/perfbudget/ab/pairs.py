@@ -1,8 +1,9 @@
 """Run one process pair: the base and the head side at once, taking turns through a coordinator.
 
-A pair in which turn-taking was lost for any part (a side's client reported it through
-``PERFBUDGET_TURNS_REPORT``, or the coordinator refused a process) comes back
-``invalid``: the A/B driver does not use its records.
+Each side is told what it is in one run spec (:class:`perfbudget.settings.RunSpec`, written
+beside its log). A pair in which turn-taking was lost for any part (a side's client reported it
+in its spec's ``report`` file, or the coordinator refused a process) comes back ``invalid``:
+the A/B driver does not use its records.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..measure.turns import ENV_BURST_MS, ENV_REPORT, ENV_SIDE, ENV_SOCKET, SIDES
+from ..fileio import atomic_write
+from ..settings import SIDES, SPEC_ENV, RunSpec
 from .coordinator import Coordinator, TurnLog
 from .trees import side_env
 
@@ -229,7 +231,7 @@ def run_pair(
     command: SideCommand,
     first: str,
     timeout_s: float,
-    burst_ms: float | None = None,
+    spec: RunSpec | None = None,
     cpus: Sequence[int] = (),
     env: Mapping[str, str] | None = None,
     tests: Sequence[str] | None = None,
@@ -246,7 +248,8 @@ def run_pair(
         command: the argv of one side.
         first: the side granted the machine first.
         timeout_s: wall-clock limit for the pair; sides still running then are killed.
-        burst_ms: burst length passed to the sides (``None``: the instrument's default).
+        spec: what every side is told besides its side, socket and report file (burst length,
+            wait, precision, operators file); default: the instrument's defaults.
         cpus: CPUs both sides are pinned to (``()``: not pinned); see :func:`one_cpu`.
         env: base environment of the sides (default: this process's).
         tests: the nodeids both sides run, in order (``None``: the user's selection).
@@ -256,7 +259,7 @@ def run_pair(
             (instruction counts).
 
     The pair comes back ``invalid`` when a side's turn-taking client reported a loss in
-    ``<side>.turns`` (``PERFBUDGET_TURNS_REPORT``) or the coordinator refused a process.
+    ``<side>.turns`` (its spec's ``report``) or the coordinator refused a process.
     """
     folder = workdir / f"pair-{index}"
     if folder.exists():
@@ -278,17 +281,15 @@ def run_pair(
     killed: set[str] = set()
     try:
         for side in (first, *(s for s in SIDES if s != first)):
-            extra = {ENV_SIDE: side, ENV_REPORT: str(reports[side])}
-            if coordinator is not None:
-                extra[ENV_SOCKET] = str(sockpath)
-            if burst_ms is not None:
-                extra[ENV_BURST_MS] = f"{burst_ms:g}"
+            told = replace(spec or RunSpec(side=side), side=side, report=str(reports[side]),
+                           socket=str(sockpath) if coordinator is not None else "")
+            spec_path = atomic_write(folder / f"{side}.spec.json", told.to_json())
             argv = list(command(SideSetup(side=side, tree=trees[side], results=results[side], tests=chosen)))
             with open(logs[side], "wb") as out:
                 out.write(f"$ (cd {trees[side]} && {' '.join(argv)})\n".encode())
                 out.flush()
                 procs[side] = subprocess.Popen(
-                    argv, cwd=trees[side], env=side_env(shims[side], base_env=env, **extra),
+                    argv, cwd=trees[side], env=side_env(shims[side], base_env=env, **{SPEC_ENV: str(spec_path)}),
                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                     start_new_session=True,  # its own process group: a timeout kills its children too
                 )

@@ -28,12 +28,11 @@ from ..budgets.schema import BudgetError
 from ..exitcodes import ExitCode
 from ..fileio import atomic_write
 from ..instructions_run import callgrind_environment, under_callgrind
-from ..judging import AB_OPERATORS_ENV, AB_PRECISION_ENV
-from ..measure import turns
 from ..measure.instructions import INSTALL_HINT, build_helper
 from ..measure.unmeasurable import Unmeasurable
 from ..metrics import op_metric
 from ..results import Results, load_results
+from ..settings import RunSpec, for_folder
 from ..vocabulary import Outcome, StrEnum
 from .merge import Comparison, PairRecords, compare_pairs
 from .pairs import PairRun, SideCommand, SideSetup, one_cpu, pytest_command, run_pair
@@ -79,7 +78,8 @@ class ABConfig:
             and a pair running past it is stopped.
         out: the merged results file (default ``<root>/.perfbudget/ab/results.json``).
         pytest_args: what both sides pass to pytest (tests to select, options).
-        burst_ms: burst length for the sides (``None``: the instrument's default).
+        burst_ms: burst length for the sides (``None``: ``PERFBUDGET_TURNS_BURST_MS``, else the
+            instrument's default; :class:`perfbudget.settings.Settings`).
         cpus: CPUs both sides are pinned to: ``None`` one CPU (``pairs.one_cpu``; not pinned
             with ``instructions``), ``()`` not pinned (e.g. when the measured code needs several
             host threads).
@@ -88,7 +88,7 @@ class ABConfig:
         allow_missing_base: a base that cannot run is judged as "not compared" against the
             stored budgets (``--allow-missing-base``); otherwise it is an error.
         precision: the half-width each statistical check's within-pair ratio samples to
-            (``--precision``; see ``JudgeConfig.ab_precision``); ``None`` or 0: one fixed
+            (``--precision``; see :attr:`perfbudget.judging.ABSide.precision`); ``None`` or 0: one fixed
             sample set per check and side.
         instructions: both sides run under callgrind (``perfbudget ab --instructions``), one
             pair, so their ``perf.instructions`` counts are compared (select those tests, e.g.
@@ -195,10 +195,11 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
     t0 = time.monotonic()
     deadline = t0 + config.max_minutes * 60.0
     root = config.root.resolve()
-    try:  # resolved once: both sides get it, and the results keep it (a calibration holds for it)
-        burst_ms = config.burst_ms if config.burst_ms is not None else turns.burst_ms()
+    try:  # resolved once: both sides get the burst length, and the results keep it (a calibration holds for it)
+        settings = for_folder(root, cli={"burst_ms": config.burst_ms})
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    burst_ms = settings.burst_ms
     try:
         base = prepare_base(root, config.base, merge_base=config.merge_base, path=config.workdir / "base")
         head = head_commit(root)
@@ -225,10 +226,10 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
 
     operators_file = workdir / "operators.json"
     operators_file.unlink(missing_ok=True)
-    env = {**env, AB_OPERATORS_ENV: str(operators_file),
-           AB_PRECISION_ENV: f"{config.precision:g}" if config.precision else "0"}
-    plan = _Plan(config=config, root=root, deadline=deadline, policy=_with_noise(config, root, say, burst_ms=burst_ms),
-                 operators_file=operators_file, say=say)
+    spec = RunSpec(side="head", burst_ms=burst_ms, wait_s=settings.wait_s, precision=config.precision or None,
+                   operators_file=str(operators_file))  # each side's, with its side, socket and report
+    plan = _Plan(config=config, budgets_dir=settings.budgets_dir, deadline=deadline, operators_file=operators_file,
+                 policy=_with_noise(config, settings.budgets_dir, say, burst_ms=burst_ms), say=say)
     while (index := plan.next_pair()) is not None:
         replaces = plan.to_replace
         first = replaces.first if replaces is not None else ("base" if plan.slot % 2 == 1 else "head")
@@ -236,7 +237,7 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
             ("every selected test" if plan.tests is None else f"{len(plan.tests)} test(s) with undecided checks")
         say(f"perfbudget ab: pair {index} ({first} first; {what}) ...")
         plan.took(run_pair(index, trees=trees, shims=shims, workdir=workdir, command=command, first=first,
-                           timeout_s=max(deadline - time.monotonic(), 1.0), burst_ms=burst_ms, cpus=cpus,
+                           timeout_s=max(deadline - time.monotonic(), 1.0), spec=spec, cpus=cpus,
                            tests=plan.tests, env=env, replaces=None if replaces is None else replaces.index,
                            lockstep=not config.instructions))
     plan.finish()
@@ -250,7 +251,7 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
                         f"{f' ({why})' if why else ''}: there is nothing to compare the head with. Fix the base "
                         "side (its log is named above), or pass --allow-missing-base to judge the head against "
                         "the stored budgets instead")
-    comparison = compare_pairs(records, budgets=budgets or BudgetSet(root=root / "budgets"), policy=policy,
+    comparison = compare_pairs(records, budgets=budgets or BudgetSet(root=settings.budgets_dir), policy=policy,
                                final=True, min_pairs=config.min_pairs, require_base=not config.allow_missing_base)
     invalid = tuple(r.index for r in runs if r.invalid)
     if not records and invalid and stopped != StopReason.HEAD_FAILED:
@@ -303,7 +304,8 @@ class _Plan:
     """
 
     config: ABConfig
-    root: Path
+    budgets_dir: Path
+    """The budgets folder when the head's results do not name theirs, and the measured noise's."""
     deadline: float
     policy: ABPolicy
     operators_file: Path
@@ -376,7 +378,7 @@ class _Plan:
         self.records.append(replace(pair, index=index))
         _pin_operators(self.operators_file, self.records)
         if self.budgets is None:
-            self.budgets = _budgets(self.root, pair.head)
+            self.budgets = _budgets(self.budgets_dir, pair.head)
         if run.timed_out:
             return self._stop(StopReason.TIME)
         if len(self.records) == 1 and pair.base is None:
@@ -411,8 +413,8 @@ def _pairs_left(config: ABConfig, runs: Sequence[PairRun], deadline: float) -> i
     return max(left, 0)
 
 
-def _with_noise(config: ABConfig, root: Path, say: Callable[[str], None], *, burst_ms: float) -> ABPolicy:
-    """The policy with the measured noise of ``<root>/budgets/noise`` (unless the policy brings its
+def _with_noise(config: ABConfig, budgets_dir: Path, say: Callable[[str], None], *, burst_ms: float) -> ABPolicy:
+    """The policy with the measured noise of ``<budgets_dir>/noise`` (unless the policy brings its
     own), after saying, per measured check of this machine, the change the run can resolve. This
     machine's noise measured in turns of another length than ``burst_ms`` is not used: its checks
     start from the flat prior.
@@ -423,7 +425,7 @@ def _with_noise(config: ABConfig, root: Path, say: Callable[[str], None], *, bur
     if config.policy.noise or config.instructions:
         return config.policy
     try:
-        tables = load_noise(root / "budgets")
+        tables = load_noise(budgets_dir)
     except BudgetError as exc:
         raise UsageError(f"measured noise: {exc}") from None
     if not tables:
@@ -469,7 +471,7 @@ def _under_callgrind(command: SideCommand, out: Path, env: dict[str, str]) -> tu
 
 def _pin_operators(path: Path, pairs: Sequence[PairRecords]) -> None:
     """Name, per test and key, every operator either side recorded in the valid pairs so far:
-    the sides of the later pairs record exactly those (``recorder.AB_OPERATORS_ENV``)."""
+    the sides of the later pairs record exactly those (their run spec names the file)."""
     ops: dict[str, dict[str, set[str]]] = {}
     for pair in pairs:
         for side in (pair.head, pair.base):
@@ -512,6 +514,6 @@ def _pair_records(run: PairRun) -> tuple[PairRecords, list[str]]:
     return PairRecords(head=read.get("head"), base=read.get("base"), base_problem=why.get("base", "")), problems
 
 
-def _budgets(root: Path, head: Results) -> BudgetSet:
-    """The head's budgets: the folder its pytest run used, else ``<root>/budgets``."""
-    return load_dir(head.meta.get("budgets_dir") or root / "budgets")
+def _budgets(budgets_dir: Path, head: Results) -> BudgetSet:
+    """The head's budgets: the folder its pytest run used, else ``budgets_dir``."""
+    return load_dir(head.meta.get("budgets_dir") or budgets_dir)

@@ -333,17 +333,18 @@ def no_recompiles(*, stance: bool = True) -> Iterator[RecompileWatch]:
         )
 
 
-def inductor_dirs(root: str | os.PathLike[str]) -> None:
+def inductor_dirs(root: str | os.PathLike[str], *, keep_tmpdir: bool = False) -> None:
     """Keep inductor's cache and its precompiled headers (under TMPDIR) in ``root``.
 
     A second run then starts warm (``WarmupReport.cache == "warm"``). Call it before the first
     compile. Headers go to ``tempfile.gettempdir()`` whatever ``TORCHINDUCTOR_CACHE_DIR`` says,
-    so TMPDIR moves too, unless ``PERFBUDGET_KEEP_TMPDIR`` is set; a
-    ``TORCHINDUCTOR_CACHE_DIR`` already set is kept.
+    so TMPDIR moves too, unless ``keep_tmpdir`` (the plugin passes ``PERFBUDGET_KEEP_TMPDIR``);
+    a ``TORCHINDUCTOR_CACHE_DIR`` already set is kept.
 
     Args:
         root: a project-local, ignored folder (e.g. ``.perfbudget``); ``inductor/`` and ``tmp/``
             are created in it.
+        keep_tmpdir: leave TMPDIR as it is.
     """
     base = Path(root)
     cache = base / "inductor"
@@ -351,6 +352,6 @@ def inductor_dirs(root: str | os.PathLike[str]) -> None:
     cache.mkdir(parents=True, exist_ok=True)
     tmp.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache))
-    if "PERFBUDGET_KEEP_TMPDIR" not in os.environ:
+    if not keep_tmpdir:
         os.environ["TMPDIR"] = str(tmp)
         tempfile.tempdir = None  # re-read TMPDIR

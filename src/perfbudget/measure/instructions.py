@@ -22,6 +22,8 @@ from typing import Final, Literal
 
 from perfbudget.measure.unmeasurable import Unmeasurable
 
+from ..settings import CALLGRIND_OUT_ENV, HELPER_CACHE_ENV, Settings
+
 __all__ = [
     "CALLGRIND_IR",
     "CALLGRIND_OUT_ENV",
@@ -53,11 +55,6 @@ HARDWARE_INSTRUCTIONS: Final = "perf instructions:u"
 
 Counter = Literal["callgrind Ir", "perf instructions:u"]
 """Which counter produced a count. The two are different metrics: never compare one with the other."""
-
-CALLGRIND_OUT_ENV = "PERFBUDGET_CALLGRIND_OUT"
-"""The ``--callgrind-out-file`` pattern the process runs under (``%p`` allowed); set by ``perfbudget instructions``."""
-HELPER_CACHE_ENV = "PERFBUDGET_CACHE_DIR"
-"""Where the compiled callgrind helper is kept (default ``~/.cache/perfbudget``)."""
 
 RUN_HINT = "run it under callgrind: perfbudget instructions -- <pytest args>"
 INSTALL_HINT = "valgrind is not installed: apt-get install valgrind (Debian/Ubuntu) or dnf install valgrind (Fedora)"
@@ -105,18 +102,13 @@ void perfbudget_collect_off_dump(const char *label) {
 _helper_cache: dict[Path, ctypes.CDLL | Unmeasurable] = {}
 
 
-def _cache_dir() -> Path:
-    env = os.environ.get(HELPER_CACHE_ENV)
-    return Path(env) if env else Path.home() / ".cache" / "perfbudget"
-
-
 def build_helper(cache_dir: Path | None = None) -> ctypes.CDLL | Unmeasurable:
     """The callgrind client-request helper, compiled once per source version with ``$CC`` (default ``gcc``).
 
     Returns the loaded library, or Unmeasurable naming what is missing (a C compiler, ``valgrind/callgrind.h``).
     Loading it outside valgrind is harmless: the requests are no-ops there.
     """
-    folder = cache_dir or _cache_dir()
+    folder = cache_dir or Settings.resolve().helper_cache_dir
     digest = hashlib.sha256(_HELPER_SOURCE.encode()).hexdigest()[:12]
     lib = folder / f"callgrind-helper-{digest}-{platform.machine()}.so"
     if lib in _helper_cache:
@@ -242,8 +234,7 @@ def _run(step: Callable[[], object], steps: int) -> None:
 
 
 def _dump_base() -> Path:
-    pattern = os.environ.get(CALLGRIND_OUT_ENV, "callgrind.out.%p")
-    return Path(pattern.replace("%p", str(os.getpid())))
+    return Path(Settings.resolve().callgrind_out.replace("%p", str(os.getpid())))
 
 
 def _dumps(base: Path) -> set[Path]:

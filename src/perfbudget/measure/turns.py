@@ -7,13 +7,15 @@ the machine to the other one and blocks until it is handed back, so both sides a
 measured in short alternating bursts under the same machine state, and exactly one runs
 at a time (its non-timed work included).
 
-Outside such a run (``PERFBUDGET_TURNS`` unset) every function here is a cheap no-op.
+The driver tells each side its side, the coordinator's socket, the burst length, the wait and
+the report file in its run spec (:class:`perfbudget.settings.RunSpec`, read once). Outside such
+a run (no run spec, or one without a socket) every function here is a cheap no-op.
 
 Turn-taking that stops before its normal end (the coordinator gone or refusing, a wait
-past ``PERFBUDGET_TURNS_WAIT_S``) is a :class:`TurnsWarning` and one line appended to the
-file named by ``PERFBUDGET_TURNS_REPORT``: the A/B driver reads it and marks the pair
-invalid, since what followed was measured without the other side standing still. The
-other side leaving (``SOLO``) is the normal end and reports nothing.
+past the spec's ``wait_s``) is a :class:`TurnsWarning` and one line appended to the
+spec's ``report`` file: the A/B driver reads it and marks the pair invalid, since what
+followed was measured without the other side standing still. The other side leaving
+(``SOLO``) is the normal end and reports nothing.
 The coordinator lives in ``perfbudget.ab.coordinator``; the wire protocol is one ASCII
 line per message:
 
@@ -21,28 +23,24 @@ line per message:
     coordinator -> client   ``GO`` (you hold the machine), ``SOLO`` (the other side has
                             left: run freely from now on), ``NO <reason>`` (refused)
 
-Stdlib only: the timers import this, and it must not pull in torch or pytest.
+Stdlib only (and the settings): the timers import this, and it must not pull in torch or pytest.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import math
 import os
 import socket
 import threading
 import warnings
 from dataclasses import dataclass
 
+from ..settings import DEFAULT_BURST_MS, DEFAULT_WAIT_S, SIDES, RunSpec, run_spec
+
 __all__ = [
     "DEFAULT_BURST_MS",
     "DEFAULT_WAIT_S",
-    "ENV_BURST_MS",
-    "ENV_REPORT",
-    "ENV_SIDE",
-    "ENV_SOCKET",
-    "ENV_WAIT_S",
     "SIDES",
     "TurnsWarning",
     "active",
@@ -52,29 +50,6 @@ __all__ = [
     "pass_turn",
 ]
 
-ENV_SOCKET = "PERFBUDGET_TURNS"
-"""Path of the coordinator's Unix socket; set only in the processes of a lockstep A/B run."""
-ENV_SIDE = "PERFBUDGET_TURNS_SIDE"
-"""Which side this process is: ``base`` or ``head``."""
-ENV_BURST_MS = "PERFBUDGET_TURNS_BURST_MS"
-"""Target length of one burst in milliseconds (default :data:`DEFAULT_BURST_MS`)."""
-ENV_WAIT_S = "PERFBUDGET_TURNS_WAIT_S"
-"""Longest wait for the turn before giving up on turn-taking (default :data:`DEFAULT_WAIT_S`)."""
-ENV_REPORT = "PERFBUDGET_TURNS_REPORT"
-"""File this process appends one line to for each way turn-taking was lost (set by ``perfbudget ab``)."""
-
-SIDES: tuple[str, ...] = ("base", "head")
-
-# Bursts long enough that the hand-over (two socket round trips, ~0.1 ms, and one untimed
-# re-warm call) is small, short enough that the two sides see the same machine: a 2-vCPU VM's
-# speed drifts within a second (benchmarks/process-causes-cpu.md), and A/A pairs of this suite
-# agreed 2-3x better with 100 ms bursts than with 400 ms, in the same wall time
-# (benchmarks/burst-length-cpu.md).
-DEFAULT_BURST_MS = 100.0
-# The other side may legitimately keep the machine for minutes (torch.compile, a session
-# fixture building a workload); past this the run is assumed broken, and this process
-# stops waiting rather than hang its CI job.
-DEFAULT_WAIT_S = 1800.0
 _CONNECT_S = 10.0
 
 
@@ -104,19 +79,18 @@ def active() -> bool:
 
     False outside an A/B run, after :func:`leave`, once the other side has left, and in a
     forked child of the process that joined.
+
+    Raises:
+        ValueError: the run spec cannot be read (naming the file, key and value).
     """
-    if _stopped or not os.environ.get(ENV_SOCKET):
+    if _stopped or not _spec().socket:
         return False
     return _client is None or _client.pid == os.getpid()
 
 
 def burst_ms() -> float:
-    """Target burst length in milliseconds, from ``PERFBUDGET_TURNS_BURST_MS`` (default 100).
-
-    Raises:
-        ValueError: naming the variable when it is not a positive number.
-    """
-    return _positive_env(ENV_BURST_MS, DEFAULT_BURST_MS, "milliseconds")
+    """Target burst length in milliseconds: the run spec's (default :data:`DEFAULT_BURST_MS`)."""
+    return _spec().burst_ms
 
 
 def join() -> None:
@@ -124,9 +98,6 @@ def join() -> None:
 
     Idempotent, and a no-op outside an A/B run. Call it early (before set-up work), so that
     the set-up of one side does not run during the other side's timed bursts.
-
-    Raises:
-        ValueError: ``PERFBUDGET_TURNS_SIDE`` is not ``base`` or ``head``.
     """
     with _lock:
         if active() and _client is None:
@@ -175,25 +146,19 @@ def leave() -> None:
 # --------------------------------------------------------------------------- internals
 
 
-def _positive_env(name: str, default: float, unit: str) -> float:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name}: expected a positive number of {unit}, got {raw!r}")
-    return value
+_NO_RUN = RunSpec(side="head")
+"""Outside an A/B run: no socket, so no turn-taking."""
+
+
+def _spec() -> RunSpec:
+    """This process's run spec (read once), or :data:`_NO_RUN`."""
+    return run_spec() or _NO_RUN
 
 
 def _join_locked() -> None:
     global _client
-    path = os.environ.get(ENV_SOCKET, "")
-    side = os.environ.get(ENV_SIDE, "")
-    if side not in SIDES:
-        raise ValueError(f"{ENV_SIDE}: expected one of {SIDES}, got {side!r} (set by `perfbudget ab`)")
+    spec = _spec()
+    path, side = spec.socket, spec.side
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.settimeout(_CONNECT_S)
@@ -201,7 +166,7 @@ def _join_locked() -> None:
         sock.sendall(f"JOIN {side} {os.getpid()}\n".encode())
     except OSError as exc:
         sock.close()
-        _stop(f"cannot reach the coordinator at {ENV_SOCKET}={path!r}: {exc}")
+        _stop(f"cannot reach the coordinator at {path!r}: {exc}")
         return
     _client = _Client(sock=sock, side=side, pid=os.getpid())
     atexit.register(leave)
@@ -210,12 +175,12 @@ def _join_locked() -> None:
 
 def _await_turn(client: _Client) -> None:
     """Block until the coordinator answers ``GO``; stop taking turns on anything else."""
-    wait_s = _positive_env(ENV_WAIT_S, DEFAULT_WAIT_S, "seconds")
+    wait_s = _spec().wait_s
     try:
         client.sock.settimeout(wait_s)
         line = _readline(client)
     except TimeoutError:
-        _stop(f"waited {wait_s:g} s for the turn ({ENV_WAIT_S}); the other side seems stuck")
+        _stop(f"waited {wait_s:g} s for the turn (the run spec's wait_s); the other side seems stuck")
         return
     except OSError as exc:
         _stop(f"lost the coordinator while waiting for the turn: {exc}")
@@ -268,7 +233,7 @@ def _stop(problem: str | None) -> None:
 
 def _report(problem: str) -> None:
     """Append ``problem`` to the driver's report file, so the lost lockstep cannot go unnoticed."""
-    path = os.environ.get(ENV_REPORT, "")
+    path = _spec().report
     if not path:
         return
     line = " ".join(problem.split())  # one line per problem, whatever the OS error said
@@ -276,4 +241,4 @@ def _report(problem: str) -> None:
         with open(path, "a", encoding="utf-8") as fh:
             fh.write(f"{os.getpid()} {line}\n")
     except OSError as exc:  # the warning still says it; the driver then sees no report
-        warnings.warn(f"perfbudget turns: cannot write {ENV_REPORT}={path!r}: {exc}", TurnsWarning, stacklevel=4)
+        warnings.warn(f"perfbudget turns: cannot write the report {path!r}: {exc}", TurnsWarning, stacklevel=4)
