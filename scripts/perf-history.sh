@@ -11,9 +11,12 @@
 #   PERFBUDGET_HISTORY_BRANCH  the branch (default perf-history); created, without history, when absent
 #   PERFBUDGET_HISTORY_REMOTE  the remote (default origin)
 #   PERFBUDGET_HISTORY_BACKOFF_S  seconds between attempts, times the attempt (default 3)
+#   PERFBUDGET_REPO  the checkout (default this script's; action.yml runs it from the action's copy)
+#   PERFBUDGET_BIN   the perfbudget command (default .venv/bin/perfbudget)
 # Usage: scripts/perf-history.sh RESULTS.json [perfbudget history add options]
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "${PERFBUDGET_REPO:-$(dirname "$0")/..}"
+perfbudget=${PERFBUDGET_BIN:-.venv/bin/perfbudget}
 results=${1:?usage: scripts/perf-history.sh RESULTS.json [history add options]}
 shift
 branch=${PERFBUDGET_HISTORY_BRANCH:-perf-history}
@@ -35,7 +38,7 @@ for attempt in 1 2 3 4 5; do
         git -C "$tree" checkout -q --orphan "$branch"
         git -C "$tree" rm -rfq --cached . && find "$tree" -mindepth 1 -maxdepth 1 ! -name .git -exec rm -rf {} +
     fi
-    .venv/bin/perfbudget history add "$results" --db "$tree/history.db" "$@"
+    "$perfbudget" history add "$results" --db "$tree/history.db" "$@"
     git -C "$tree" add history.db
     git -C "$tree" commit -qm "perf history: add ${commit:0:12}" || true  # nothing new: re-added as it was
     if git -C "$tree" push -q "$remote" "HEAD:refs/heads/$branch"; then

@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from test_docs import docs_text
 
 from perfbudget.budgets.loader import load_dir
 from perfbudget.cli import EXIT_INPUT, EXIT_OK, EXIT_REGRESSION, diff_results, explain_budgets, main
@@ -48,7 +49,7 @@ def budgets(tmp_path: Path) -> Path:
 
 def test_exit_codes_are_the_documented_ones_for_every_command() -> None:
     assert [(c.name, int(c)) for c in ExitCode] == [("OK", 0), ("FAILED", 1), ("USAGE", 2)]
-    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    readme = docs_text()
     assert "Exit codes: `0` ok; `1` regressions found" in readme and "`2` usage or input error" in readme
     assert "Exit codes: 0 no check" in readme and "2 usage error." in readme  # perfbudget ab
     assert (EXIT_OK, EXIT_REGRESSION, EXIT_INPUT) == (ExitCode.OK, ExitCode.FAILED, ExitCode.USAGE)
@@ -77,7 +78,7 @@ def test_report_formats_and_exit_codes(tmp_path: Path, capsys: pytest.CaptureFix
 def test_report_of_a_lockstep_ab_results_file(tmp_path: Path) -> None:
     code, text = run("report", AB)
     assert code == EXIT_REGRESSION and "head/base" in text and "vs base: base 38.03 ms" in text
-    for fmt, shows in (("markdown", "| base | head/base | ratio CI | pairs |"), ("junit", "step_ms.ratio_ci"),
+    for fmt, shows in (("markdown", "| base, 3 pairs | **+8.5%** |"), ("junit", "step_ms.ratio_ci"),
                        ("html", ">head vs base commit (up to 3 process pairs)<")):
         out = tmp_path / f"ab.{fmt}"
         assert run("report", AB, "-f", fmt, "-o", str(out))[0] == EXIT_REGRESSION
@@ -260,6 +261,68 @@ def test_update_into_a_broken_file_is_an_input_error(budgets: Path) -> None:
     (budgets / "cpu.yaml").write_text((budgets / "cpu.yaml").read_text().replace("tolerance: 0.0}", "tolerance: 5%}", 1))
     code, text = run("update", REGRESSION, "--budgets-dir", str(budgets))
     assert code == EXIT_INPUT and "cpu.yaml" in text and "not updated" in text
+
+
+# --------------------------------------------------------------------------- accept
+
+SHA = "0123456789abcdef0123456789abcdef01234567"
+RUNNER = DeviceInfo(type="cpu", model="Test CPU", count=2, torch="2.13.0+cpu", threads=1,
+                    cpuid="6/207/2", isa_class="avx2")
+WHY = "--reason: expected why the change is expected (kept in the budgets' provenance), got '  '"
+NOT_A_SHA = "expected a git commit hash (4 to 40 hex digits, '-dirty' allowed), got 'main'"
+
+
+def ab_file(path: Path, head_commit: str | None, *, key: str = "enc", flops: float = 1100.0) -> str:
+    """An A/B run's results (a pytest run's without ``head_commit``): one failing exact check."""
+    from perfbudget.results import Record, Results
+
+    record = Record(nodeid=f"t.py::test_{key}", key=key, metric="flops", outcome=Outcome.FAIL,
+                    value=flops, n=1, device=RUNNER, kind="exact", direction="lower")
+    meta = {"mode": "ab", "ab": {"head_commit": head_commit}} if head_commit else {"mode": "check"}
+    Results(records=[record], meta=meta).write(path)
+    return str(path)
+
+
+def test_accept_from_a_pull_requests_results(tmp_path: Path) -> None:
+    root = tmp_path / "budgets"
+    root.mkdir()
+    (root / "cpu.yaml").write_text("schema: 1\ndevice: {type: cpu}\nbudgets:\n  enc:\n"
+                                   "    flops: 1000\n")
+    results = ab_file(tmp_path / "results-ab.json", SHA)
+    args = ["accept", results, "--reason", "more layers", "--budgets-dir", str(root)]
+    code, text = run(*args, "--dry-run")
+    assert code == EXIT_OK and text.startswith(f"dry run: nothing written to {root}")
+    assert "+      value: 1100" in text and "flops: 1000" in (root / "cpu.yaml").read_text()
+    code, text = run(*args)
+    assert code == EXIT_OK and "loosened  cpu.yaml  enc.flops: 1000 -> 1100" in text
+    b = load_dir(root).resolve("enc", "flops", RUNNER)
+    assert b is not None and b.value == 1100 and b.provenance is not None
+    assert (b.provenance.reason, b.provenance.commit) == ("more layers", SHA)
+    # A pytest run's results name no commit: --commit says which was measured.
+    stored = ab_file(tmp_path / "stored.json", None, flops=1200.0)
+    code, text = run("accept", stored, "--reason", "r", "--budgets-dir", str(root),
+                     "--commit", "abc1234", "--dry-run")
+    assert code == EXIT_OK and "+        commit: abc1234" in text
+
+
+@pytest.mark.parametrize(("head", "args", "says"), [
+    (None, [], "{f}: meta.ab.head_commit: the results do not name the commit they measured"),
+    ("main", [], "{f}: meta.ab.head_commit: " + NOT_A_SHA),
+    (SHA, ["--commit", "HEAD~1"], "--commit: expected a git commit hash"),
+    (SHA, ["--reason", "  "], WHY),
+    (SHA, ["{o}"], "the results measured different commits ({f}: " + SHA + ", {o}: abcdef1)"),
+])
+def test_accept_errors_name_the_file_the_key_and_the_value(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], head: str | None, args: list[str],
+        says: str) -> None:
+    f = ab_file(tmp_path / "r.json", head)
+    o = ab_file(tmp_path / "o.json", "abcdef1", key="dec")
+    argv = [a.format(o=o) for a in args]
+    code, _ = run("accept", f, *argv, *([] if "--reason" in argv else ["--reason", "ok"]),
+                  "--budgets-dir", str(tmp_path / "budgets"))
+    assert code == EXIT_INPUT
+    assert says.format(f=f, o=o) in capsys.readouterr().err
+    assert not (tmp_path / "budgets").exists()
 
 
 def test_console_script_is_installed() -> None:

@@ -16,6 +16,7 @@ ROOT = "perfbudget"
 #: ``perfbudget`` is the package root, which re-exports the public API and so sits on top.
 FLOORS: dict[str, int] = {
     "device": 0, "metrics": 0, "fileio": 0, "exitcodes": 0, "vocabulary": 0,  # data and files, nothing of ours below
+    "settings": 0,  # command line, environment, ini file and run spec, read once: every floor reads it
     "measure": 1,
     "budgets": 2, "artifacts": 2, "extras": 2, "pinning": 2, "preflight": 2,
     "judging": 3, "results": 3,  # the run's way of judging: one object, chosen once
@@ -24,6 +25,7 @@ FLOORS: dict[str, int] = {
     "decision_text": 5, "show": 5, "ab": 5,
     "session": 6, "history": 6,  # history reads results and the A/B run's statistics
     "xdist": 7, "cli": 7, "hookspec": 7, "instructions_run": 4,
+    "github": 7,  # the pull-request comment and job summary on GitHub Actions (action.yml)
     "plugin": 8,
     ROOT: 9,
 }

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
+from test_docs import docs_text
 
 from perfbudget.cli import build_parser
 
@@ -57,7 +58,8 @@ def test_triggers_permissions_and_pinned_actions(wf: dict[str, Any]) -> None:
     assert wf["concurrency"]["cancel-in-progress"] == "${{ github.event_name == 'pull_request' }}"
     assert "github.sha" in wf["concurrency"]["group"]
     uses = [s["uses"] for job in wf["jobs"].values() for s in steps(job) if "uses" in s]
-    assert uses and all(re.fullmatch(r"actions/[a-z-]+@v\d+", u) for u in uses), uses
+    # GitHub's own actions, pinned to a major version, and this repository's action (action.yml).
+    assert uses and all(re.fullmatch(r"actions/[a-z-]+@v\d+", u) or u == "./" for u in uses), uses
 
 
 def test_cpu_job_runs_lint_types_workflows_and_unit_tests_but_no_stored_timing(wf: dict[str, Any]) -> None:
@@ -92,7 +94,13 @@ def test_report_job_merges_every_shard_and_is_the_gate(wf: dict[str, Any]) -> No
     download = next(s for s in steps(job) if str(s.get("uses", "")).startswith("actions/download-artifact"))
     assert download["with"]["pattern"] == "perf-shard-*"
     text = runs(job)
-    assert "perfbudget merge" in text and 'cat perf-report/results.md >> "$GITHUB_STEP_SUMMARY"' in text
+    assert "perfbudget merge" in text
+    # The repository's own action publishes the merged results: summary, reports, the comment.
+    publish = next(s for s in steps(job) if s.get("uses") == "./")
+    assert publish["with"]["mode"] == "report" and publish["with"]["artifact"] == "perf-report"
+    assert publish["with"]["results"] == "perf-report/results.json"
+    assert job["permissions"]["pull-requests"] == "write"
+    assert text.index("perfbudget merge") < text.index('echo "$PWD/.venv/bin" >> "$GITHUB_PATH"')
     gate = next(s for s in steps(job) if s.get("name") == "Gate on regressions")
     assert "--exit-zero" not in gate["run"] and "perfbudget report" in gate["run"]
     assert any("needs.*.result" in str(s.get("if", "")) for s in steps(job))
@@ -167,7 +175,7 @@ def test_tox_environments_match_the_readme_and_ci() -> None:
     assert "pytest tests" in envs["unit"]["commands"] and "pytest perf_tests" in envs["perf"]["commands"]
     assert "-m gpu -n auto" in envs["gpu"]["commands"]
     assert "ruff check" in envs["lint"]["commands"] and "mypy" in envs["type"]["commands"]
-    readme = (ROOT / "README.md").read_text()
+    readme = docs_text()
     for env in ("unit", "perf", "gpu", "lint", "type"):
         assert f"tox -e {env}" in readme
     assert "**`perf budgets`**" in readme and "required status check" in readme

@@ -1,4 +1,4 @@
-"""The ``perfbudget`` command: render, merge and compare results; show and update budgets.
+"""The ``perfbudget`` command: render, merge and compare results; show, update and accept budgets.
 
 Exit codes: 0 ok; 1 regressions found (``report``, ``diff``) or values refused by the
 ratchet (``update``); 2 usage or input error (unreadable results, broken budget files).
@@ -7,36 +7,45 @@ ratchet (``update``); 2 usage or input error (unreadable results, broken budget 
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
 
 from .ab.calibration import register as register_calibrate
 from .ab.cli import register as register_ab
-from .budgets.loader import load_dir
-from .budgets.update import UpdateReport, apply_updates, provenance_commit
+from .budgets.loader import BudgetSet, load_dir
+from .budgets.update import (
+    UpdateReport,
+    accept_results,
+    apply_updates,
+    check_commit,
+    provenance_commit,
+)
 from .device import DeviceInfo
 from .exitcodes import ExitCode
 from .extras import ExtraError
-from .fileio import atomic_write
+from .fileio import atomic_write, shown_path
 from .history.cli import register as register_history
 from .instructions_run import run_instructions
-from .judge import STABLE_MACHINE_ENV, stable_identity
+from .judge import stable_identity
 from .report import (
+    CommentLinks,
     device_label,
     diff_results,
     junit_xml,
     markdown_report,
+    pr_comment,
     regressions,
     render_diff,
     render_html,
     terminal_report,
 )
 from .results import Results, is_unrecorded_budget, load_results, merge_results
+from .settings import Settings, for_folder
 from .show import explain_budgets
 from .vocabulary import tally_text
 
@@ -104,21 +113,26 @@ def _has_regressions(results: Results) -> bool:
 # --------------------------------------------------------------------------- report / merge
 
 
-def _render(results: Results, fmt: str, title: str) -> str:
+def _render(results: Results, fmt: str, args: argparse.Namespace) -> str:
     if fmt == "terminal":
         return terminal_report(results)
     if fmt == "markdown":
-        return markdown_report(results, title=title)
+        return markdown_report(results, title=args.title)
     if fmt == "junit":
         return junit_xml(results)
-    return render_html(results, title=title)
+    if fmt == "comment":
+        links = CommentLinks(report_url=args.report_url, history_url=args.history_url,
+                             results_url=args.results_url)
+        return pr_comment(results, title=args.title, links=links,
+                          results_name=" ".join(args.results))
+    return render_html(results, title=args.title)
 
 
 def cmd_report(args: argparse.Namespace, out: TextIO) -> int:
     results, _ = _load(args.results)
     fmt = args.format
     try:
-        text = _render(results, fmt, args.title)
+        text = _render(results, fmt, args)
     except ExtraError as exc:
         raise InputError(f"{', '.join(args.results)}: {exc}") from None
     _emit(text, args.output, out)
@@ -159,7 +173,18 @@ def cmd_diff(args: argparse.Namespace, out: TextIO) -> int:
 # --------------------------------------------------------------------------- show
 
 
-def _devices_for_show(args: argparse.Namespace) -> list[DeviceInfo]:
+def _settings(args: argparse.Namespace) -> Settings:
+    """The command's settings by the one rule of a pytest run here: its options, the environment,
+    the ini file pytest reads in this folder; the budgets folder as messages show it."""
+    try:
+        settings = for_folder(Path.cwd(), cli={"budgets_dir": args.budgets_dir,
+                                               "threads": getattr(args, "threads", None)})
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    return replace(settings, budgets_dir=Path(shown_path(settings.budgets_dir)))
+
+
+def _devices_for_show(args: argparse.Namespace, threads: int) -> list[DeviceInfo]:
     if args.from_results:
         res, _ = _load([args.from_results])
         seen: dict[str, DeviceInfo] = {}
@@ -173,24 +198,25 @@ def _devices_for_show(args: argparse.Namespace) -> list[DeviceInfo]:
     from .measure.machine import describe
 
     try:
-        return [describe(args.device, threads=args.threads)]
+        return [describe(args.device, threads=threads)]
     except RuntimeError as exc:
         raise InputError(f"--device {args.device}: {exc}") from None
 
 
 def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
-    budgets = load_dir(args.budgets_dir)
-    if not Path(args.budgets_dir).is_dir():
-        out.write(f"note: {args.budgets_dir} does not exist: no budgets yet\n")
+    settings = _settings(args)
+    budgets = load_dir(settings.budgets_dir)
+    if not settings.budgets_dir.is_dir():
+        out.write(f"note: {settings.budgets_dir} does not exist: no budgets yet\n")
     broken = False
-    devices = _devices_for_show(args)
+    devices = _devices_for_show(args, settings.threads)
     if args.identity:
         for info in devices:
             out.write(f"{info.identity or 'unknown'}\n")
         return ExitCode.OK
     for i, info in enumerate(devices):
         try:
-            stable = not args.from_results and stable_identity(os.environ.get(STABLE_MACHINE_ENV, ""), info) is not None
+            stable = not args.from_results and stable_identity(settings.stable_machine, info) is not None
         except ValueError as exc:
             raise InputError(str(exc)) from None
         text, bad = explain_budgets(budgets, info, key=args.key, stable=stable)
@@ -202,26 +228,67 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
 # --------------------------------------------------------------------------- update
 
 
-def cmd_update(args: argparse.Namespace, out: TextIO) -> int:
-    results, _ = _load(args.results)
-    root = Path(args.budgets_dir)
-    measured = results.measured()
-    if args.dry_run:
+def _write_budgets(root: Path, dry_run: bool, write: Callable[[BudgetSet], UpdateReport],
+                   out: TextIO) -> int:
+    """Run ``write`` on the budgets at ``root`` (on a copy for a dry run) and print what it did;
+    returns the exit code."""
+    if dry_run:
         with tempfile.TemporaryDirectory() as tmp:
             copy = Path(tmp) / "budgets"
             if root.is_dir():
                 shutil.copytree(root, copy)
-            report = apply_updates(measured, load_dir(copy), allow_loosen=args.allow_loosen,
-                                   commit=provenance_commit(Path.cwd()))
+            report = write(load_dir(copy))
             text = _render_update(report).replace(str(copy), str(root))
         out.write(f"dry run: nothing written to {root}\n{text}\n")
     else:
-        report = apply_updates(measured, load_dir(root), allow_loosen=args.allow_loosen,
-                               commit=provenance_commit(Path.cwd()))
+        report = write(load_dir(root))
         out.write(_render_update(report) + "\n")
     if report.errors:
         return ExitCode.USAGE
     return ExitCode.FAILED if any(c.action == "refused" for c in report.changes) else ExitCode.OK
+
+
+def cmd_update(args: argparse.Namespace, out: TextIO) -> int:
+    results, _ = _load(args.results)
+    measured = results.measured()
+    commit = provenance_commit(Path.cwd())
+    return _write_budgets(_settings(args).budgets_dir, args.dry_run, lambda budgets: apply_updates(
+        measured, budgets, allow_loosen=args.allow_loosen, commit=commit), out)
+
+
+def _measured_commit(parts: Sequence[tuple[str, Results]], given: str | None) -> str:
+    """The commit the results measured: ``--commit``, else the files' ``meta.ab.head_commit``."""
+    if given:
+        try:
+            return check_commit(given)
+        except ValueError as exc:
+            raise InputError(f"--commit: {exc}") from None
+    named = {path: res.head_commit for path, res in parts}
+    for path, commit in named.items():
+        if commit is None:
+            raise InputError(f"{path}: meta.ab.head_commit: the results do not name the commit "
+                             "they measured (a pytest run, not perfbudget ab): pass --commit SHA")
+        try:
+            check_commit(commit)
+        except ValueError as exc:
+            raise InputError(f"{path}: meta.ab.head_commit: {exc}") from None
+    commits = set(named.values())
+    if len(commits) > 1:
+        which = ", ".join(f"{p}: {c}" for p, c in named.items())
+        raise InputError(f"the results measured different commits ({which}): accept one run's "
+                         "results")
+    return str(commits.pop())
+
+
+def cmd_accept(args: argparse.Namespace, out: TextIO) -> int:
+    results, parts = _load(args.results)
+    if not args.reason.strip():
+        raise InputError("--reason: expected why the change is expected (kept in the budgets' "
+                         f"provenance), got {args.reason!r}")
+    commit = _measured_commit(parts, args.commit)
+    measured = results.measured()
+    return _write_budgets(_settings(args).budgets_dir, args.dry_run, lambda budgets: accept_results(
+        measured, budgets, reason=args.reason, commit=commit), out)
 
 
 def _render_update(report: UpdateReport) -> str:
@@ -243,6 +310,9 @@ def cmd_instructions(args: argparse.Namespace, out: TextIO) -> int:
 # --------------------------------------------------------------------------- main
 
 
+_BUDGETS_DIR_HELP = "budget folder (default: ini perfbudget_budgets_dir of the pytest run here, else budgets)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="perfbudget", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_EPILOG,
@@ -253,9 +323,19 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("report", help="render results JSON (several files are merged first)",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_EPILOG)
     r.add_argument("results", nargs="+", help="results JSON file(s) written by pytest (--perf-json)")
-    r.add_argument("-f", "--format", choices=("terminal", "markdown", "html", "junit"), default="terminal")
+    r.add_argument("-f", "--format", choices=("terminal", "markdown", "html", "junit", "comment"),
+                   default="terminal",
+                   help="comment: the pull-request comment (failures first, one line per passing "
+                        "group, the accept command)")
     r.add_argument("-o", "--output", help="write here instead of standard output")
-    r.add_argument("--title", default="perf budgets", help="heading of markdown/html reports")
+    r.add_argument("--title", default="perf budgets",
+                   help="heading of markdown/html reports and the comment")
+    r.add_argument("--report-url", default="", metavar="URL",
+                   help="comment: link to the HTML report")
+    r.add_argument("--history-url", default="", metavar="URL",
+                   help="comment: link to the history page")
+    r.add_argument("--results-url", default="", metavar="URL",
+                   help="comment: link to the results file (or the artifact holding it)")
     r.add_argument("--exit-zero", action="store_true", help="exit 0 even when the results hold regressions")
     r.set_defaults(func=cmd_report)
 
@@ -278,9 +358,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("show", help="the budgets that apply to this machine, and why",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_EPILOG)
-    s.add_argument("--budgets-dir", default="budgets", help="budget folder (default: budgets)")
+    s.add_argument("--budgets-dir", help=_BUDGETS_DIR_HELP)
     s.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="which device of this machine")
-    s.add_argument("--threads", type=int, default=1, help="torch threads the CPU budgets assume (default 1)")
+    s.add_argument("--threads", type=int, help="torch threads the CPU budgets assume (default: ini perfbudget_threads, "
+                                               "else 1)")
     s.add_argument("--from-results", metavar="RESULTS",
                    help="use the device(s) recorded in a results file instead of this machine")
     s.add_argument("--key", help="only this workload key")
@@ -291,10 +372,25 @@ def build_parser() -> argparse.ArgumentParser:
     u = sub.add_parser("update", help="write a results file's measured values into the budgets (ratchet)",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_EPILOG)
     u.add_argument("results", nargs="+", help="results JSON file(s)")
-    u.add_argument("--budgets-dir", default="budgets", help="budget folder (default: budgets)")
+    u.add_argument("--budgets-dir", help=_BUDGETS_DIR_HELP)
     u.add_argument("--allow-loosen", action="store_true", help="also write values worse than the budget")
     u.add_argument("--dry-run", action="store_true", help="print the diff, write nothing")
     u.set_defaults(func=cmd_update)
+
+    a = sub.add_parser("accept", help="accept a reviewed change: write budgets from a run's own "
+                                      "results, with the reason and the commit in provenance",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_EPILOG)
+    a.add_argument("results", nargs="+",
+                   help="results JSON file(s) of the run that made the change (a pull request's "
+                        "A/B results)")
+    a.add_argument("--reason", required=True,
+                   help="why the change is expected (kept in each entry's provenance)")
+    a.add_argument("--budgets-dir", help=_BUDGETS_DIR_HELP)
+    a.add_argument("--commit", metavar="SHA",
+                   help="the commit measured, for results that do not name it (a pytest run); "
+                        "default: the A/B run's head")
+    a.add_argument("--dry-run", action="store_true", help="print the diff, write nothing")
+    a.set_defaults(func=cmd_accept)
     i = sub.add_parser("instructions", help="run pytest under callgrind, so perf instruction counts are measured",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_EPILOG)
     i.add_argument("--out", default=".perfbudget/instructions",

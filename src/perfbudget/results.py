@@ -379,6 +379,14 @@ class Results:
     def counts(self) -> dict[str, int]:
         return count_outcomes(r.outcome for r in self.records)
 
+    @property
+    def head_commit(self) -> str | None:
+        """The commit an A/B run measured as its head (``meta.ab.head_commit``, as written);
+        ``None`` where the results do not say (a plain pytest run)."""
+        ab = self.meta.get("ab")
+        commit = ab.get("head_commit") if isinstance(ab, dict) else None
+        return commit if isinstance(commit, str) and commit else None
+
 
 def load_results(path: str | Path) -> Results:
     """Read a results JSON file written by the plugin (or ``perfbudget merge``/``ab``).

@@ -180,3 +180,62 @@ def test_the_commit_comes_from_the_value_passed_then_git_then_the_ci_never_a_gue
     for bad in ("main", "HEAD~1", "abc", "unknown", SHA + "0"):
         with pytest.raises(ValueError, match=f"got {bad!r}"):
             check_commit(bad)
+
+
+# --------------------------------------------------------------------------- accepting a change
+
+RUNNER = DeviceInfo(type="cpu", model="Test CPU", count=2, torch="2.13.0+cpu", threads=1,
+                    cpuid="6/207/2", isa_class="avx2")
+HOSTED = DeviceInfo(type="cpu", model="Test CPU", count=2, torch="2.13.0+cpu", threads=1,
+                    cpuid="6/85/7", isa_class="avx512")
+
+
+def test_accept_writes_reviewed_values_with_reason_and_commit_and_timing_only_on_its_own_machine(
+        tmp_path: Path) -> None:
+    from perfbudget.budgets import accept_results
+
+    assert RUNNER.identity == "cpu-test-cpu-6-207-2-avx2"
+    (tmp_path / "cpu.yaml").write_text("schema: 1\ndevice: {type: cpu}\nbudgets:\n  enc:\n"
+                                       "    flops: 1000\n")
+    (tmp_path / f"{RUNNER.identity}.yaml").write_text(
+        f"schema: 1\ndevice: {{type: cpu, identity: {RUNNER.identity}, threads: 1}}\nbudgets:\n"
+        "  enc:\n    step_ms: {value: 10.0, tolerance: 0.05}\n    latency_ms[load]: 2.0\n")
+    measured = [m("flops", 1100, device=HOSTED), m("step_ms", 12.0, device=RUNNER),
+                # within a third of the tolerance: noise, kept
+                m("latency_ms[load]", 2.02, device=RUNNER),
+                # no budget yet, measured on the machine its file is keyed by: added
+                m("step_ms", 30.0, key="dec", device=RUNNER),
+                m("step_ms", 50.0, device=HOSTED), m("ttft_ms", 5.0, key="dec", device=HOSTED)]
+    rep = accept_results(measured, load_dir(tmp_path), reason="larger vocabulary, reviewed",
+                         commit=SHA, date="2026-12-03")
+    assert not rep.errors
+    actions = {(c.key, c.metric, "-" if c.action == "skipped" else c.path.name): c.action
+               for c in rep.changes}
+    assert actions == {
+        ("enc", "flops", "cpu.yaml"): "loosened",  # worse, accepted: the reason is the licence
+        ("enc", "step_ms", f"{RUNNER.identity}.yaml"): "loosened",
+        ("enc", "latency_ms[load]", f"{RUNNER.identity}.yaml"): "kept",
+        ("dec", "step_ms", f"{RUNNER.identity}.yaml"): "added",
+        ("enc", "step_ms", "-"): "skipped", ("dec", "ttft_ms", "-"): "skipped",
+    }
+    bs = load_dir(tmp_path)
+    assert sorted(p.name for p in tmp_path.glob("*.yaml")) == [f"{RUNNER.identity}.yaml", "cpu.yaml"]
+    for key, metric, device, value in (("enc", "flops", HOSTED, 1100),
+                                       ("enc", "step_ms", RUNNER, 12.0)):
+        b = bs.resolve(key, metric, device)
+        assert b is not None and b.value == value and b.provenance is not None
+        assert (b.provenance.reason, b.provenance.commit) == ("larger vocabulary, reviewed", SHA)
+    assert bs.resolve("enc", "step_ms", HOSTED) is None  # the hosted runner's timing went nowhere
+    assert "reason: larger vocabulary, reviewed" in rep.diffs[tmp_path / "cpu.yaml"]
+    assert ("  skipped  enc.step_ms, dec.ttft_ms: timing measured on cpu-test-cpu-6-85-7-avx512: "
+            "no budget file here is keyed by that identity") in rep.render()
+
+
+def test_accept_refuses_an_empty_reason_and_a_commit_that_moves(tmp_path: Path) -> None:
+    from perfbudget.budgets import accept_results
+
+    with pytest.raises(ValueError, match=r"reason: expected why .* got ' '"):
+        accept_results([m("flops", 1)], load_dir(tmp_path), reason=" ", commit=SHA)
+    with pytest.raises(ValueError, match="got 'main'"):
+        accept_results([m("flops", 1)], load_dir(tmp_path), reason="ok", commit="main")
+    assert not list(tmp_path.glob("*.yaml"))

@@ -2,7 +2,7 @@
 
 from .loader import BudgetSet, load_dir, load_file, parse_text
 from .schema import Budget, BudgetError, BudgetFile, Provenance
-from .update import Change, Measured, UpdateReport, apply_updates
+from .update import Change, Measured, UpdateReport, accept_results, apply_updates
 from .verdict import OUTCOMES, Outcome, Verdict, VerdictPolicy, decide
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "UpdateReport",
     "Verdict",
     "VerdictPolicy",
+    "accept_results",
     "apply_updates",
     "decide",
     "load_dir",

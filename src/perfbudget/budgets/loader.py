@@ -234,7 +234,8 @@ class _Validator:
             if v is not None and (not _finite(v) or v < 0):
                 self.err("expected a non-negative number", (*kp, name), v)
                 return None
-        text = {k: (None if raw.get(k) is None else str(raw[k])) for k in ("device", "identity", "torch", "date", "commit")}
+        text = {k: (None if raw.get(k) is None else str(raw[k]))
+                for k in ("device", "identity", "torch", "date", "commit", "reason")}
         ref = raw.get("ref_ms")
         noise = raw.get("noise")
         return Provenance(samples=samples, cv=cv, threads=threads, ref_ms=None if ref is None else float(ref),

@@ -20,7 +20,8 @@ __all__ = [
 SCHEMA_VERSION = 1
 
 #: Keys a ``provenance:`` block may hold (written by the updater).
-PROVENANCE_FIELDS = ("device", "identity", "torch", "samples", "date", "commit", "cv", "noise", "threads", "ref_ms")
+PROVENANCE_FIELDS = ("device", "identity", "torch", "samples", "date", "commit", "cv", "noise",
+                     "threads", "ref_ms", "reason")
 
 
 class BudgetError(ValueError):
@@ -83,6 +84,7 @@ class Provenance:
         threads: torch threads used for CPU timing.
         ref_ms: median time of the machine-speed reference workload measured beside the
             value; samples are later normalised to it (``measure.reference``).
+        reason: why a reviewer accepted the value from a run's results (``perfbudget accept``).
     """
 
     device: str | None = None
@@ -95,6 +97,7 @@ class Provenance:
     noise: float | None = None
     threads: int | None = None
     ref_ms: float | None = None
+    reason: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in PROVENANCE_FIELDS if getattr(self, k) is not None}

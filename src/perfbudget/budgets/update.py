@@ -1,4 +1,5 @@
-"""Write measured values back into budget files: ratchet, provenance, atomic replace, reviewable diff."""
+"""Write measured values back into budget files: ratchet, provenance, atomic replace, reviewable
+diff; and accept a reviewed change from a run's own results."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ __all__ = [
     "Change",
     "Measured",
     "UpdateReport",
+    "accept_results",
     "apply_updates",
     "check_commit",
     "git_commit",
@@ -36,7 +38,7 @@ __all__ = [
     "widen_tolerances",
 ]
 
-Action = Literal["added", "tightened", "loosened", "kept", "refused"]
+Action = Literal["added", "tightened", "loosened", "kept", "refused", "skipped"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,6 +123,14 @@ class UpdateReport:
                 lines.append(f"{c.action:>9}  {c.path.name}  {c.key}.{c.metric}: {old} -> {c.new:.6g}")
             elif c.action == "refused":
                 lines.append(f"{c.action:>9}  {c.path.name}  {c.key}.{c.metric}: {c.why}")
+        skipped: dict[str, list[str]] = {}
+        for c in self.changes:
+            if c.action == "skipped":
+                skipped.setdefault(c.why, []).append(f"{c.key}.{c.metric}")
+        for why, names in skipped.items():
+            more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+            shown = ", ".join(names[:3]) + more
+            lines.append(f"  skipped  {shown}: {why}")
         for w in self.warnings:
             lines.append(f"  warning  {w}")
         for e in self.errors:
@@ -320,6 +330,7 @@ def apply_updates(
     allow_loosen: bool = False,
     commit: str | None = None,
     date: str | None = None,
+    reason: str | None = None,
 ) -> UpdateReport:
     """Write measured values into the budget files they belong to.
 
@@ -334,6 +345,7 @@ def apply_updates(
         commit: the commit measured (:func:`provenance_commit`); ``None``: unknown, recorded
             as :data:`UNKNOWN_COMMIT` with a warning in the report.
         date: ISO date for provenance (default today).
+        reason: why a reviewer accepted the values, recorded in each written entry's provenance.
 
     Returns:
         The :class:`UpdateReport` (diffs to print, per-entry actions, errors).
@@ -359,7 +371,8 @@ def apply_updates(
     try:
         with lock(root):
             for path, (selector, items) in sorted(per_file.items()):
-                _update_file(path, selector, items, report, allow_loosen=allow_loosen, commit=commit, date=date)
+                _update_file(path, selector, items, report, allow_loosen=allow_loosen,
+                             commit=commit, date=date, reason=reason)
     except OSError as exc:
         report.errors.append(BudgetError(f"cannot lock the budgets folder: {exc.strerror}", path=root))
     if commit is None and report.diffs:
@@ -379,6 +392,7 @@ def _update_file(
     allow_loosen: bool,
     commit: str | None,
     date: str,
+    reason: str | None,
 ) -> None:
     old_text = path.read_text(encoding="utf-8") if path.exists() else None
     if old_text is not None:
@@ -424,6 +438,8 @@ def _update_file(
             prov["ref_ms"] = float(f"{m.ref_ms:.4g}")
         if info.statistical and m.noise is not None:
             prov["noise"] = round(m.noise, 4)
+        if reason:
+            prov["reason"] = reason
         new_entry["provenance"] = prov
         entries[m.metric] = new_entry
         changed = True
@@ -446,6 +462,64 @@ def _update_file(
         tofile=f"b/{path.name}",
     )
     report.diffs[path] = "".join(diff)
+
+
+def _keyed_by_identity(path: Path, budgets: BudgetSet, identity: str | None) -> bool:
+    """Whether the budget file at ``path`` exists and its selector names ``identity``."""
+    f = next((f for f in budgets.files if f.path == path), None)
+    if f is None or f.selector is None:
+        return False
+    named = dict(f.selector.criteria).get("identity")
+    return identity is not None and named is not None and str(named).lower() == identity.lower()
+
+
+def accept_results(
+    measured: Iterable[Measured],
+    budgets: BudgetSet,
+    *,
+    reason: str,
+    commit: str,
+    date: str | None = None,
+) -> UpdateReport:
+    """Accept a reviewed change from a run's own results (a pull request's A/B run): write its
+    values with the reviewer's reason and the results' commit in provenance.
+
+    A timing, rate or energy value is written only where a budget file keyed by the identity
+    of the machine that measured it holds it or would take it (a hosted runner is another
+    machine every time: its timing says nothing of a stored budget's machine); it is reported
+    ``skipped`` elsewhere. Every other value goes where :func:`apply_updates` files it. The
+    ratchet's rules hold (noise within a third of the tolerance is kept; values derived from
+    several machines are kept), with worse values allowed: the reason is the reviewer's licence.
+
+    Raises:
+        ValueError: ``reason`` is empty, or ``commit`` is not a commit hash (naming the value).
+    """
+    if not reason.strip():
+        raise ValueError("reason: expected why the change is expected (kept in provenance), "
+                         f"got {reason!r}")
+    check_commit(commit)
+    keep: list[Measured] = []
+    skipped: list[Change] = []
+    for m in measured:
+        if parse_name(m.metric).metric.statistical:
+            try:
+                path, selector = _target(m, budgets)
+            except BudgetError:
+                keep.append(m)  # apply_updates reports it where it reports every such error
+                continue
+            identity = m.device.identity
+            if selector or not _keyed_by_identity(path, budgets, identity):
+                where = identity or "a machine of unknown identity"
+                skipped.append(Change(
+                    path=path, key=m.key, metric=m.metric, action="skipped", old=None, new=m.value,
+                    why=f"timing measured on {where}: no budget file here is keyed by that "
+                        "identity"))
+                continue
+        keep.append(m)
+    report = apply_updates(keep, budgets, allow_loosen=True, commit=commit, date=date,
+                           reason=reason.strip())
+    report.changes.extend(skipped)
+    return report
 
 
 def widen_tolerances(

@@ -1,9 +1,11 @@
-"""Reports rendered from records alone: terminal, Markdown, JUnit, HTML, and the comparison of two runs.
+"""Reports rendered from records alone: terminal, Markdown, JUnit, HTML, the pull-request
+comment, and the comparison of two runs.
 
 One module per rendering; ``common`` holds what they share. Nothing here measures or
 loads budgets: a results JSON file is all a report needs.
 """
 
+from .comment import COMMENT_MARKER, CommentLinks, accept_command, pr_comment
 from .common import (
     REGRESSION_OUTCOMES,
     FailingTest,
@@ -24,10 +26,13 @@ from .markdown import markdown_report
 from .terminal import records_table, terminal_report
 
 __all__ = [
+    "COMMENT_MARKER",
     "REGRESSION_OUTCOMES",
     "Change",
+    "CommentLinks",
     "FailingTest",
     "OpMove",
+    "accept_command",
     "device_label",
     "diff_results",
     "failing_tests",
@@ -38,6 +43,7 @@ __all__ = [
     "move_line",
     "moved_operators",
     "moves_note",
+    "pr_comment",
     "records_table",
     "regressions",
     "render_diff",

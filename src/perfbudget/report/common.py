@@ -5,12 +5,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from ..extras import FailureArtifacts, OperatorMoves
 from ..measure.operators import OpMove
 from ..metrics import (
     DEFAULT_TOLERANCE,
+    STATISTICAL_KINDS,
     UnknownMetricError,
     op_metric,
     parse_name,
@@ -20,8 +21,10 @@ from ..vocabulary import Outcome, count_outcomes
 
 __all__ = [
     "BASE_COLUMNS",
+    "DECIDING_COLUMNS",
     "OUTCOME_ORDER",
     "REGRESSION_OUTCOMES",
+    "Deciding",
     "FailingTest",
     "OpMove",
     "base_cells",
@@ -31,6 +34,8 @@ __all__ = [
     "change_text",
     "ci_text",
     "cv_text",
+    "deciding",
+    "deciding_cells",
     "detectable_text",
     "device_label",
     "devices",
@@ -41,6 +46,7 @@ __all__ = [
     "fmt_tolerance",
     "fmt_value",
     "has_base",
+    "interval_text",
     "md_cell",
     "md_table",
     "move_change_text",
@@ -198,6 +204,99 @@ def base_text(r: Record) -> str:
     if b.detectable is not None:
         parts.append(f"could resolve changes beyond {detectable_text(b)}")
     return ", ".join(parts)
+
+
+# --------------------------------------------------------------------------- what decided
+
+
+@dataclass(frozen=True, kw_only=True)
+class Deciding:
+    """The one comparison that decided a record: head/base where the check was judged against the
+    base commit, else the measured value against its stored budget."""
+
+    against: Literal["base", "budget"]
+    change: float | None
+    """head/base - 1, or value/budget - 1; ``None`` against a zero or missing reference."""
+    interval: tuple[float, float] | None
+    """The change's confidence interval, in the same form; ``None`` for exact checks."""
+    confidence: float | None
+    """Two-sided coverage of ``interval``."""
+    detectable: float | None
+    """The smallest change (a fraction) the run could have resolved; A/B checks only."""
+    tolerance: float
+    """The relative tolerance the change was held to, in the bad direction."""
+    pairs: int = 0
+    """Process pairs behind a head/base ratio."""
+    where: str = ""
+    """The budget's file and line (``budgets/cpu.yaml:12``) for a budget comparison."""
+
+
+def _beyond_budget(r: Record) -> bool:
+    v, limit = finite(r.value), finite(r.limit)
+    if v is None or limit is None:
+        return False
+    return v < limit if r.direction == "higher" else v > limit
+
+
+def deciding(r: Record) -> Deciding | None:
+    """The comparison that decided ``r``: head/base for a statistical check compared with the
+    base, and for an exact one judged against the base within its budget; else against the
+    budget; ``None`` without either."""
+    b = r.vs_base
+    ratio = finite(b.ratio) if b is not None else None
+    if b is not None and ratio is not None and (
+            r.kind in STATISTICAL_KINDS or (b.tolerance is not None and not _beyond_budget(r))):
+        ci = b.ratio_ci
+        tolerance = b.tolerance if b.tolerance is not None else tolerance_of(r)
+        return Deciding(against="base", change=ratio - 1,
+                        interval=(ci[0] - 1, ci[1] - 1) if ci else None,
+                        confidence=(b.confidence or 0.95) if ci else None, detectable=b.detectable,
+                        tolerance=tolerance, pairs=b.pairs)
+    if r.budget is None:
+        return None
+    ref, v = finite(r.budget.value), finite(r.value)
+    return Deciding(against="budget", change=v / ref - 1 if v is not None and ref else None,
+                    interval=(r.ci[0] / ref - 1, r.ci[1] / ref - 1) if r.ci and ref else None,
+                    confidence=r.ci_confidence if r.ci else None, detectable=None,
+                    tolerance=r.budget.tolerance, where=budget_where(r))
+
+
+#: Table columns of the one comparison that decided a record; see :func:`deciding_cells`.
+DECIDING_COLUMNS = ("against", "change", "interval", "could resolve", "tolerance")
+
+_MAX_REASON = 160
+
+
+def deciding_cells(r: Record, *, md: bool = True) -> list[str]:
+    """The :data:`DECIDING_COLUMNS` cells of a record: what it was compared with (``base, 3 pairs``
+    or its budget's file and line), the change, its interval, the smallest change the run could
+    resolve and the tolerance; an undecided record's outcome and reason instead. ``md``: Markdown
+    emphasis and code spans (else plain text)."""
+    d = deciding(r)
+    if d is None:
+        reason = r.reason if len(r.reason) <= _MAX_REASON else r.reason[:_MAX_REASON - 1] + "…"
+        return ["-", f"{r.outcome}: {reason}" if reason else str(r.outcome), "-", "-", "-"]
+    code = (lambda x: f"`{x}`") if md else (lambda x: x)
+    if d.against == "base":
+        against = f"base, {d.pairs} pair{'s' if d.pairs != 1 else ''}"
+    else:
+        against = f"budget {code(d.where)}" if d.where else "budget"
+    change = "-" if d.change is None else f"**{d.change:+.1%}**" if md else f"{d.change:+.1%}"
+    budget = r.budget.value if r.budget is not None else None
+    if d.against == "budget" and budget is not None:
+        change += f" ({fmt_value(r.value, r.unit)} vs {fmt_value(budget, r.unit)})"
+    b = r.vs_base
+    resolve = detectable_text(b) if d.against == "base" and b is not None else "-"
+    return [against, change, interval_text(d), resolve, fmt_tolerance(d.tolerance)]
+
+
+def interval_text(d: Deciding) -> str:
+    """``+6.1% to +11.0%``, with its coverage when that is not 95 %; ``exact`` without one."""
+    if d.interval is None:
+        return "exact"
+    text = f"{d.interval[0]:+.1%} to {d.interval[1]:+.1%}"
+    c = d.confidence
+    return f"{text} ({100 * c:.4g}%)" if c is not None and abs(c - 0.95) > 1e-9 else text
 
 
 # --------------------------------------------------------------------------- order and grouping

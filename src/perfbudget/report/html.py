@@ -13,14 +13,11 @@ from ..extras import OperatorTable, PaddingByWidth
 from ..fileio import atomic_write
 from ..results import Record, Results
 from .common import (
-    BASE_COLUMNS,
+    DECIDING_COLUMNS,
     OUTCOME_ORDER,
     FailingTest,
-    base_cells,
-    budget_text,
-    budget_where,
-    change_text,
     cv_text,
+    deciding_cells,
     device_label,
     devices,
     failing_tests,
@@ -34,7 +31,6 @@ from .common import (
     outcome_text,
     ratio_ci_text,
     ratio_text,
-    record_ci_text,
     regressions,
     tolerance_of,
 )
@@ -353,20 +349,15 @@ def _badge(outcome: str, text: str) -> str:
 
 
 def _table(records: Sequence[Record]) -> str:
-    vs_base = has_base(records)
-    head = ["verdict", "metric", "budget", "limit", "measured", "change", "CI", "n", "cv",
-            *(BASE_COLUMNS if vs_base else ()), "budget file"]
+    """One row per check with the one comparison that decided it (:func:`deciding_cells`)."""
+    head = ["verdict", "metric", "measured", *DECIDING_COLUMNS, "n", "cv"]
     out = ["<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>"]
     for r in records:
-        nums = [budget_text(r), fmt_value(r.limit, r.unit), fmt_value(r.value, r.unit), change_text(r),
-                record_ci_text(r), str(r.n), cv_text(r)]
-        if vs_base:
-            nums += base_cells(r)
+        nums = [fmt_value(r.value, r.unit), *deciding_cells(r, md=False), str(r.n), cv_text(r)]
         cells = [
             f'<td style="color:{_COLOR.get(r.outcome, "")};font-weight:600">{_e(outcome_text(r))}</td>',
             f"<td><code>{_e(r.metric)}</code></td>",
             *(f'<td class="num">{_e(x)}</td>' for x in nums),
-            f'<td class="muted">{_e(budget_where(r))}</td>',
         ]
         out.append("<tr>" + "".join(cells) + "</tr>")
     out.append("</table>")

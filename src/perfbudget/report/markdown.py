@@ -7,14 +7,14 @@ from collections.abc import Iterable
 from ..results import Record, Results
 from ..vocabulary import Outcome
 from .common import (
-    BASE_COLUMNS,
+    DECIDING_COLUMNS,
     FailingTest,
     base_cells,
     budget_text,
-    budget_where,
     change_text,
     ci_text,
     cv_text,
+    deciding_cells,
     device_label,
     devices,
     failing_tests,
@@ -25,7 +25,6 @@ from .common import (
     move_change_text,
     ordered,
     outcome_counts,
-    record_ci_text,
     regressions,
     sort_key,
 )
@@ -138,17 +137,9 @@ def markdown_report(results: Results | Iterable[Record], *, title: str = "perf b
 
 def _regression(t: FailingTest) -> list[str]:
     lines = [f"#### {ICON[t.worst]} `{t.key}` — `{t.nodeid}`", "", f"on `{t.device}`", ""]
-    vs_base = has_base(t.bad)
-    rows = []
-    for r in t.bad:
-        row = [f"`{r.metric}`", r.outcome, budget_text(r), fmt_value(r.limit, r.unit),
-               f"**{fmt_value(r.value, r.unit)}**", change_text(r), record_ci_text(r), str(r.n), cv_text(r)]
-        if vs_base:
-            row += base_cells(r)
-        rows.append([*row, f"`{budget_where(r)}`" if budget_where(r) else "-"])
-    header = ["metric", "verdict", "budget", "limit", "measured", "change", "CI", "n", "cv",
-              *(BASE_COLUMNS if vs_base else ()), "budget file"]
-    lines.extend(md_table(header, rows))
+    rows = [[f"`{r.metric}`", r.outcome, f"**{fmt_value(r.value, r.unit)}**", *deciding_cells(r), str(r.n),
+             cv_text(r)] for r in t.bad]
+    lines.extend(md_table(["metric", "verdict", "measured", *DECIDING_COLUMNS, "n", "cv"], rows))
     lines.append("")
     for r in t.bad:
         if r.reason:

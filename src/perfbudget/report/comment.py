@@ -1,0 +1,195 @@
+"""The pull-request comment: what needs a look first, one comparison per check, a line per
+passing group, the command that accepts the change; from a results file, so any CI can post it."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..fileio import shown_path
+from ..results import Record, Results
+from ..vocabulary import Outcome
+from .common import (
+    DECIDING_COLUMNS,
+    OUTCOME_ORDER,
+    deciding,
+    deciding_cells,
+    device_label,
+    devices,
+    failing_tests,
+    has_base,
+    md_cell,
+    md_table,
+    move_line,
+    op_of,
+    ordered,
+    summary_line,
+)
+from .markdown import ICON
+
+__all__ = ["COMMENT_MARKER", "CommentLinks", "accept_command", "pr_comment"]
+
+COMMENT_MARKER = "<!-- perfbudget-comment -->"
+"""The comment's first line: how a poster finds its own comment again, to update it in place."""
+
+#: Outcomes listed one check a row, before everything else.
+_NEEDS_A_LOOK = (Outcome.ERROR, Outcome.FAIL, Outcome.INCONCLUSIVE)
+
+#: A comment is read at a glance (GitHub caps one at 65,536 characters): the rest is in the report.
+_MAX_ROWS = 25
+_MAX_GROUPS = 40
+_MAX_MOVES = 3
+_MAX_REASON = 160
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommentLinks:
+    """Where the reader finds more; each is left out when empty."""
+
+    report_url: str = ""
+    """The HTML report (or the CI artifact holding it)."""
+    history_url: str = ""
+    """The main branch's history page."""
+    results_url: str = ""
+    """The results file the accept command reads (or the artifact holding it)."""
+
+
+def accept_command(results: Results, results_name: str, *, commit: str | None = None) -> str:
+    """The ``perfbudget accept`` command line for these results, as found under ``results_name``.
+
+    ``commit`` names the measured commit for results that do not (a plain pytest run); without
+    either, the command says ``--commit SHA`` for the reader to fill in.
+    """
+    argv = ["perfbudget", "accept", shlex.quote(results_name)]
+    budgets_dir = shown_path(str(results.meta.get("budgets_dir") or "budgets"))
+    if budgets_dir != "budgets" and not Path(budgets_dir).is_absolute():
+        argv += ["--budgets-dir", shlex.quote(budgets_dir)]
+    if results.head_commit is None:
+        argv += ["--commit", commit or "SHA"]
+    return " ".join([*argv, "--reason", '"<why this change is expected>"'])
+
+
+def pr_comment(results: Results, *, title: str = "perf", links: CommentLinks | None = None,
+               results_name: str = "results.json", commit: str | None = None) -> str:
+    """Markdown for a pull request's comment, led by :data:`COMMENT_MARKER`.
+
+    Failures, errors and inconclusive checks first, one row each with the comparison that
+    decided it (:func:`~perfbudget.report.common.deciding`), its interval and the smallest change
+    the run could resolve; then what moved in their tests; one line per passing group (workload
+    key and device), collapsed; the links; the accept command when a budget would change.
+
+    Args:
+        results: the run's results.
+        title: the heading's name.
+        links: where the HTML report, history and results file are.
+        results_name: the results file as the reader will have it (the accept command names it).
+        commit: the measured commit, for results that do not name it (see :func:`accept_command`).
+    """
+    links = links or CommentLinks()
+    records = ordered(results.records)
+    if not records:
+        return "\n".join([COMMENT_MARKER, f"### ⚠️ {title}: no perf records", "",
+                          "The run recorded no perf checks: did the selection pick any perf test?",
+                          ""])
+    # Worst first; within a test, the headline metrics before the per-operator ones.
+    look = sorted((r for r in records if r.outcome in _NEEDS_A_LOOK),
+                  key=lambda r: (OUTCOME_ORDER.get(r.outcome, 9), r.key,
+                                 op_of(r.metric) is not None, r.metric))
+    bad = any(r.outcome in (Outcome.FAIL, Outcome.ERROR) for r in look)
+    head = "❌" if bad else "❔" if look else "✅"
+    lines = [COMMENT_MARKER, f"### {head} {title}: {summary_line(records)}", "",
+             _how(results, links), ""]
+    if look:
+        header = ["", "check", *DECIDING_COLUMNS]
+        lines += md_table(header, (_row(r) for r in look[:_MAX_ROWS]))
+        if len(look) > _MAX_ROWS:
+            lines.append(f"\n… and {len(look) - _MAX_ROWS} more in the report.")
+        lines.append("")
+        lines += _moved(records, shown={(r.key, r.metric) for r in look[:_MAX_ROWS]})
+    lines += _groups([r for r in records if r.outcome not in _NEEDS_A_LOOK])
+    if any(r.outcome in (Outcome.FAIL, Outcome.STALE) for r in records):
+        lines += _accept(results, links, results_name, commit)
+    return "\n".join(lines)
+
+
+def _how(results: Results, links: CommentLinks) -> str:
+    """One line: what the run compared with, on which devices, and the links."""
+    ab = results.meta.get("ab")
+    if isinstance(ab, dict) and ab.get("base_commit"):
+        base, ref = str(ab["base_commit"])[:12], str(ab.get("base_ref") or "")
+        pairs = ab.get("valid_pairs")
+        how = f"Lockstep A/B against `{base}`"
+        if ab.get("merge_base") and ref:
+            how += f" (merge-base with `{ref}`)"
+        if isinstance(pairs, int):
+            how += f", {pairs} process pair{'s' if pairs != 1 else ''}"
+    elif has_base(results.records):
+        how = "Lockstep A/B against the base commit"
+    else:
+        how = "Against the stored budgets"
+    parts = [how + " on " + ", ".join(f"`{d}`" for d in devices(results.records))]
+    same = links.report_url and links.report_url == links.results_url
+    named = (("HTML report and results" if same else "HTML report", links.report_url),
+             ("history", links.history_url), ("results", "" if same else links.results_url))
+    for label, url in named:
+        if url:
+            parts.append(f"[{label}]({url})")
+    return " · ".join(parts)
+
+
+def _row(r: Record) -> list[str]:
+    icon = ICON.get(r.outcome, "")
+    return [f"{icon} {r.outcome}", f"`{r.key}` `{r.metric}`", *deciding_cells(r)]
+
+
+def _moved(records: Sequence[Record], shown: set[tuple[str, str]]) -> list[str]:
+    """Per failing test: the operators that moved and the functions that moved (attribution), but
+    not an operator check the table above already shows as a row."""
+    out: list[str] = []
+    for t in failing_tests(records):
+        moves = [m for m in t.moves if (t.key, f"{m.family}[{m.op}]") not in shown]
+        found = [move_line(m) for m in moves[:_MAX_MOVES]] + t.attribution[:_MAX_MOVES + 1]
+        if found:
+            out.append(f"- `{t.key}` moved: " + "; ".join(md_cell(x.strip()) for x in found))
+    return ["**What moved**", "", *out, ""] if out else []
+
+
+def _groups(records: Sequence[Record]) -> list[str]:
+    """One line per workload key (and device) of the checks that need no look, collapsed."""
+    groups: dict[tuple[str, str], list[Record]] = {}
+    for r in records:
+        groups.setdefault((r.key, device_label(r)), []).append(r)
+    if not groups:
+        return []
+    several = len({dev for _, dev in groups}) > 1
+    lines = []
+    for (key, dev), group in sorted(groups.items())[:_MAX_GROUPS]:
+        worst = min(group, key=lambda r: OUTCOME_ORDER.get(r.outcome, 9)).outcome
+        on = f" on `{dev}`" if several else ""
+        line = f"- {ICON.get(worst, '')} `{key}`{on}: {summary_line(group)}"
+        moves = [(abs(d.change), r, d) for r in group
+                 if (d := deciding(r)) is not None and d.change is not None]
+        if moves:
+            _, r, d = max(moves, key=lambda x: x[0])
+            line += f"; largest change `{r.metric}` {d.change:+.1%} vs {d.against}"
+        lines.append(line)
+    if len(groups) > _MAX_GROUPS:
+        lines.append(f"- … {len(groups) - _MAX_GROUPS} more groups in the report")
+    n = len(records)
+    return [f"<details><summary>{n} other check{'s' if n != 1 else ''} in {len(groups)} "
+            f"group{'s' if len(groups) != 1 else ''}: {summary_line(records)}</summary>", "",
+            *lines, "", "</details>", ""]
+
+
+def _accept(results: Results, links: CommentLinks, results_name: str,
+            commit: str | None) -> list[str]:
+    url = links.results_url or links.report_url
+    where = f"[the results]({url})" if url else "the results file"
+    return [f"**Accept this change** after review: with {where} (`{results_name}`) in this "
+            "branch's checkout, run", "",
+            "```sh", accept_command(results, results_name, commit=commit), "```", "",
+            "and commit the budget files it writes. It writes exact, memory and numeric budgets, "
+            "and timing only into a budget file keyed by the machine that measured it; a timing "
+            "change judged against the base is part of the base once merged.", ""]
