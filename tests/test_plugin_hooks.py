@@ -168,7 +168,7 @@ def test_no_results_hook_without_perf_tests(pytester: pytest.Pytester) -> None:
     assert not Path(pytester.path / "posted.jsonl").exists()
 
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+HOOKS_PAGE = Path(__file__).resolve().parent.parent / "docs" / "hooks.md"
 
 LOADER_TESTS = """
 import pytest
@@ -223,12 +223,12 @@ def dashboard() -> Iterator[tuple[str, list[bytes]]]:
         server.server_close()
 
 
-def test_the_readme_conftest_records_padding_and_posts_the_results(
+def test_the_documented_conftest_records_padding_and_posts_the_results(
     pytester: pytest.Pytester, dashboard: tuple[str, list[bytes]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
+    blocks = re.findall(r"```python\n(.*?)```", HOOKS_PAGE.read_text(encoding="utf-8"), flags=re.S)
     found = [b for b in blocks if b.startswith("# conftest.py")]
-    assert len(found) == 1, "the README holds one conftest example (starting '# conftest.py')"
+    assert len(found) == 1, "docs/hooks.md holds one conftest example (starting '# conftest.py')"
     pytester.makeconftest(found[0])
     pytester.makepyfile(test_readme_loader=LOADER_TESTS)  # a basename no other test module has
     url, posted = dashboard
