@@ -41,7 +41,6 @@ _NEEDS_A_LOOK = (Outcome.ERROR, Outcome.FAIL, Outcome.INCONCLUSIVE)
 _MAX_ROWS = 25
 _MAX_GROUPS = 40
 _MAX_MOVES = 3
-_MAX_REASON = 160
 
 
 @dataclass(frozen=True, kw_only=True)
