@@ -176,8 +176,8 @@ def test_a_memory_check_is_re_run_for_its_failure_artifacts() -> None:
 def test_a_gpm_metric_nvml_refuses_is_unmeasurable_not_a_crash(monkeypatch: pytest.MonkeyPatch) -> None:
     # NVML GPM answers each metric with its own status; tensor_util refused (as on a GPU
     # without it) while sm_occupancy came back.
-    from perfbudget import recorder as recorder_module
     from perfbudget.measure import nvml
+    from perfbudget.recorder import gpu as recorder_module
 
     monkeypatch.setattr(nvml, "gpm_metrics", lambda window, metrics: nvml.GpmMetrics(
         values_pct={"sm_occupancy": 40.0}, window_s=1.0, padded_s=0.0))
@@ -209,3 +209,20 @@ def test_serve_takes_rounds_of_the_same_requests_in_order(recorder: PerfRecorder
     assert records["token_ms"].n == 15 * 2  # the tokens after each first one
     with pytest.raises(ValueError, match="rounds must be >= 1, got 0"):
         recorder.serve(requests, rounds=0)
+
+
+def test_each_family_owns_registered_metrics_and_its_own_methods() -> None:
+    # The recorder is a face over its families: a family's metric names are registered and no
+    # other family records them; every public method of the face is one family's.
+    from perfbudget.metrics import METRICS
+    from perfbudget.recorder import FAMILIES, RecorderCore
+
+    owned = [m for family in FAMILIES for m in family.METRICS]
+    assert owned and set(owned) <= set(METRICS), set(owned) - set(METRICS)
+    assert len(owned) == len(set(owned)), "a metric recorded by two families"
+    public = {n for n in dir(PerfRecorder) if not n.startswith("_")} - set(dir(RecorderCore)) - {"records", "decision",
+                                                                                                 "counted_steps"}
+    for name in public:
+        owners = [f.__name__ for f in FAMILIES if name in vars(f)]
+        assert len(owners) == 1, f"{name}: defined by {owners or 'no family'}"
+    assert set(PerfRecorder.__mro__) >= set(FAMILIES)

@@ -1,0 +1,87 @@
+"""GPU utilisation: kernels per step and the SM occupancy their launch resources allow
+(profiler trace), and NVML GPM's measured occupancy and tensor-core use."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from operator import itemgetter
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ..measure import nvml, occupancy
+from ..measure.measurement import Measurement, Passes
+from ..measure.operators import profile_steps
+from ..measure.unmeasurable import Unmeasurable
+from .core import RecorderCore
+
+__all__ = ["Gpu"]
+
+
+class Gpu(RecorderCore):
+    """``perf.occupancy`` and ``perf.gpm``."""
+
+    METRICS: ClassVar[tuple[str, ...]] = ("kernel_count", "sm_occupancy", "gpm_sm_occupancy", "tensor_util")
+
+    def occupancy(self, step: Callable[[], Any], *, rounds: int = 5, steps: int = 2) -> None:
+        """Record ``kernel_count`` (per step) and ``sm_occupancy``: the duration-weighted
+        occupancy each kernel's launch resources (registers, shared memory, block, grid) allow on
+        the profiled GPU, one sample per profiled round; the kernel time it leaves out (kernels
+        without those resources in the trace) is kept as attribution. Unmeasurable where no
+        kernel's occupancy can be computed (CPU, or a trace without launch resources)."""
+        passes = Passes(lambda: self._occupancy_pass(step, rounds=rounds, steps=steps))
+        occ, kernels, left_out = passes.first
+        self._record("kernel_count", Measurement(samples=kernels))
+        if not occ:
+            self.unmeasurable("sm_occupancy", "no kernel in the profiler trace carries the launch resources "
+                                              "(registers, shared memory, block, grid) occupancy is computed from")
+        else:
+            self._record("sm_occupancy", passes.measurement(lambda p: p[0], attribution=left_out))
+
+    def _occupancy_pass(self, step: Callable[[], Any], *, rounds: int,
+                        steps: int) -> tuple[list[float], int, tuple[str, ...]]:
+        """Occupancy of each profiled round where it could be computed, kernels per step, and
+        the line saying how much kernel time the first such round left out (if any)."""
+        occ: list[float] = []
+        kernels = 0
+        left_out: tuple[str, ...] = ()
+        with tempfile.TemporaryDirectory(prefix="perfbudget-occupancy-") as tmp:
+            for i in range(rounds):
+                path = Path(tmp) / f"round{i}.json"
+                profile_steps(step, steps=steps, warmup=1, device=self._dev, trace_path=path, with_flops=False,
+                              peaks=None)
+                got = occupancy.achieved_occupancy(path)
+                if got.occupancy is not None:
+                    if not occ and (line := got.left_out_line()) is not None:
+                        left_out = (line,)
+                    occ.append(got.occupancy)
+                kernels = got.kernels // steps
+        return occ, kernels, left_out
+
+    def gpm(self, window: Callable[[], Any], *, windows: int = 5) -> None:
+        """Record NVML GPM's measured ``gpm_sm_occupancy`` and ``tensor_util``, one sample per
+        ``window()`` (which should keep the GPU busy for a second or so and synchronise)."""
+        read = {"gpm_sm_occupancy": "sm_occupancy", "tensor_util": "tensor_util"}
+        passes = Passes(lambda: _gpm_pass(window, windows=windows, metrics=tuple(read.values())), what="NVML GPM")
+        for metric, gpm_name in read.items():
+            if passes.unmeasurable is not None:
+                self.unmeasurable(metric, passes.unmeasurable.reason)
+            else:
+                self._record(metric, passes.measurement(itemgetter(gpm_name)))
+
+
+def _gpm_pass(window: Callable[[], Any], *, windows: int, metrics: tuple[str, ...]) -> dict[str, list[float]] | Unmeasurable:
+    """GPM metrics (fractions 0-1) of ``windows`` windows, or why GPM cannot be read."""
+    out: dict[str, list[float]] = {k: [] for k in metrics}
+    for _ in range(windows):
+        got = nvml.gpm_metrics(window, metrics=metrics)
+        if isinstance(got, Unmeasurable):
+            return got
+        # NVML answers each metric with its own status: one refused makes the pass unmeasurable,
+        # with its name, rather than a KeyError.
+        missing = [k for k in out if k not in got.values_pct]
+        if missing:
+            return Unmeasurable(reason=f"NVML GPM returned no value for {missing} (got {sorted(got.values_pct)})")
+        for k in out:
+            out[k].append(got.values_pct[k] / 100.0)
+    return out

@@ -1,0 +1,31 @@
+"""Numerical health: non-finite gradients (naming the first bad parameter) and loss drift
+against a reference precision."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from ..budgets.verdict import Verdict
+from ..measure import numerics
+from ..measure.measurement import Measurement
+from .core import RecorderCore
+
+__all__ = ["Numerics"]
+
+
+class Numerics(RecorderCore):
+    """``perf.grads`` and ``perf.loss_drift``."""
+
+    METRICS: ClassVar[tuple[str, ...]] = ("nonfinite_grads", "loss_drift")
+
+    def grads(self, step: Callable[[], Any], model: Any, *, steps: int = 20) -> Verdict:
+        """Record ``nonfinite_grads`` over ``steps`` steps, naming the first bad parameter."""
+        got = numerics.check_grads(step, model, steps=steps, stop_at_first=False)
+        return self._record("nonfinite_grads", Measurement(samples=got.nonfinite_grads, attribution=tuple(got.lines())))
+
+    def loss_drift(self, candidate: Callable[[], Any], reference: Callable[[], Any], *, steps: int = 20) -> Verdict:
+        """Record ``loss_drift``: the largest relative loss difference between ``candidate``
+        and ``reference`` steps (e.g. mixed precision vs fp32) on the same data."""
+        drift = numerics.compare_to_reference(candidate, reference, steps=steps)
+        return self._record("loss_drift", Measurement(samples=drift.max_rel))

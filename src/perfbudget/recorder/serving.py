@@ -1,0 +1,81 @@
+"""Serving streamed requests: time to first token, per-token and end-to-end latency, tokens/s,
+each request paired with itself on the other side of an A/B run."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ..budgets.verdict import Verdict
+from ..measure.measurement import Passes
+from ..measure.timing import time_streams
+from .core import RecorderCore
+
+__all__ = ["SERVE_METRICS", "SERVE_ROUNDS", "ServeRound", "Serving"]
+
+#: Rounds of requests behind each serving sample set. One round of 64 requests left a pair's
+#: median per-request ratio uncertain by 3-5 % (its own sampling, a user's tiny GPT-2:
+#: benchmarks/user-repo-cpu.md), as much as the pairs differed.
+SERVE_ROUNDS = 4
+SERVE_METRICS = ("ttft_ms", "token_ms", "e2e_ms_p50", "e2e_ms_p90", "tokens_per_s")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeRound:
+    """Latencies of one sample set of streamed requests (its rounds in order), each paired with its reference time."""
+
+    samples: dict[str, tuple[list[float], list[float]]]
+    """metric -> (samples, paired machine-speed reference times)."""
+
+
+class Serving(RecorderCore):
+    """``perf.serve``."""
+
+    METRICS: ClassVar[tuple[str, ...]] = SERVE_METRICS
+
+    def serve(
+        self,
+        requests: Callable[[], Iterable[Callable[[], Iterable[Any]]]],
+        *,
+        reference: Callable[[], Any] | bool | None = None,
+        rounds: int = SERVE_ROUNDS,
+    ) -> dict[str, Verdict]:
+        """Record serving latencies of streamed requests: ``ttft_ms``, ``token_ms``,
+        ``e2e_ms_p50``, ``e2e_ms_p90`` and ``tokens_per_s``.
+
+        Args:
+            requests: returns one round of requests, each a callable that starts the
+                request and returns its tokens as they are produced (a generator). A round
+                should hold >= 64 requests so a p90 has samples above it.
+            reference: as in :meth:`time` (default: none); timed after every request, and
+                every latency is paired with its request's reference time.
+            rounds: rounds of requests per sample set (``requests()`` called once per round);
+                an A/B run pairs each request with itself on the other side, round by round.
+
+        Returns:
+            metric -> verdict.
+        """
+        if rounds < 1:
+            raise ValueError(f"rounds must be >= 1, got {rounds!r}")
+        ref = self._reference(reference)
+        passes = Passes(lambda: self._serve_rounds(requests, ref, rounds))
+
+        def of(metric: str, part: int) -> Callable[[ServeRound], list[float]]:
+            return lambda r: r.samples[metric][part]
+
+        return {m: self._record(m, passes.measurement(of(m, 0), reference=of(m, 1) if ref is not None else None))
+                for m in SERVE_METRICS}
+
+    def _serve_rounds(self, requests: Callable[[], Iterable[Callable[[], Iterable[Any]]]],
+                     ref: Callable[[], Any] | None, rounds: int) -> ServeRound:
+        out: dict[str, tuple[list[float], list[float]]] = {m: ([], []) for m in SERVE_METRICS}
+        timed = (t for _ in range(rounds)
+                 for t in time_streams(requests(), device=self._dev, threads=self._timing_threads(), reference=ref))
+        for t in timed:
+            values = {"ttft_ms": [t.first_ms], "token_ms": list(t.item_ms), "e2e_ms_p50": [t.total_ms],
+                      "e2e_ms_p90": [t.total_ms], "tokens_per_s": [t.items_per_s]}
+            for metric, xs in values.items():
+                out[metric][0].extend(xs)
+                out[metric][1].extend([t.reference_ms or 1.0] * len(xs))
+        return ServeRound(samples=out)
