@@ -18,6 +18,7 @@ from perfbudget.settings import (
     Settings,
     find_ini,
     for_folder,
+    pytest_cli,
     run_spec,
 )
 
@@ -184,3 +185,19 @@ def test_a_side_with_a_bad_run_spec_is_a_usage_error(pytester: pytest.Pytester, 
     result = pytester.runpytest_inprocess("-p", "no:randomly", "--perf-collect")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*{SPEC_ENV}={spec}*precision: expected a fraction in (0, 1)*got 2"])
+
+
+def test_a_command_reads_the_settings_among_pytest_args_as_pytest_does(tmp_path: Path) -> None:
+    # `perfbudget ab -- perf_tests --perf-strict` is strict, as the pytest run would be; so is an ini
+    # file that says so, and the command's own flag.
+    assert pytest_cli(["perf_tests", "-k", "x", "--perf-strict", "--budgets-dir=b", "--perf-json", "o.json"]) == {
+        "strict": True, "budgets_dir": "b"}
+    assert pytest_cli(["perf_tests", "-k", "--perf-strictly"]) == {}
+    (tmp_path / "pytest.ini").write_text("[pytest]\nperfbudget_strict = true\n")
+    assert for_folder(tmp_path, cli=pytest_cli(["perf_tests"]), env={}).strict
+    (tmp_path / "pytest.ini").write_text("[pytest]\nperfbudget_strict = maybe\n")
+    with pytest.raises(ValueError, match="pytest.ini: perfbudget_strict: expected true or false, got 'maybe'"):
+        for_folder(tmp_path, env={})
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    assert not for_folder(tmp_path, env={}).strict
+    assert for_folder(tmp_path, cli=pytest_cli(["--perf-strict"]), env={}).strict

@@ -68,7 +68,8 @@ def settings_of(config: pytest.Config) -> Settings:
     :meth:`Settings.resolve`); a bad value is a usage error naming where it came from."""
     ini = {f.metadata["ini"]: config.getini(f.metadata["ini"]) for f in _INI_FIELDS}
     try:
-        return Settings.resolve(cli={"budgets_dir": config.getoption("--budgets-dir")}, ini=ini,
+        return Settings.resolve(cli={"budgets_dir": config.getoption("--budgets-dir"),
+                                     "strict": config.getoption("--perf-strict") or None}, ini=ini,
                                 ini_file=str(config.inipath or "ini"), root=Path(str(config.rootpath)))
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
@@ -123,7 +124,7 @@ class PerfSession:
         return cls(
             rootdir=root,
             settings=settings,
-            strict=bool(config.getoption("--perf-strict")),
+            strict=settings.strict,
             judging=judging,
             allow_loosen=bool(config.getoption("--allow-loosen")),
             json_path=Path(json_arg) if json_arg else root / ".perfbudget" / "results.json",

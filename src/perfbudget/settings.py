@@ -11,13 +11,14 @@ Stdlib only, and nothing of perfbudget's: every floor reads its settings from he
 
 from __future__ import annotations
 
+import argparse
 import configparser
 import functools
 import json
 import math
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,10 @@ class Settings:
              f"(`perfbudget show --identity`) or 'yes'; env {STABLE_MACHINE_ENV} wins; unset: stored timing is "
              "advisory"))
     """The declaration of a stable machine (an identity or ``yes``), empty when not declared."""
+    strict: bool = field(default=False, metadata=_from(
+        ini="perfbudget_strict", help="as --perf-strict: fail on stale budgets, unbudgeted, not-judged and "
+                                      "not-measured checks, and (perfbudget ab) on inconclusive ones"))
+    """``--perf-strict``: what is only reported otherwise fails the run."""
     threads: int = field(default=1, metadata=_from(ini="perfbudget_threads", help="torch threads for CPU timing"))
     """Torch threads for CPU timing (and the CPU budgets' identity)."""
     max_load: float = field(default=DEFAULT_MAX_LOAD_PER_CORE, metadata=_from(
@@ -218,6 +223,16 @@ def _pytest_options(path: Path) -> dict[str, object] | None:
     if parser.has_section(section):
         return dict(parser[section])
     return {} if path.name.endswith("pytest.ini") else None
+
+
+def pytest_cli(args: Sequence[str]) -> dict[str, object]:
+    """The settings among a pytest command line (``--budgets-dir DIR``, ``--perf-strict``), for a
+    ``perfbudget`` command that runs pytest with it and must read it as pytest does."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--budgets-dir", dest="budgets_dir", default=None)
+    parser.add_argument("--perf-strict", dest="strict", action="store_const", const=True, default=None)
+    known, _ = parser.parse_known_args([a for a in args if a != "--"])
+    return {k: v for k, v in vars(known).items() if v is not None}
 
 
 def for_folder(folder: Path, *, cli: Mapping[str, object] | None = None,

@@ -18,6 +18,7 @@ from typing import Any, TextIO
 from ..exitcodes import ExitCode
 from ..judging import DEFAULT_AB_PRECISION
 from ..results import Record
+from ..settings import for_folder, pytest_cli
 from ..vocabulary import Outcome, count_outcomes, tally_text
 from .pairs import parse_cpus
 from .run import ABConfig, ABRun, UsageError, run_ab
@@ -62,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "list such as 3 or 0,2-3")
     p.add_argument("--perf-strict", action="store_true",
                    help="an inconclusive check (its CI still straddles the tolerance after the last pair) fails "
-                        "the run (also when --perf-strict is among the pytest args)")
+                        "the run (also when --perf-strict is among the pytest args, or the ini file sets perfbudget_strict)")
     p.add_argument("--precision", type=float, nargs="?", const=DEFAULT_AB_PRECISION, default=0.0,
                    metavar="FRACTION",
                    help="inside a pair, a statistical check keeps taking turns until its head/base ratio is "
@@ -114,7 +115,8 @@ def cmd_ab(args: argparse.Namespace, out: TextIO) -> int:
         config = ABConfig(root=root, base=args.base, merge_base=args.merge_base, min_pairs=pairs[0],
                           max_pairs=pairs[1], max_minutes=args.max_minutes, cpus=cpus,
                           out=Path(args.out).resolve() if args.out else None, pytest_args=tuple(pytest_args),
-                          strict=args.perf_strict or "--perf-strict" in pytest_args,
+                          strict=for_folder(root, cli={**pytest_cli(pytest_args),
+                                                       "strict": args.perf_strict or None}).strict,
                           allow_missing_base=args.allow_missing_base, precision=args.precision or None,
                           instructions=args.instructions)
     except (UsageError, GitError, ValueError) as exc:  # ValueError: a bad --cpus
