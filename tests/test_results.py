@@ -10,7 +10,16 @@ from pathlib import Path
 import pytest
 
 from perfbudget.device import DeviceInfo
-from perfbudget.results import RESULTS_SCHEMA, BaseSide, BudgetRef, Record, Results, load_results
+from perfbudget.results import (
+    RESULTS_SCHEMA,
+    BaseSide,
+    BudgetRef,
+    Record,
+    Results,
+    RunInfo,
+    load_results,
+)
+from perfbudget.vocabulary import RunMode
 
 DATA = Path(__file__).parent / "data" / "results"
 
@@ -41,9 +50,10 @@ def test_the_json_form_has_one_key_per_field_and_reads_back(tmp_path: Path) -> N
     assert d["samples"] == [41.0, "nan", "inf"] and d["ref_ms"] == "nan" and d["ci"] == [40.0, 43.0]
     path = Results(records=[FULL], meta={"mode": "check"}).write(tmp_path / "r.json")
     data = json.loads(path.read_text())
-    assert data["schema"] == RESULTS_SCHEMA == 2
+    assert data["schema"] == RESULTS_SCHEMA == 3
+    assert list(data["meta"]) == [f.name for f in fields(RunInfo)] and data["meta"]["mode"] == "check"
     back = load_results(path)
-    assert back.meta == {"mode": "check"} and len(back.records) == 1 and same(back.records[0], FULL)
+    assert back.meta == RunInfo(mode=RunMode.CHECK) and len(back.records) == 1 and same(back.records[0], FULL)
     got = back.records[0]
     assert got.ci == (40.0, 43.0) and isinstance(got.samples, tuple) and math.isnan(got.samples[1])
     assert got.budget == FULL.budget and got.device == FULL.device and got.base == FULL.base
@@ -60,11 +70,11 @@ def test_files_of_earlier_writers_read_with_defaults_for_later_fields() -> None:
 
 
 @pytest.mark.parametrize(("schema", "message"), [
-    (3, "results schema 3 is newer than this perfbudget reads (schema 2); upgrade perfbudget to read it"),
-    (None, "schema: expected a results schema version (1 to 2), got None"),
-    ("1", "schema: expected a results schema version (1 to 2), got '1'"),
-    (True, "schema: expected a results schema version (1 to 2), got True"),
-    (0, "schema: expected a results schema version (1 to 2), got 0"),
+    (4, "results schema 4 is newer than this perfbudget reads (schema 3); upgrade perfbudget to read it"),
+    (None, "schema: expected a results schema version (1 to 3), got None"),
+    ("1", "schema: expected a results schema version (1 to 3), got '1'"),
+    (True, "schema: expected a results schema version (1 to 3), got True"),
+    (0, "schema: expected a results schema version (1 to 3), got 0"),
 ])
 def test_a_schema_this_version_does_not_read_is_refused_naming_file_and_versions(
     tmp_path: Path, schema: object, message: str
@@ -91,6 +101,42 @@ def test_a_bad_field_is_named_with_its_record_and_path(tmp_path: Path, change: o
     change(records[1])  # type: ignore[operator]
     path = tmp_path / "bad.json"
     path.write_text(json.dumps({"schema": 1, "meta": {}, "records": records}))
+    with pytest.raises(ValueError) as err:
+        load_results(path)
+    assert str(err.value) == f"{path}: {message}"
+
+
+def test_a_schema_2_file_says_its_mode_in_one_vocabulary_once_read(tmp_path: Path) -> None:
+    # Schema 2 wrote an A/B run's mode as the presence of meta.ab (older A/B runs: no "mode");
+    # a plain run's file may not say its mode at all. Schema 3 reads both as typed meta.
+    ab = {"base_ref": "main", "base_commit": "a" * 40, "head_commit": "b" * 40, "pairs": 3, "valid_pairs": 3,
+          "invalid_pairs": [], "stopped": "decided", "cpus": [1], "burst_ms": 100.0,
+          "inconclusive": [["t.py::test", "k", "step_ms"]], "runs": [{"pair": 1}],
+          "policy": {"confidence": 0.95, "prior_sd": {"timing": 0.025}, "prior_df": 3.0, "family_alpha": 0.05,
+                     "noise": []}, "someday": 1}
+    (tmp_path / "ab.json").write_text(json.dumps({"schema": 2, "meta": {"budgets_dir": "b", "errors": [], "ab": ab},
+                                                 "records": []}))
+    (tmp_path / "plain.json").write_text(json.dumps({"schema": 2, "meta": {"budgets_dir": "b"}, "records": []}))
+    got = load_results(tmp_path / "ab.json").meta
+    assert got.mode is RunMode.AB and got.ab is not None and got.ab.head_commit == "b" * 40
+    assert got.ab.inconclusive == (("t.py::test", "k", "step_ms"),) and got.ab.cpus == (1,)
+    assert got.ab.policy is not None and got.ab.policy.prior_sd == {"timing": 0.025}
+    assert load_results(tmp_path / "ab.json").head_commit == "b" * 40
+    plain = load_results(tmp_path / "plain.json")
+    assert plain.meta == RunInfo(budgets_dir="b") and plain.head_commit is None
+    # Written again, it reads back the same, at this schema.
+    again = load_results(Results(records=[], meta=got).write(tmp_path / "again.json"))
+    assert again.meta == got and json.loads((tmp_path / "again.json").read_text())["schema"] == 3
+
+
+@pytest.mark.parametrize(("meta", "message"), [
+    ({"mode": "sometimes"}, "meta.mode: expected one of 'check', 'update', 'collect', 'ab', got 'sometimes'"),
+    ({"ab": {"pairs": "three"}}, "meta.ab.pairs: expected an integer, got 'three'"),
+    ({"budgets_dir": 3}, "meta.budgets_dir: expected a str, got 3"),
+])
+def test_a_bad_meta_field_is_named_with_its_path(tmp_path: Path, meta: dict[str, object], message: str) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"schema": 3, "meta": meta, "records": []}))
     with pytest.raises(ValueError) as err:
         load_results(path)
     assert str(err.value) == f"{path}: {message}"

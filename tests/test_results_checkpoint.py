@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from perfbudget.results import load_results
-from perfbudget.session import UNFINISHED_KEY
 
 TESTS = """
 import os, time
@@ -66,8 +65,8 @@ def test_a_killed_run_keeps_the_records_of_the_tests_it_finished(tmp_path: Path)
     proc.communicate(timeout=60)
     got = load_results(tmp_path / "results.json")
     assert [(r.key, r.metric) for r in got.records] == [("first", "flops"), ("second", "op_count[aten::mm]")]
-    assert got.meta["mode"] == "check"
-    assert "did not finish" in got.meta[UNFINISHED_KEY]
+    assert got.meta.mode == "check"
+    assert got.meta.unfinished is not None and "did not finish" in got.meta.unfinished
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")], "no temp file left behind"
 
 
@@ -84,7 +83,7 @@ def test_an_interrupted_update_writes_the_budgets_of_the_tests_it_finished(tmp_p
         pytest.fail(f"pytest did not end within 120 s of SIGINT; its stacks:\n{proc.communicate()[0].decode()[-6000:]}")
     assert proc.returncode == pytest.ExitCode.INTERRUPTED, out[-3000:]
     got = load_results(tmp_path / "results.json")
-    assert UNFINISHED_KEY not in got.meta
+    assert got.meta.unfinished is None
     assert {r.key for r in got.records} == {"first", "second"}
     budgets = "".join(p.read_text() for p in (tmp_path / "budgets").glob("*.yaml"))
     assert "first:" in budgets and "second:" in budgets and "never:" not in budgets

@@ -196,7 +196,7 @@ def test_a_command_reads_the_settings_among_pytest_args_as_pytest_does(tmp_path:
     (tmp_path / "pytest.ini").write_text("[pytest]\nperfbudget_strict = true\n")
     assert for_folder(tmp_path, cli=pytest_cli(["perf_tests"]), env={}).strict
     (tmp_path / "pytest.ini").write_text("[pytest]\nperfbudget_strict = maybe\n")
-    with pytest.raises(ValueError, match="pytest.ini: perfbudget_strict: expected true or false, got 'maybe'"):
+    with pytest.raises(ValueError, match=r"pytest\.ini: perfbudget_strict: expected true or false, got 'maybe'"):
         for_folder(tmp_path, env={})
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     assert not for_folder(tmp_path, env={}).strict

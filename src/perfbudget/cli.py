@@ -91,7 +91,7 @@ def _load(paths: Sequence[str]) -> tuple[Results, list[tuple[str, Results]]]:
     if len(parts) == 1:
         return parts[0][1], parts
     merged = merge_results(res for _, res in parts)
-    merged.meta["sources"] = [p for p, _ in parts]
+    merged.meta = replace(merged.meta, sources=tuple(p for p, _ in parts))
     return merged, parts
 
 
@@ -145,7 +145,7 @@ def cmd_merge(args: argparse.Namespace, out: TextIO) -> int:
     merged, parts = _load(args.results)
     if len(parts) == 1:
         merged = merge_results([merged])
-        merged.meta["sources"] = [parts[0][0]]
+        merged.meta = replace(merged.meta, sources=(parts[0][0],))
     try:
         merged.write(args.output)
     except OSError as exc:

@@ -19,11 +19,12 @@ from .device import DeviceInfo
 from .fileio import atomic_write, shown_path
 from .measure.stats import normal_quantile, t_quantile
 from .metrics import UnknownMetricError
-from .vocabulary import count_outcomes
+from .vocabulary import RunMode, count_outcomes
 
-__all__ = ["RESULTS_SCHEMA", "BaseSide", "BudgetRef", "FieldError", "Record", "Results", "load_results", "merge_results"]
+__all__ = ["RESULTS_SCHEMA", "ABPolicyInfo", "ABRunInfo", "BaseSide", "BudgetRef", "FieldError", "Record", "Results",
+           "RunInfo", "load_results", "merge_results"]
 
-RESULTS_SCHEMA = 2
+RESULTS_SCHEMA = 3
 """Version of the results file's form. Bump it when the form changes in a way this version's reader
 would misread, and add the step from the previous version to :data:`_MIGRATIONS`."""
 
@@ -68,7 +69,19 @@ def _ab_into_base(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "records": records}
 
 
-_MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _ab_into_base}
+def _mode_in_meta(data: dict[str, Any]) -> dict[str, Any]:
+    """Schema 2 -> 3: ``meta`` is typed (:class:`RunInfo`) and always says its mode in one vocabulary
+    (:class:`~perfbudget.vocabulary.RunMode`): an A/B run's results that said so only by holding
+    ``meta.ab`` say ``ab``; a file that said nothing was a plain check run."""
+    meta = data.get("meta")
+    meta = dict(meta) if isinstance(meta, dict) else {}
+    if isinstance(meta.get("ab"), dict):
+        meta["mode"] = RunMode.AB.value
+    meta.setdefault("mode", RunMode.CHECK.value)
+    return {**data, "meta": meta}
+
+
+_MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _ab_into_base, 2: _mode_in_meta}
 """``version -> step``: the step turns a results file of ``version`` into one of ``version + 1``."""
 
 _D = TypeVar("_D")
@@ -359,15 +372,103 @@ class Record:
                               device=self.device, ci=self.ci, confidence=self.ci_confidence, ref_ms=self.ref_ms)
 
 
-@dataclass(kw_only=True)
-class Results:
-    """All records of a run (or of merged shards)."""
+@dataclass(frozen=True, kw_only=True)
+class ABPolicyInfo:
+    """The decision rule of a ``perfbudget ab`` run (``meta.ab.policy``)."""
 
-    records: list[Record] = field(default_factory=list)
-    meta: dict[str, Any] = field(default_factory=dict)
+    confidence: float = 0.95
+    prior_sd: dict[str, float] = field(default_factory=dict)
+    """Flat prior per-pair sd of ln(head/base) by kind, where no measured noise applied."""
+    prior_df: float = 0.0
+    family_alpha: float = 0.05
+    noise: tuple[str, ...] = ()
+    """The noise files whose measured per-check spread served as priors."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ABRunInfo:
+    """How a ``perfbudget ab`` run went (``meta.ab``): what it compared, its pairs, why it stopped, its rule.
+
+    The verdict of each check is on its record (:attr:`Record.base`); this is the run's own account.
+    """
+
+    base_ref: str = ""
+    """The base as given (``origin/main``)."""
+    base_commit: str = ""
+    merge_base: bool = False
+    """The base is the merge-base of the head and :attr:`base_ref` (a pull request's)."""
+    head_commit: str = ""
+    """The head's commit; ``<sha>-dirty`` when the working tree had uncommitted changes."""
+    pairs: int = 0
+    valid_pairs: int = 0
+    invalid_pairs: tuple[int, ...] = ()
+    """Pairs that lost turn-taking (not used)."""
+    min_pairs: int = 0
+    max_pairs: int = 0
+    stopped: str = ""
+    """Why no further pair started (:class:`perfbudget.ab.run.StopReason`)."""
+    strict: bool = False
+    allow_missing_base: bool = False
+    wall_s: float = 0.0
+    cpus: tuple[int, ...] = ()
+    burst_ms: float | None = None
+    compared: int = 0
+    not_compared: int = 0
+    base_only: tuple[tuple[str, ...], ...] = ()
+    """(nodeid, key, metric) of checks only the base recorded."""
+    inconclusive: tuple[tuple[str, ...], ...] = ()
+    """(nodeid, key, metric) of checks the pairs left undecided."""
+    policy: ABPolicyInfo | None = None
+    runs: tuple[dict[str, Any], ...] = ()
+    """Each pair as it ran (sides, turns, wall time), as :meth:`perfbudget.ab.pairs.PairRun.as_dict` wrote it."""
+    problems: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunInfo:
+    """What a results file says about the run that wrote it (its ``meta``)."""
+
+    mode: RunMode = RunMode.CHECK
+    budgets_dir: str | None = None
+    """The budget folder the run judged against."""
+    errors: tuple[dict[str, str], ...] = ()
+    """Budget files that could not be read, and why."""
+    unfinished: str | None = None
+    """Set while the run has not finished (a checkpoint after each test): why the file may lack records."""
+    shards: int | None = None
+    """Merged from this many shards (``perfbudget merge``, xdist workers)."""
+    sources: tuple[str, ...] = ()
+    """The files merged into these results."""
+    ab: ABRunInfo | None = None
+    """A lockstep A/B run's account (:attr:`mode` ``ab``)."""
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunInfo:
+        """Read the JSON form; keys this version does not know are left out.
+
+        Raises:
+            FieldError: a known key whose value does not read as its type (``meta.<key>``).
+        """
+        return _decode_fields(cls, data, "meta")
 
     def as_dict(self) -> dict[str, Any]:
-        return {"schema": RESULTS_SCHEMA, "meta": self.meta, "records": [r.as_dict() for r in self.records]}
+        return _encode_fields(self)
+
+
+@dataclass(kw_only=True)
+class Results:
+    """All records of a run (or of merged shards), and what the run says of itself (:attr:`meta`)."""
+
+    records: list[Record] = field(default_factory=list)
+    meta: RunInfo = field(default_factory=RunInfo)
+    """A mapping given here is read as the JSON form (:meth:`RunInfo.from_dict`)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.meta, Mapping):
+            self.meta = RunInfo.from_dict(self.meta)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"schema": RESULTS_SCHEMA, "meta": self.meta.as_dict(), "records": [r.as_dict() for r in self.records]}
 
     def write(self, path: str | Path) -> Path:
         """Write atomically (:func:`perfbudget.fileio.atomic_write`); returns the path."""
@@ -383,9 +484,7 @@ class Results:
     def head_commit(self) -> str | None:
         """The commit an A/B run measured as its head (``meta.ab.head_commit``, as written);
         ``None`` where the results do not say (a plain pytest run)."""
-        ab = self.meta.get("ab")
-        commit = ab.get("head_commit") if isinstance(ab, dict) else None
-        return commit if isinstance(commit, str) and commit else None
+        return (self.meta.ab.head_commit or None) if self.meta.ab is not None else None
 
 
 def load_results(path: str | Path) -> Results:
@@ -412,7 +511,11 @@ def load_results(path: str | Path) -> Results:
         except FieldError as exc:
             where = f"records[{i}]" + (f".{exc.where}" if exc.where else "")
             raise ValueError(f"{path}: {where}: {exc.message}") from None
-    return Results(records=records, meta=dict(data.get("meta", {})))
+    try:
+        meta = RunInfo.from_dict(data.get("meta", {}))
+    except FieldError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    return Results(records=records, meta=meta)
 
 
 def _migrate(data: dict[str, Any], path: Path) -> dict[str, Any]:
@@ -462,6 +565,5 @@ def merge_results(parts: Iterable[Results]) -> Results:
         out.records.append(r)
     out.records.sort(key=lambda r: (r.nodeid, r.key, r.metric))
     if shards:
-        out.meta = dict(shards[0])
-        out.meta["shards"] = len(shards)
+        out.meta = replace(shards[0], shards=len(shards))
     return out

@@ -8,7 +8,6 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -22,16 +21,11 @@ from .judging import Judging, judging_for
 from .measure.instructions import running_under_valgrind
 from .measure.machine import describe
 from .metrics import lookup
-from .results import BudgetRef, Record, Results
+from .results import BudgetRef, Record, Results, RunInfo
 from .settings import Settings, run_spec
 from .vocabulary import Outcome
 
-__all__ = ["UNFINISHED_KEY", "PerfSession", "add_options", "settings_of"]
-
-#: Key of a results file's ``meta`` while the run that writes it has not finished: the file
-#: holds the records of the tests finished so far (:meth:`PerfSession.checkpoint`).
-UNFINISHED_KEY = "unfinished"
-
+__all__ = ["PerfSession", "add_options", "settings_of"]
 
 #: The settings an ini key may set (:class:`perfbudget.settings.Settings`).
 _INI_FIELDS = tuple(f for f in fields(Settings) if f.metadata.get("ini"))
@@ -196,11 +190,12 @@ class PerfSession:
         """Failure artifacts go beside the results JSON: ``<json folder>/artifacts/<test>/``."""
         return self.json_path.parent / "artifacts"
 
-    def _meta(self) -> dict[str, Any]:
-        return {"budgets_dir": str(self.settings.budgets_dir), "errors": self.errors, "mode": str(self.judging.mode)}
+    def _meta(self, *, unfinished: str | None = None) -> RunInfo:
+        return RunInfo(budgets_dir=str(self.settings.budgets_dir), errors=tuple(self.errors), mode=self.judging.mode,
+                       unfinished=unfinished)
 
     def checkpoint(self) -> None:
-        """Write the records so far to :attr:`json_path`, marked :data:`UNFINISHED_KEY`, when any
+        """Write the records so far to :attr:`json_path`, marked unfinished (:attr:`perfbudget.results.RunInfo.unfinished`), when any
         were added since the last write: a run killed mid-way keeps every finished test's records.
 
         Called after each test by the process that holds the records (not an xdist worker, whose
@@ -210,8 +205,8 @@ class PerfSession:
         written = len(self.records) + len(self.errors)
         if self.is_worker or self.judging.takes_turns or written == self._checkpointed:
             return
-        meta = {**self._meta(), UNFINISHED_KEY: "written after each test; the run did not finish (killed), "
-                "so budgets that apply but no finished test recorded are not listed"}
+        meta = self._meta(unfinished="written after each test; the run did not finish (killed), so budgets that "
+                                     "apply but no finished test recorded are not listed")
         Results(records=self.records, meta=meta).write(self.json_path)
         self._checkpointed = written
 

@@ -84,6 +84,8 @@ class RunMode(StrEnum):
     COLLECT = "collect"
     """One side of a lockstep A/B run (``--perf-collect``): record samples, judge nothing;
     ``perfbudget ab`` judges head/base."""
+    AB = "ab"
+    """A lockstep A/B run's merged results (``perfbudget ab``): timing judged head/base."""
 
 
 class TestOutcome(StrEnum):

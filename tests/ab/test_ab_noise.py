@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,8 @@ def ab_results(checks: dict[str, tuple[float, ...]], *, head: str = "a" * 40, ba
     recs += [Record(nodeid=NODE, key="enc", metric=m, outcome="unbudgeted", value=1000.0 * r, device=DEV, kind="count",
                     base=BaseSide(value=1000.0, ratio=r, pairs=1))
              for m, r in (counts or {}).items()]
-    return Results(records=recs, meta={"ab": {"head_commit": head, "base_commit": base, "burst_ms": 100.0}})
+    return Results(records=recs, meta={"mode": "ab", "ab": {"head_commit": head, "base_commit": base,
+                                                                            "burst_ms": 100.0}})
 
 
 def test_calibration_pools_each_checks_per_pair_spread_about_its_runs_own_mean() -> None:
@@ -244,7 +246,8 @@ def test_calibrate_refuses_to_pool_runs_of_another_turn_length(tmp_path: Path, c
     res.write(tmp_path / "a.json")
     assert main(["calibrate", "--budgets-dir", str(tmp_path / "budgets"), str(tmp_path / "a.json")]) == 0
     before = noise_path(tmp_path / "budgets", ID).read_text()
-    res.meta["ab"]["burst_ms"] = 400.0
+    assert res.meta.ab is not None
+    res.meta = replace(res.meta, ab=replace(res.meta.ab, burst_ms=400.0))
     res.write(tmp_path / "b.json")
     assert main(["calibrate", "--budgets-dir", str(tmp_path / "budgets"), str(tmp_path / "b.json")]) == 2
     assert "turns of 100 ms, the new runs in turns of 400 ms" in capsys.readouterr().err

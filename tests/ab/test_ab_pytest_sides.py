@@ -176,7 +176,7 @@ def test_later_pairs_rerun_only_undecided_tests_and_an_unresolvable_check_is_inc
     # Pair 1 ran the user's selection; pair 2 every test with a statistical check (none has
     # min_pairs yet); no pair 3: what is still straddling is beyond its reach. The same nodeids
     # on both sides, in the head's order, brackets and spaces included.
-    runs = result.results.meta["ab"]["runs"]
+    runs = result.results.meta.ab.runs
     assert [r["tests"] for r in runs] == [None, [noisy_id, quiet_id, also_id]], logs
     assert [r["ran"] for r in runs] == [[noisy_id, exact_id, quiet_id, also_id], [noisy_id, quiet_id, also_id]]
     base_ran = [list(dict.fromkeys(r.nodeid for r in load_results(p.sides["base"].results).records))

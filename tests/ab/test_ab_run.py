@@ -109,11 +109,11 @@ def test_aa_passes_through_real_turn_taking(make_repo: Callable[..., Path]) -> N
     assert_never_both_running(result)
     # Both sides ran pinned to one and the same CPU.
     cpus = {tuple(side_log(p.sides[s].results)["cpus"]) for p in result.pairs for s in ("base", "head")}
-    assert cpus == {tuple(result.results.meta["ab"]["cpus"])} and len(cpus.pop()) == 1
+    assert cpus == {result.results.meta.ab.cpus} and len(cpus.pop()) == 1
     saved = load_results(repo / ".perfbudget" / "ab" / "results.json")
-    meta = saved.meta["ab"]
-    assert meta["base_commit"] and meta["pairs"] == len(result.pairs) and meta["stopped"] in ("decided", "max pairs")
-    assert meta["burst_ms"] == 15  # the spread depends on it: calibrations keep it
+    meta = saved.meta.ab
+    assert meta.base_commit and meta.pairs == len(result.pairs) and meta.stopped in ("decided", "max pairs")
+    assert meta.burst_ms == 15  # the spread depends on it: calibrations keep it
     assert saved.records[0].base == step.base
 
 
@@ -154,7 +154,7 @@ def test_a_base_that_cannot_run_is_an_error_naming_why_and_the_flag(make_repo: C
     step, flops = result.results.records
     assert step.outcome == "error" and step.vs_base is None and "--allow-missing-base" in step.reason
     assert flops.outcome == "pass" and "not compared with the base" in flops.reason  # exact: the head's budgets
-    assert result.results.meta["ab"]["allow_missing_base"] is False
+    assert result.results.meta.ab.allow_missing_base is False
 
 
 def test_a_base_that_cannot_run_is_judged_on_budgets_with_allow_missing_base(make_repo: Callable[..., Path]) -> None:
@@ -205,7 +205,7 @@ def test_cpus_are_pinned_as_asked(make_repo: Callable[..., Path]) -> None:
     repo = make_repo({"src/fakelib/__init__.py": lib(), "budgets/cpu.yaml": BUDGETS})
     everything = sorted(os.sched_getaffinity(0))
     result = run(repo, cpus=(), max_pairs=2)
-    assert result.results.meta["ab"]["cpus"] == []
+    assert result.results.meta.ab.cpus == ()
     assert all(side_log(p.sides[s].results)["cpus"] == everything for p in result.pairs for s in ("base", "head"))
     assert parse_cpus("auto") is None and parse_cpus("all") == () and parse_cpus("0,2-3") == (0, 2, 3)
     with pytest.raises(ValueError, match="--cpus: expected 'auto', 'all' or a list"):
@@ -219,7 +219,7 @@ def test_instruction_count_sides_run_at_once_on_every_cpu_without_turns(make_rep
     result = run(repo, instructions=True, min_pairs=1, max_pairs=1)
     (pair,) = result.pairs
     assert pair.invalid == "" and pair.turns.grants("base") == pair.turns.grants("head") == 0
-    assert pair.turns.joined == () and result.results.meta["ab"]["cpus"] == []
+    assert pair.turns.joined == () and result.results.meta.ab.cpus == ()
     everything = sorted(os.sched_getaffinity(0))
     assert all(side_log(pair.sides[s].results)["cpus"] == everything for s in ("base", "head"))
     assert pair.sides["base"].returncode == pair.sides["head"].returncode == 0
@@ -301,9 +301,9 @@ def test_a_pair_that_lost_turn_taking_is_invalid_and_re_run_once(
     assert step.samples == tuple(x for p in valid for x in samples(p, "head"))
     assert step.base.samples == tuple(x for p in valid for x in samples(p, "base"))
     assert step.base.pair_ratios == pytest.approx([pair_ratio(samples(p, "head"), samples(p, "base")) for p in valid])
-    meta = result.results.meta["ab"]
-    assert meta["invalid_pairs"] == [1] and meta["runs"][0]["invalid"] == first.invalid
-    assert meta["runs"][1]["replaces"] == 1 and meta["valid_pairs"] == len(result.pairs) - 1
+    meta = result.results.meta.ab
+    assert meta.invalid_pairs == (1,) and meta.runs[0]["invalid"] == first.invalid
+    assert meta.runs[1]["replaces"] == 1 and meta.valid_pairs == len(result.pairs) - 1
     assert result.exit_code == 0
 
 
@@ -351,6 +351,6 @@ def test_an_unresolvable_check_is_inconclusive_and_fails_only_under_strict(
     assert step.outcome == "inconclusive" and step.base is not None and step.base.pairs == 2, step.reason
     assert "inconclusive, not decided on the estimate" in step.reason and "could resolve changes beyond +" in step.reason
     assert result.comparison.inconclusive == ((step.nodeid, step.key, step.metric),)
-    assert result.results.meta["ab"]["inconclusive"] == [[step.nodeid, step.key, step.metric]]
+    assert result.results.meta.ab.inconclusive == ((step.nodeid, step.key, step.metric),)
     assert result.exit_code == (1 if strict else 0)
     assert "INCONCLUSIVE tests/test_fake.py::test_step fake-step.step_ms" in summary(result)

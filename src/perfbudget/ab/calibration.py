@@ -10,7 +10,7 @@ import argparse
 import datetime as _dt
 import math
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
@@ -36,11 +36,11 @@ def calibrate(results: Iterable[tuple[str, Results]], *, date: str | None = None
     day = date or _dt.date.today().isoformat()
     tables: dict[str, NoiseTable] = {}
     for name, res in results:
-        ab = res.meta.get("ab")
-        if not isinstance(ab, Mapping):
+        ab = res.meta.ab
+        if ab is None:
             raise ValueError(f"{name}: not the results of `perfbudget ab` (no meta.ab): calibration reads "
                              "the process pairs' ratios")
-        head, base = str(ab.get("head_commit", "")), str(ab.get("base_commit", ""))
+        head, base = ab.head_commit, ab.base_commit
         aa = bool(head) and head == base
         per_identity: dict[str, dict[tuple[str, str], CheckNoise]] = {}
         pairs_seen = 0
@@ -66,8 +66,8 @@ def calibrate(results: Iterable[tuple[str, Results]], *, date: str | None = None
         for identity, checks in per_identity.items():
             prov = {"file": Path(name).name, "head": head[:12], "base": base[:12], "aa": aa, "pairs": pairs_seen,
                     "date": day, "checks": len(checks)}
-            if ab.get("burst_ms") is not None:  # the spread depends on it: benchmarks/burst-length-cpu.md
-                prov["burst_ms"] = ab["burst_ms"]
+            if ab.burst_ms is not None:  # the spread depends on it: benchmarks/burst-length-cpu.md
+                prov["burst_ms"] = ab.burst_ms
             table = NoiseTable(identity=identity, checks=checks, provenance=(prov,))
             tables[identity] = tables[identity].pooled(table) if identity in tables else table
     return tables

@@ -136,11 +136,11 @@ def cmd_ab(args: argparse.Namespace, out: TextIO) -> int:
 def summary(run: ABRun) -> str:
     """A few lines for the terminal: totals, every compared timing check, every failure."""
     recs = run.results.records
-    meta = run.results.meta.get("ab", {})
+    wall_s = run.results.meta.ab.wall_s if run.results.meta.ab is not None else 0.0
     tally = tally_text(count_outcomes(r.outcome for r in recs)) or "none recorded"
     lines = [
         f"perfbudget ab: {len(recs)} check(s): {tally}; {len(run.pairs)} pair(s) ({run.stopped}), "
-        f"{meta.get('wall_s', 0):.0f} s; results: {run.path}",
+        f"{wall_s:.0f} s; results: {run.path}",
     ]
     timed = [(r, b) for r in recs if (b := r.vs_base) is not None and b.ratio_ci is not None]
     if timed:

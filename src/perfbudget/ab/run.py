@@ -31,9 +31,9 @@ from ..instructions_run import callgrind_environment, under_callgrind
 from ..measure.instructions import INSTALL_HINT, build_helper
 from ..measure.unmeasurable import Unmeasurable
 from ..metrics import op_metric
-from ..results import Results, load_results
+from ..results import ABPolicyInfo, ABRunInfo, Results, RunInfo, load_results
 from ..settings import RunSpec, for_folder
-from ..vocabulary import Outcome, StrEnum
+from ..vocabulary import Outcome, RunMode, StrEnum
 from .merge import Comparison, PairRecords, compare_pairs
 from .pairs import PairRun, SideCommand, SideSetup, one_cpu, pytest_command, run_pair
 from .ratios import ABPolicy, resolvable_lines
@@ -258,28 +258,20 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
         problems.append(f"no valid pair: every pair lost turn-taking ({', '.join(map(str, invalid))})")
     elif not comparison.records and not problems:
         problems.append("the head side recorded no checks (did the pytest args select any perf test?)")
-    head_meta = next((p.head.meta for p in records if p.head is not None), {})
+    head_meta = next((p.head.meta for p in records if p.head is not None), RunInfo())
     wall_s = time.monotonic() - t0
-    results = Results(records=comparison.records, meta={
-        **head_meta,
-        "mode": "ab",
-        "ab": {
-            "base_ref": config.base, "base_commit": base.commit, "merge_base": base.merge_base,
-            "head_commit": head, "pairs": len(runs), "valid_pairs": len(records), "invalid_pairs": list(invalid),
-            "min_pairs": config.min_pairs, "max_pairs": config.max_pairs, "stopped": stopped,
-            "strict": config.strict, "allow_missing_base": config.allow_missing_base,
-            "wall_s": round(wall_s, 3), "cpus": list(cpus),
-            "burst_ms": burst_ms,
-            "compared": sum(1 for r in comparison.records if r.vs_base is not None),
-            "not_compared": len(comparison.not_compared), "base_only": [list(c) for c in comparison.base_only],
-            "inconclusive": [list(c) for c in comparison.inconclusive],
-            "policy": {"confidence": config.policy.confidence, "prior_sd": dict(config.policy.prior_sd),
-                       "prior_df": config.policy.prior_df, "family_alpha": config.policy.family_alpha,
-                       "noise": sorted(t.where for t in policy.noise.values())},
-            "runs": [r.as_dict() for r in runs],
-            "problems": problems,
-        },
-    })
+    results = Results(records=comparison.records, meta=replace(head_meta, mode=RunMode.AB, ab=ABRunInfo(
+        base_ref=config.base, base_commit=base.commit, merge_base=base.merge_base, head_commit=head,
+        pairs=len(runs), valid_pairs=len(records), invalid_pairs=invalid, min_pairs=config.min_pairs,
+        max_pairs=config.max_pairs, stopped=stopped, strict=config.strict,
+        allow_missing_base=config.allow_missing_base, wall_s=round(wall_s, 3), cpus=tuple(cpus), burst_ms=burst_ms,
+        compared=sum(1 for r in comparison.records if r.vs_base is not None),
+        not_compared=len(comparison.not_compared), base_only=tuple(comparison.base_only),
+        inconclusive=tuple(comparison.inconclusive),
+        policy=ABPolicyInfo(confidence=config.policy.confidence, prior_sd=dict(config.policy.prior_sd),
+                            prior_df=config.policy.prior_df, family_alpha=config.policy.family_alpha,
+                            noise=tuple(sorted(t.where for t in policy.noise.values()))),
+        runs=tuple(r.as_dict() for r in runs), problems=tuple(problems))))
     path = results.write(config.results_path)
     bad = any(r.outcome in (Outcome.FAIL, Outcome.ERROR) for r in comparison.records)
     first_head = runs[0].sides["head"].returncode if runs else None
@@ -516,4 +508,4 @@ def _pair_records(run: PairRun) -> tuple[PairRecords, list[str]]:
 
 def _budgets(budgets_dir: Path, head: Results) -> BudgetSet:
     """The head's budgets: the folder its pytest run used, else ``budgets_dir``."""
-    return load_dir(head.meta.get("budgets_dir") or budgets_dir)
+    return load_dir(head.meta.budgets_dir or budgets_dir)

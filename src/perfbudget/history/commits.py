@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from ..results import Results
+from ..results import ABRunInfo, Results
 from .store import Run, mode_of, utc_date
 
 __all__ = ["CommitError", "git_commit_info", "git_rev", "run_of"]
@@ -51,12 +51,11 @@ def run_of(results: Results, *, source: str, commit: str | None = None, parent: 
         CommitError: naming what is missing and the option that supplies it.
     """
     mode = mode_of(results)
-    meta_ab = results.meta.get("ab")
-    ab: dict[str, object] = meta_ab if isinstance(meta_ab, dict) else {}
-    if commit is None and (measured := _text(ab.get("head_commit"))) and measured.endswith("-dirty"):
+    ab = results.meta.ab or ABRunInfo()
+    if commit is None and (measured := _text(ab.head_commit)) and measured.endswith("-dirty"):
         raise CommitError(f"{source}: meta.ab.head_commit {measured!r}: the run measured uncommitted changes, "
                           "which are no commit of the history; pass --commit SHA to keep it as that commit anyway")
-    commit = commit or _text(ab.get("head_commit")) or git_rev("HEAD", cwd)
+    commit = commit or _text(ab.head_commit) or git_rev("HEAD", cwd)
     if not commit:
         raise CommitError(f"{source}: no commit in the results and no git repository at {Path(cwd).resolve()}: "
                           "pass --commit SHA (and --parent, --date)")
@@ -64,7 +63,7 @@ def run_of(results: Results, *, source: str, commit: str | None = None, parent: 
     if info is not None:
         commit = info[0]
     if parent is None:
-        parent = _text(ab.get("base_commit")) if mode == "ab" else None
+        parent = _text(ab.base_commit) if mode == "ab" else None
         if parent is None and info is not None:
             parent = info[1]
     if date is None:

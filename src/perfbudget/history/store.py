@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import Literal
 
 from ..results import Record, Results
-from ..vocabulary import Outcome
+from ..vocabulary import Outcome, RunMode
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -217,7 +217,7 @@ class Point:
 
 def mode_of(results: Results) -> Mode:
     """``ab`` for the results of ``perfbudget ab``, else ``stored``."""
-    return "ab" if results.meta.get("mode") == "ab" or "ab" in results.meta else "stored"
+    return "ab" if results.meta.mode is RunMode.AB else "stored"
 
 
 def checks_from_results(results: Results) -> list[Check]:

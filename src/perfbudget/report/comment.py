@@ -62,7 +62,7 @@ def accept_command(results: Results, results_name: str, *, commit: str | None = 
     either, the command says ``--commit SHA`` for the reader to fill in.
     """
     argv = ["perfbudget", "accept", shlex.quote(results_name)]
-    budgets_dir = shown_path(str(results.meta.get("budgets_dir") or "budgets"))
+    budgets_dir = shown_path(results.meta.budgets_dir or "budgets")
     if budgets_dir != "budgets" and not Path(budgets_dir).is_absolute():
         argv += ["--budgets-dir", shlex.quote(budgets_dir)]
     if results.head_commit is None:
@@ -115,15 +115,13 @@ def pr_comment(results: Results, *, title: str = "perf", links: CommentLinks | N
 
 def _how(results: Results, links: CommentLinks) -> str:
     """One line: what the run compared with, on which devices, and the links."""
-    ab = results.meta.get("ab")
-    if isinstance(ab, dict) and ab.get("base_commit"):
-        base, ref = str(ab["base_commit"])[:12], str(ab.get("base_ref") or "")
-        pairs = ab.get("valid_pairs")
-        how = f"Lockstep A/B against `{base}`"
-        if ab.get("merge_base") and ref:
-            how += f" (merge-base with `{ref}`)"
-        if isinstance(pairs, int):
-            how += f", {pairs} process pair{'s' if pairs != 1 else ''}"
+    ab = results.meta.ab
+    if ab is not None and ab.base_commit:
+        how = f"Lockstep A/B against `{ab.base_commit[:12]}`"
+        if ab.merge_base and ab.base_ref:
+            how += f" (merge-base with `{ab.base_ref}`)"
+        if ab.valid_pairs:
+            how += f", {ab.valid_pairs} process pair{'s' if ab.valid_pairs != 1 else ''}"
     elif has_base(results.records):
         how = "Lockstep A/B against the base commit"
     else:
