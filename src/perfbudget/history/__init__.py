@@ -2,7 +2,7 @@
 points on each check's series (``history.changepoints``), the cumulative head/parent ratio chained
 along first parents (``history.chain``), the trend of one machine's values (``history.trend``), one
 check's history analysed and checked since a ref (``history.analysis``), a self-contained HTML page
-(``history.report``) and the ``perfbudget history`` command (``history.cli``). Never imports pytest."""
+(``history.page``) and the ``perfbudget history`` command (``history.cli``). Never imports pytest."""
 
 from .analysis import (
     Finding,
@@ -15,7 +15,7 @@ from .analysis import (
 from .chain import Cumulative, Link, chain_of, cumulative, cumulative_series, pooled
 from .changepoints import ChangeConfig, Drift, Shift, chained_drifts, level_shifts
 from .commits import CommitError, git_commit_info, git_rev, run_of
-from .report import render_history
+from .page import render_history
 from .store import (
     SCHEMA_VERSION,
     Check,

@@ -17,7 +17,7 @@ from ..results import load_results
 from .analysis import SeriesAnalysis, analyze_store, findings_since, first_after
 from .changepoints import MissingPackageError
 from .commits import CommitError, git_commit_info, run_of
-from .report import render_history
+from .page import render_history
 from .store import HistoryError, HistoryStore, checks_from_results
 
 __all__ = ["DEFAULT_DB", "register"]
