@@ -161,6 +161,21 @@ def test_checks_of_tests_not_rerun_keep_their_earlier_pairs() -> None:
     assert by[(quiet, "flops")].reason == "vs base: same as the base (1000)"
 
 
+def test_a_later_pairs_report_of_budgets_its_tests_did_not_record_is_moot() -> None:
+    # Pair 2 re-ran only the noisy test; its session reports the quiet test's budget as "budgeted,
+    # not recorded" (no nodeid). Pair 1 recorded it: the merged run does not report it not measured.
+    # A budget no pair recorded stays reported.
+    quiet, noisy = "t.py::test_quiet", "t.py::test_noisy"
+    unrecorded = [rec("flops", outcome="not_measured", nodeid="", reason="budgeted but no test of this run recorded it"),
+                  rec("step_ms", key="gone", outcome="not_measured", nodeid="", reason="budgeted, not recorded")]
+    first = [rec("flops", value=1000.0, nodeid=quiet), rec("step_ms", steps(10.0), key="n", nodeid=noisy),
+             unrecorded[1]]
+    again = [rec("step_ms", steps(10.0), key="n", nodeid=noisy), *unrecorded]
+    cmp = compare_pairs([pair(first, first), pair(again, again)], budgets=budgets(), final=True)
+    assert [(r.nodeid, r.key, r.metric, r.outcome) for r in cmp.records] == [
+        (quiet, "enc", "flops", "pass"), (noisy, "n", "step_ms", "pass"), ("", "gone", "step_ms", "not_measured")]
+
+
 def test_a_check_one_side_lists_in_some_pairs_only_is_not_compared_there() -> None:
     # An operator at the top-N cut: the base listed it in pair 1 and 3, not in pair 2.
     op = "op_self_ms[aten::add]"

@@ -31,7 +31,7 @@ from ..metrics import (
     op_family_sizes,
     parse_name,
 )
-from ..results import BaseSide, BudgetRef, Record, Results
+from ..results import BaseSide, BudgetRef, Record, Results, is_unrecorded_budget
 from .ratios import ABPolicy, can_decide, describe_change, judge_ratios, pair_ratio
 
 __all__ = ["CheckId", "Comparison", "PairRecords", "compare_pairs"]
@@ -139,6 +139,12 @@ def compare_pairs(
     order: dict[CheckId, None] = {}
     for h in heads:
         order.update(dict.fromkeys(h))
+    # A later pair re-runs only the tests still undecided, and its session reports every other
+    # budget of the run as "budgeted, not recorded" (nodeid ""): a test of another pair recorded
+    # those, so that report is moot, as when shards are merged (results.merge_results).
+    recorded = {(key, metric) for h in heads for (_, key, metric), r in h.items() if not is_unrecorded_budget(r)}
+    for cid in [c for c in order if not c[0] and (c[1], c[2]) in recorded]:
+        del order[cid]
     in_base = {c for b in bases for c in b}
     family = op_family_sizes((nodeid, metric) for nodeid, _, metric in order)
     context = _Context(budgets=budgets, policy=policy, final=final, min_pairs=min_pairs, pairs_left=pairs_left,
