@@ -60,6 +60,19 @@ TRANSFORMERS = "transformers==4.57.6"
 PLANTED = (("bert-train", "step_ms"), ("gpt2-serve", "token_ms"))
 SERVING = ("ttft_ms", "token_ms", "e2e_ms_p50", "e2e_ms_p90", "tokens_per_s")
 KINDS = {"aa": "main", "plant5": "plant5", "plant10": "plant10"}
+# One lever of the gate turned back at a time (issue 25's items), to say what each one buys:
+# extra environment, an edit committed on every branch (base and head alike), extra ab/pytest args.
+VARIANTS = {
+    "burst400": {"env": {"PERFBUDGET_TURNS_BURST_MS": "400"}},  # item 1: turns of 400 ms (was the default)
+    "rounds1": {"edit": ("tests_perf/test_gpt2.py", "perf.serve(gpt2.requests)",
+                         "perf.serve(gpt2.requests, rounds=1)")},  # item 4: one serving round per pair
+    # item 6: the BERT step counted under callgrind, both sides at once on both CPUs (a BERT step
+    # under callgrind takes ~1-2 s: 5 counted steps after 2 warm-up ones; transformers' import
+    # under valgrind takes minutes, hence the longer bound).
+    "counts": {"edit": ("tests_perf/test_bert.py", "def test_step(",
+                        "@pytest.mark.instructions(steps=5, warmup=2)\ndef test_step("),
+               "ab": ["--instructions", "--cpus", "all"], "pytest": ["-m", "instructions"], "max_minutes": 30},
+}
 MAX_MINUTES = 10
 
 MODELS = '''\
@@ -365,27 +378,48 @@ def summarise(results: dict, kind: str) -> dict:
     checks = {}
     for r in results["records"]:
         base = {**(r.get("base") or {}), **((r.get("extra") or {}).get("ab") or {})}  # results schema 2 / 1
-        if base.get("compared") and r.get("kind") in ("timing", "rate"):
+        if base.get("compared") and (r.get("kind") in ("timing", "rate") or r.get("metric") == "instructions"):
             checks[f"{r['key']}.{r['metric']}"] = {"outcome": r["outcome"], "ratio": base.get("ratio"),
                                                    "pairs": base.get("pair_ratios", []), "sd": base.get("sd")}
     return checks
 
 
-def run(work: Path, kind: str, runs: int) -> None:
+def variant_branch(repo: Path, branch: str, variant: str | None) -> str:
+    """``branch`` with the variant's edit committed on top (made once, kept), or ``branch`` itself."""
+    edit = VARIANTS[variant].get("edit") if variant else None
+    if not edit:
+        return branch
+    name = f"{branch}-{variant}"
+    if sh(["git", "rev-parse", "--verify", "-q", name], cwd=repo, check=False, capture=True).returncode != 0:
+        git(repo, "checkout", "-q", "-b", name, branch)
+        rel, old, new = edit
+        text = (repo / rel).read_text()
+        if old not in text:
+            raise SystemExit(f"{rel}: {old!r} not found: the variant {variant} cannot be applied")
+        (repo / rel).write_text(text.replace(old, new, 1))
+        git(repo, "-c", "user.name=u", "-c", "user.email=u@x", "commit", "-qam", f"variant {variant}")
+    return name
+
+
+def run(work: Path, kind: str, runs: int, variant: str | None = None) -> None:
     repo, env = work / "repo", venv_env(work)
     setup_info = json.loads((work / "setup.json").read_text())
+    spec = VARIANTS.get(variant or "", {})
+    env.update(spec.get("env", {}))
+    base, head = variant_branch(repo, "main", variant), variant_branch(repo, KINDS[kind], variant)
     for _ in range(runs):
-        git(repo, "checkout", "-q", KINDS[kind])
-        out = work / f"{kind}-{int(time.time())}.json"
+        git(repo, "checkout", "-q", head)
+        out = work / f"{kind}{'-' + variant if variant else ''}-{int(time.time())}.json"
         t0 = time.monotonic()
-        proc = sh(["perfbudget", "ab", "--base", "main", "--max-minutes", str(MAX_MINUTES), "--out", str(out),
-                   "--", "tests_perf"], cwd=repo, env=env, check=False)
+        proc = sh(["perfbudget", "ab", "--base", base, "--max-minutes", str(spec.get("max_minutes", MAX_MINUTES)),
+                   *spec.get("ab", []),
+                   "--out", str(out), "--", "tests_perf", *spec.get("pytest", [])], cwd=repo, env=env, check=False)
         wall = time.monotonic() - t0
         ident = sh(["perfbudget", "show", "--identity"], cwd=repo, env=env, capture=True).stdout.strip()
         if not out.exists():
             raise SystemExit(f"perfbudget ab exited {proc.returncode} without results: see its output above")
         results = json.loads(out.read_text())
-        row = {"kind": kind, "exit": proc.returncode, "wall_s": round(wall),
+        row = {"kind": kind, "variant": variant, "exit": proc.returncode, "wall_s": round(wall),
                "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                "identity": ident, "commit_of_perfbudget": setup_info["perfbudget_commit"],
                "pairs": (results.get("meta", {}).get("ab") or {}).get("pairs"),
@@ -427,6 +461,39 @@ def moved_by_plant(check: str) -> bool:
         metric in ("step_ms", "throughput_samples_per_s") or metric.endswith("[aten::mm]")))
 
 
+def _decided(checks: dict) -> int:
+    return sum(c["outcome"] in ("pass", "fail", "stale") for c in checks.values())
+
+
+def _aa_groups(runs: list[dict]) -> dict[tuple, list[dict]]:
+    out: dict[tuple, list[dict]] = {}
+    for row in runs:
+        if row["kind"] == "aa":
+            out.setdefault((row.get("variant"), row["identity"], row["commit_of_perfbudget"]), []).append(row)
+    return out
+
+
+def _group_of(check: str) -> str:
+    metric = check.split(".", 1)[1]
+    if metric.split("[")[0] in SERVING:
+        return "serving"
+    return "operators" if metric.startswith("op_") else "compile" if metric.startswith("compile") else "steps"
+
+
+def _pooled_by_group(rows: list[dict]) -> dict[str, float]:
+    """Per-pair sd of ln(head/base) pooled over the runs' checks of each group (sum of squares over df)."""
+    acc: dict[str, list[float]] = {}
+    for row in rows:
+        for k, c in row["checks"].items():
+            if len(c["pairs"]) > 1:
+                ys = [math.log(x) for x in c["pairs"]]
+                mean = sum(ys) / len(ys)
+                ss_df = acc.setdefault(_group_of(k), [0.0, 0.0])
+                ss_df[0] += sum((y - mean) ** 2 for y in ys)
+                ss_df[1] += len(ys) - 1
+    return {g: math.sqrt(ss / df) for g, (ss, df) in acc.items() if df > 0}
+
+
 def write_table() -> None:
     data = json.loads(RESULTS.read_text())
     lines = ["# A user-size repository under the A/B gate (CPU)", "",
@@ -445,7 +512,7 @@ def write_table() -> None:
     for i, row in enumerate(data["runs"], 1):
         checks = row["checks"]
         plant = row.get("plant")
-        decided = sum(c["outcome"] in ("pass", "fail", "stale") for c in checks.values())
+        decided = _decided(checks)
         failed = sorted(k for k, c in checks.items() if c["outcome"] == "fail")
         false = [k for k in failed if not (plant and moved_by_plant(k))]
         planted = [f"{k}.{m}" for k, m in PLANTED]
@@ -454,15 +521,26 @@ def write_table() -> None:
                if k.split(".")[-1] in SERVING and len(c["pairs"]) > 1]
         plant_txt = f"+{plant['bert_plant']:.1%} / +{plant['decode_plant']:.1%}" if plant else "none"
         caught = ("yes" if row["exit"] == 1 and failed and not false else "no") if plant else "-"
-        cells = [f"{row['kind']} {i}", row["date"], row["identity"], row["commit_of_perfbudget"],
+        cells = [f"{row['kind']}{' (' + row['variant'] + ')' if row.get('variant') else ''} {i}", row["date"], row["identity"], row["commit_of_perfbudget"],
                  row.get("burst_ms"), row.get("prior"), row["exit"], row["wall_s"], row["pairs"], row["stop"],
                  f"{decided} of {len(checks)} ({_pct(decided / max(1, len(checks)))})",
                  ", ".join(f"`{k}`" for k in failed) or "none", len(false), plant_txt, caught, read,
                  f"{max(sds):.1%}" if sds else "-"]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    lines += ["", "A/A runs by variant (one of the gate's levers turned back, `--variant`; none: the defaults) and",
+              "machine: pooled per-pair sd of ln(head/base) by group of checks (steps and throughput, per-operator,",
+              "serving, compile time), timing checks decided, wall time.", "",
+              "| variant | machine | perfbudget | A/As | decided (mean) | wall s (mean) | steps | operators | serving | "
+              "compile |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for (variant, ident, commit), rows in _aa_groups(data["runs"]).items():
+        pooled = _pooled_by_group(rows)
+        decided = statistics.mean(_decided(r["checks"]) / max(1, len(r["checks"])) for r in rows)
+        cells = [variant or "none", ident, commit, len(rows), _pct(decided), round(statistics.mean(r["wall_s"] for r in rows)),
+                 *(f"{pooled[g]:.1%}" if g in pooled else "-" for g in ("steps", "operators", "serving", "compile"))]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     undecided: dict[str, int] = {}
     for row in data["runs"]:
-        if row["kind"] == "aa":
+        if row["kind"] == "aa" and not row.get("variant"):
             for k, c in row["checks"].items():
                 if c["outcome"] not in ("pass", "fail", "stale"):
                     undecided[k] = undecided.get(k, 0) + 1
@@ -482,6 +560,7 @@ def main() -> int:
     p = sub.add_parser("run")
     p.add_argument("kind", choices=tuple(KINDS))
     p.add_argument("--runs", type=int, default=1)
+    p.add_argument("--variant", choices=tuple(VARIANTS), help="one of the gate's levers turned back (see VARIANTS)")
     p.add_argument("--work", type=Path, default=DEFAULT_WORK)
     p = sub.add_parser("calibrate")
     p.add_argument("--work", type=Path, default=DEFAULT_WORK)
@@ -490,7 +569,7 @@ def main() -> int:
     if args.cmd == "setup":
         setup(args.work)
     elif args.cmd == "run":
-        run(args.work, args.kind, args.runs)
+        run(args.work, args.kind, args.runs, args.variant)
     elif args.cmd == "calibrate":
         calibrate(args.work)
     else:
