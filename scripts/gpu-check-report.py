@@ -53,7 +53,7 @@ def load(path: Path) -> dict | None:
 
 def unfinished(path: Path) -> bool:
     data = load(path)
-    return data is None or "unfinished" in data.get("meta", {})
+    return data is None or bool(data.get("meta", {}).get("unfinished"))
 
 
 def junit(path: Path) -> list[tuple[str, str, float, str]] | None:
@@ -96,7 +96,7 @@ def part_line(name: str, status: str, wall: str, bound: str, note: str, folder: 
             bits.append(f"{len(tests)} test(s) recorded")
         outcomes = Counter(r.get("outcome") for r in records)
         bits.append(f"{len(records)} records (" + ", ".join(f"{n} {o}" for o, n in sorted(outcomes.items())) + ")")
-        if "unfinished" in results.get("meta", {}):
+        if results.get("meta", {}).get("unfinished"):
             bits.append("unfinished: the records of the tests finished before the kill")
         ab = results.get("meta", {}).get("ab")
         if isinstance(ab, dict):
@@ -190,7 +190,7 @@ def rehearsal_check(out: Path, unpacked: Path) -> list[str]:
         data = load(run / folder / "results.json")
         if data is None or not data.get("records"):
             problems.append(f"{folder}/results.json: missing, unreadable or without records")
-        elif finished and "unfinished" in data.get("meta", {}):
+        elif finished and bool(data.get("meta", {}).get("unfinished")):
             problems.append(f"{folder}/results.json: unfinished")
     if not list((run / "budgets").glob("*.yaml")):
         problems.append("budgets/: the update pass wrote no budget file")
