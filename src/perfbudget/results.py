@@ -452,7 +452,9 @@ class RunInfo:
         return _decode_fields(cls, data, "meta")
 
     def as_dict(self) -> dict[str, Any]:
-        return _encode_fields(self)
+        """The JSON form; what a run does not have is left out (no ``ab`` key outside an A/B run, no
+        ``unfinished`` once it finished), as earlier writers did for readers that test a key's presence."""
+        return {k: v for k, v in _encode_fields(self).items() if v is not None and not (k == "sources" and not v)}
 
 
 @dataclass(kw_only=True)
