@@ -67,7 +67,7 @@ def test_summary_names_each_parts_state_and_a_cut_off_results_file(report: Modul
     assert "a/a      skipped" in text and "no git on this machine" in text
     assert report.unfinished(run / "update" / "results.json")
     assert report.unfinished(run / "check" / "results.json"), "a missing file counts as cut off"
-    # A finished run's file (schema 3) says ``"unfinished": null``: finished.
+    # A finished run's file says nothing of being unfinished, or (a reader's own copy) null: finished.
     (run / "check").mkdir()
     (run / "check" / "results.json").write_text(json.dumps(
         {"schema": 3, "meta": {"mode": "check", "unfinished": None}, "records": [record]}))

@@ -70,6 +70,8 @@ def pytest_perfbudget_results(config: pytest.Config, results: Results, path: Pat
     Args:
         config: the pytest config.
         results: every record of the run (``results.records``), including the budgets
-            that applied but that no test recorded, and ``results.meta``.
+            that applied but that no test recorded, and ``results.meta``, the run's
+            :class:`~perfbudget.results.RunInfo` (typed since results schema 3: ``results.meta.mode``,
+            ``results.meta.ab``; ``results.as_dict()["meta"]`` is the JSON form).
         path: the results JSON file.
     """

@@ -227,7 +227,9 @@ def _pytest_options(path: Path) -> dict[str, object] | None:
 
 def pytest_cli(args: Sequence[str]) -> dict[str, object]:
     """The settings among a pytest command line (``--budgets-dir DIR``, ``--perf-strict``), for a
-    ``perfbudget`` command that runs pytest with it and must read it as pytest does."""
+    ``perfbudget`` command that runs pytest with it and must read it as pytest does. Only the
+    arguments given: ``-o``/``-c`` overrides and ``addopts``/``PYTEST_ADDOPTS`` are not read (the
+    ini file the command finds is, through :func:`for_folder`)."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--budgets-dir", dest="budgets_dir", default=None)
     parser.add_argument("--perf-strict", dest="strict", action="store_const", const=True, default=None)

@@ -174,6 +174,7 @@ def test_a_later_pairs_report_of_budgets_its_tests_did_not_record_is_moot() -> N
     cmp = compare_pairs([pair(first, first), pair(again, again)], budgets=budgets(), final=True)
     assert [(r.nodeid, r.key, r.metric, r.outcome) for r in cmp.records] == [
         (quiet, "enc", "flops", "pass"), (noisy, "n", "step_ms", "pass"), ("", "gone", "step_ms", "not_measured")]
+    assert cmp.base_only == ()  # the base's pair 2 reported the same: not a check only the base has
 
 
 def test_a_check_one_side_lists_in_some_pairs_only_is_not_compared_there() -> None:

@@ -143,7 +143,8 @@ def compare_pairs(
     # budget of the run as "budgeted, not recorded" (nodeid ""): a test of another pair recorded
     # those, so that report is moot, as when shards are merged (results.merge_results).
     recorded = {(key, metric) for h in heads for (_, key, metric), r in h.items() if not is_unrecorded_budget(r)}
-    for cid in [c for c in order if not c[0] and (c[1], c[2]) in recorded]:
+    moot = {c for side in (*heads, *bases) for c in side if not c[0] and (c[1], c[2]) in recorded}
+    for cid in moot & set(order):
         del order[cid]
     in_base = {c for b in bases for c in b}
     family = op_family_sizes((nodeid, metric) for nodeid, _, metric in order)
@@ -170,7 +171,7 @@ def compare_pairs(
             inconclusive.append(cid)
         elif state == "not compared":
             not_compared.append(cid)
-    base_only = tuple(dict.fromkeys(c for b in bases for c in b if c not in order))
+    base_only = tuple(dict.fromkeys(c for b in bases for c in b if c not in order and c not in moot))
     return Comparison(records=_with_moved_operators(records), undecided=tuple(undecided), inconclusive=tuple(inconclusive),
                       beyond_reach=tuple(beyond),
                       not_compared=tuple(not_compared), base_only=base_only)

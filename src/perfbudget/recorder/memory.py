@@ -31,7 +31,7 @@ class Memory(RecorderCore):
 
         Measures the configuration it is given: pass the timed workload's own phases (its
         precision policy, its batch) so the memory budget describes what is timed. See
-        :func:`perfbudget.measure.peaks_of.peak_by_phase` for what is counted on each device.
+        :func:`perfbudget.measure.memory.peak_by_phase` for what is counted on each device.
 
         Args:
             forward: returns the loss.

@@ -120,7 +120,7 @@ def _how(results: Results, links: CommentLinks) -> str:
         how = f"Lockstep A/B against `{ab.base_commit[:12]}`"
         if ab.merge_base and ab.base_ref:
             how += f" (merge-base with `{ab.base_ref}`)"
-        if ab.valid_pairs:
+        if ab.pairs or ab.valid_pairs:  # pairs run, of which these were used (0 when every one was lost)
             how += f", {ab.valid_pairs} process pair{'s' if ab.valid_pairs != 1 else ''}"
     elif has_base(results.records):
         how = "Lockstep A/B against the base commit"
