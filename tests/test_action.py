@@ -32,8 +32,8 @@ from perfbudget.cli import build_parser as perfbudget_parser
 from perfbudget.cli import main as perfbudget_main
 from perfbudget.device import DeviceInfo
 from perfbudget.report import COMMENT_MARKER
-from perfbudget.results import Record, Results, load_results
-from perfbudget.vocabulary import Outcome
+from perfbudget.results import ABRunInfo, Record, Results, RunInfo, load_results
+from perfbudget.vocabulary import Outcome, RunMode
 
 ROOT = Path(__file__).resolve().parents[1]
 ACTION = ROOT / "action.yml"
@@ -168,7 +168,7 @@ def ab_run(repo: Path, *, base: str, head: str, step_ms: float, flops: float) ->
     ab = {"base_ref": "main", "base_commit": base, "merge_base": True, "head_commit": head,
           "valid_pairs": 3}
     return Results(records=merged.records,
-                   meta={"budgets_dir": str(repo / "budgets"), "mode": "ab", "ab": ab})
+                   meta=RunInfo(budgets_dir=str(repo / "budgets"), mode=RunMode.AB, ab=ABRunInfo(**ab)))
 
 
 @dataclass

@@ -17,8 +17,8 @@ from perfbudget.budgets.loader import load_dir
 from perfbudget.cli import EXIT_INPUT, EXIT_OK, EXIT_REGRESSION, diff_results, explain_budgets, main
 from perfbudget.device import DeviceInfo
 from perfbudget.exitcodes import ExitCode
-from perfbudget.results import load_results
-from perfbudget.vocabulary import Outcome
+from perfbudget.results import ABRunInfo, RunInfo, load_results
+from perfbudget.vocabulary import Outcome, RunMode
 
 DATA = Path(__file__).parent / "data" / "results"
 REGRESSION, BASE, AB = str(DATA / "regression.json"), str(DATA / "base.json"), str(DATA / "ab.json")
@@ -278,7 +278,7 @@ def ab_file(path: Path, head_commit: str | None, *, key: str = "enc", flops: flo
 
     record = Record(nodeid=f"t.py::test_{key}", key=key, metric="flops", outcome=Outcome.FAIL,
                     value=flops, n=1, device=RUNNER, kind="exact", direction="lower")
-    meta = {"mode": "ab", "ab": {"head_commit": head_commit}} if head_commit else {"mode": "check"}
+    meta = RunInfo(mode=RunMode.AB, ab=ABRunInfo(head_commit=head_commit)) if head_commit else RunInfo()
     Results(records=[record], meta=meta).write(path)
     return str(path)
 

@@ -14,8 +14,16 @@ from perfbudget.cli import main
 from perfbudget.device import DeviceInfo
 from perfbudget.report import COMMENT_MARKER, CommentLinks, accept_command, pr_comment
 from perfbudget.report.common import deciding, interval_text
-from perfbudget.results import BaseSide, BudgetRef, Record, Results, load_results
-from perfbudget.vocabulary import Outcome
+from perfbudget.results import (
+    ABRunInfo,
+    BaseSide,
+    BudgetRef,
+    Record,
+    Results,
+    RunInfo,
+    load_results,
+)
+from perfbudget.vocabulary import Outcome, RunMode
 
 DATA = Path(__file__).parent / "data" / "results"
 CPU = DeviceInfo(type="cpu", model="Test CPU", count=2, threads=1, cpuid="6/207/2",
@@ -76,7 +84,9 @@ def test_the_comment_of_an_ab_run_reads_at_a_glance() -> None:
     assert lines[1] == "### ❌ perf: 3 fail, 1 unbudgeted, 2 stale, 1 unmeasurable, 6 pass"
     assert lines[3] == ("Lockstep A/B against the base commit on "
                         "`cpu AMD EPYC 7763 64-Core Processor (1 thread)` · "
-                        "[HTML report](https://ci/artifact/1) · [history](https://pages/history)")
+                        "[HTML report and results](https://ci/artifact/1) · [history](https://pages/history)")
+    # The results are where the report is unless a link of their own is given (the accept
+    # command below reads them from there): the same line from the action and from the CLI.
     rows = [line for line in lines if line.startswith("| ❌")]
     # One comparison per check, the headline metric before the per-operator ones.
     assert rows == [
@@ -118,7 +128,7 @@ def test_inconclusive_and_error_rows_and_a_clean_run() -> None:
     ab = {"head_commit": SHA, "base_commit": "f" * 40, "base_ref": "main", "merge_base": True,
           "valid_pairs": 6}
     error = "budgets: budgets/cpu.yaml:4: flops: expected a number"
-    results = Results(meta={"ab": ab}, records=[
+    results = Results(meta=RunInfo(mode=RunMode.AB, ab=ABRunInfo(**ab)), records=[
         rec("step_ms", "inconclusive", 10.4, budget=10.0,
             base=ab_side(1.04, (1.01, 1.07), detectable=0.062)),
         rec("flops", "error", 1.0, kind="exact", reason=error),
@@ -144,11 +154,11 @@ def test_inconclusive_and_error_rows_and_a_clean_run() -> None:
 def test_the_accept_command_names_what_the_reader_has(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    ab = Results(meta={"ab": {"head_commit": SHA},
-                       "budgets_dir": str(tmp_path / "perf" / "budgets")})
+    ab = Results(meta=RunInfo(mode=RunMode.AB, ab=ABRunInfo(head_commit=SHA),
+                          budgets_dir=str(tmp_path / "perf" / "budgets")))
     assert accept_command(ab, "results ab.json") == \
         f"perfbudget accept 'results ab.json' --budgets-dir perf/budgets --reason {WHY}"
-    stored = Results(meta={"budgets_dir": str(tmp_path / "budgets")})
+    stored = Results(meta=RunInfo(budgets_dir=str(tmp_path / "budgets")))
     assert accept_command(stored, "r.json", commit="abc1234") == \
         f"perfbudget accept r.json --commit abc1234 --reason {WHY}"
 

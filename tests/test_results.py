@@ -48,7 +48,7 @@ def test_the_json_form_has_one_key_per_field_and_reads_back(tmp_path: Path) -> N
     assert list(d["base"]) == [f.name for f in fields(BaseSide)]
     assert list(d["device"]) == [f.name for f in fields(DeviceInfo)]
     assert d["samples"] == [41.0, "nan", "inf"] and d["ref_ms"] == "nan" and d["ci"] == [40.0, 43.0]
-    path = Results(records=[FULL], meta={"mode": "check"}).write(tmp_path / "r.json")
+    path = Results(records=[FULL], meta=RunInfo()).write(tmp_path / "r.json")
     data = json.loads(path.read_text())
     assert data["schema"] == RESULTS_SCHEMA == 3
     assert data["meta"] == {"mode": "check", "errors": []}  # what the run has not, it does not write

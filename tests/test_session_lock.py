@@ -15,7 +15,7 @@ from perfbudget.settings import Settings
 
 
 def make(tmp_path: Path) -> PerfSession:
-    return PerfSession(rootdir=tmp_path, settings=Settings(budgets_dir=tmp_path / "budgets"), strict=False,
+    return PerfSession(rootdir=tmp_path, settings=Settings(budgets_dir=tmp_path / "budgets"),
                        judging=Stored(), allow_loosen=False, json_path=tmp_path / "results.json", is_worker=False)
 
 

@@ -45,6 +45,8 @@ __all__ = ["Comments", "GitHubEnv", "GitHubError", "check_command", "main", "pre
 
 #: Comments read per page (the API's largest page).
 _PER_PAGE = 100
+#: Seconds to wait for one answer of the comments API.
+_TIMEOUT_S = 30.0
 
 
 class GitHubError(RuntimeError):
@@ -116,6 +118,12 @@ class GitHubEnv:
         sha = base.get("sha") if isinstance(base, dict) else None
         return sha if isinstance(sha, str) else ""
 
+    def append_summary(self, text: str) -> None:
+        """Append Markdown to the job summary (``GITHUB_STEP_SUMMARY``), when set."""
+        if self.step_summary is not None:
+            with self.step_summary.open("a", encoding="utf-8") as fh:
+                fh.write(text)
+
     def set_outputs(self, **values: str) -> None:
         """Append ``name=value`` lines to ``GITHUB_OUTPUT`` (the step's outputs), when set."""
         if self.output is not None:
@@ -127,8 +135,7 @@ class Comments:
     """A pull request's comments through the REST API: ours found by its marker, then updated
     in place, or created."""
 
-    def __init__(self, api_url: str, repository: str, token: str, *,
-                 timeout_s: float = 30.0) -> None:
+    def __init__(self, api_url: str, repository: str, token: str) -> None:
         if urllib.parse.urlsplit(api_url).scheme not in ("http", "https"):
             raise ValueError(f"GITHUB_API_URL: expected an http(s) URL, got {api_url!r}")
         if repository.count("/") != 1:
@@ -138,7 +145,6 @@ class Comments:
                              "(token: ${{ github.token }})")
         self.base = f"{api_url.rstrip('/')}/repos/{repository}"
         self.token = token
-        self.timeout_s = timeout_s
 
     def _call(self, method: str, url: str, body: Mapping[str, Any] | None = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
@@ -148,7 +154,7 @@ class Comments:
             headers["Content-Type"] = "application/json"
         request = urllib.request.Request(url, data=data, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+            with urllib.request.urlopen(request, timeout=_TIMEOUT_S) as response:
                 return json.loads(response.read() or b"null")
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode("utf-8", "replace")[:300]
@@ -156,8 +162,8 @@ class Comments:
         except (urllib.error.URLError, OSError) as exc:
             raise GitHubError(f"{method} {url}: no answer: {exc}") from None
 
-    def find(self, number: int, marker: str = COMMENT_MARKER) -> Mapping[str, Any] | None:
-        """The first comment of pull request ``number`` whose body starts with ``marker``."""
+    def find(self, number: int) -> Mapping[str, Any] | None:
+        """The first comment of pull request ``number`` whose body starts with :data:`COMMENT_MARKER`."""
         url = f"{self.base}/issues/{number}/comments"
         page = 1
         while True:
@@ -165,16 +171,16 @@ class Comments:
             if not isinstance(got, list):
                 raise GitHubError(f"GET {url}: expected a list, got {got!r:.100}")
             for c in got:
-                if isinstance(c, dict) and str(c.get("body") or "").startswith(marker):
+                if isinstance(c, dict) and str(c.get("body") or "").startswith(COMMENT_MARKER):
                     return c
             if len(got) < _PER_PAGE:
                 return None
             page += 1
 
-    def upsert(self, number: int, body: str, marker: str = COMMENT_MARKER) -> tuple[str, str]:
+    def upsert(self, number: int, body: str) -> tuple[str, str]:
         """Update our comment on pull request ``number`` in place, or create it; returns
         ``("updated" or "created", the comment's URL)``."""
-        found = self.find(number, marker)
+        found = self.find(number)
         if found is not None:
             action = "updated"
             done = self._call("PATCH", f"{self.base}/issues/comments/{found['id']}", {"body": body})
@@ -214,9 +220,8 @@ def check_command(*, mode: str, results: str, env: GitHubEnv, base: str = "", te
 def _run(args: argparse.Namespace, env: GitHubEnv) -> int:
     argv = check_command(mode=args.mode, results=args.results, env=env, base=args.base,
                          tests=args.tests, pytest_args=args.pytest_args, ab_args=args.ab_args)
-    shallow = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], capture_output=True,
-                             text=True).stdout.strip() == "true"
-    if args.mode == "ab" and shallow:
+    if args.mode == "ab" and subprocess.run(["git", "rev-parse", "--is-shallow-repository"], capture_output=True,
+                                            text=True).stdout.strip() == "true":
         # The base commit and the merge-base must be in the clone; a default checkout is shallow.
         subprocess.run(["git", "fetch", "--quiet", "--unshallow"], check=False)
     Path(args.results).parent.mkdir(parents=True, exist_ok=True)
@@ -240,9 +245,7 @@ def prepare(results_path: Path, out: Path, *, title: str, env: GitHubEnv) -> tup
     atomic_write(out / "report.md", summary)
     atomic_write(out / "report.html", render_html(results, title=title))
     atomic_write(out / "junit.xml", junit_xml(results))
-    if env.step_summary is not None:
-        with env.step_summary.open("a", encoding="utf-8") as fh:
-            fh.write(summary + "\n")
+    env.append_summary(summary + "\n")
     failed = bool(regressions(results.records))
     env.set_outputs(dir=str(out), results=str(kept), failed=str(failed).lower())
     return kept, results
@@ -252,10 +255,8 @@ def _prepare(args: argparse.Namespace, env: GitHubEnv) -> int:
     try:
         kept, results = prepare(Path(args.results), Path(args.out), title=args.title, env=env)
     except ValueError as exc:
-        if env.step_summary is not None:
-            with env.step_summary.open("a", encoding="utf-8") as fh:
-                fh.write(f"## ⚠️ {args.title}: no results\n\n{exc}\n\n"
-                         "See the log of the step that runs the checks.\n")
+        env.append_summary(f"## ⚠️ {args.title}: no results\n\n{exc}\n\n"
+                           "See the log of the step that runs the checks.\n")
         raise
     print(f"perfbudget: {len(results.records)} records; summary written; upload {kept.parent}")
     return ExitCode.OK
@@ -269,7 +270,7 @@ def _comment(args: argparse.Namespace, env: GitHubEnv) -> int:
     results_path = Path(args.results)
     results = load_results(results_path)
     links = CommentLinks(report_url=args.report_url, history_url=args.history_url,
-                         results_url=args.results_url or args.report_url)
+                         results_url=args.results_url)
     body = pr_comment(results, title=args.title, links=links, results_name=results_path.name,
                       commit=env.sha or None)
     try:

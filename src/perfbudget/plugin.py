@@ -225,7 +225,7 @@ class PerfPlugin:
         except ValueError as exc:
             _fail(str(exc))
         config = JudgeConfig(
-            strict=ps.strict, judging=ps.judging, policy=VerdictPolicy(),
+            strict=ps.settings.strict, judging=ps.judging, policy=VerdictPolicy(),
             preflight=preflight_check(spec.device, max_load_per_core=ps.settings.max_load).problems,
             stable_identity=stable,
         )

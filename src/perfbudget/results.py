@@ -437,7 +437,7 @@ class RunInfo:
     """Set while the run has not finished (a checkpoint after each test): why the file may lack records."""
     shards: int | None = None
     """Merged from this many shards (``perfbudget merge``, xdist workers)."""
-    sources: tuple[str, ...] = ()
+    sources: tuple[str, ...] | None = None
     """The files merged into these results."""
     ab: ABRunInfo | None = None
     """A lockstep A/B run's account (:attr:`mode` ``ab``)."""
@@ -454,7 +454,7 @@ class RunInfo:
     def as_dict(self) -> dict[str, Any]:
         """The JSON form; what a run does not have is left out (no ``ab`` key outside an A/B run, no
         ``unfinished`` once it finished), as earlier writers did for readers that test a key's presence."""
-        return {k: v for k, v in _encode_fields(self).items() if v is not None and not (k == "sources" and not v)}
+        return {k: v for k, v in _encode_fields(self).items() if v is not None}
 
 
 @dataclass(kw_only=True)
@@ -463,11 +463,6 @@ class Results:
 
     records: list[Record] = field(default_factory=list)
     meta: RunInfo = field(default_factory=RunInfo)
-    """A mapping given here is read as the JSON form (:meth:`RunInfo.from_dict`)."""
-
-    def __post_init__(self) -> None:
-        if isinstance(self.meta, Mapping):
-            self.meta = RunInfo.from_dict(self.meta)
 
     def as_dict(self) -> dict[str, Any]:
         return {"schema": RESULTS_SCHEMA, "meta": self.meta.as_dict(), "records": [r.as_dict() for r in self.records]}

@@ -57,16 +57,23 @@ def add_options(parser: pytest.Parser) -> None:
             parser.addini(f.metadata["ini"], f.metadata["help"], default=str(f.default))
 
 
+_SETTINGS = pytest.StashKey[Settings]()
+
+
 def settings_of(config: pytest.Config) -> Settings:
     """The run's settings from its command line, environment and ini file (the one rule of
-    :meth:`Settings.resolve`); a bad value is a usage error naming where it came from."""
-    ini = {f.metadata["ini"]: config.getini(f.metadata["ini"]) for f in _INI_FIELDS}
-    try:
-        return Settings.resolve(cli={"budgets_dir": config.getoption("--budgets-dir"),
-                                     "strict": config.getoption("--perf-strict") or None}, ini=ini,
-                                ini_file=str(config.inipath or "ini"), root=Path(str(config.rootpath)))
-    except ValueError as exc:
-        raise pytest.UsageError(str(exc)) from None
+    :meth:`Settings.resolve`), resolved once per run; a bad value is a usage error naming where it
+    came from."""
+    if _SETTINGS not in config.stash:
+        ini = {f.metadata["ini"]: config.getini(f.metadata["ini"]) for f in _INI_FIELDS}
+        try:
+            config.stash[_SETTINGS] = Settings.resolve(
+                cli={"budgets_dir": config.getoption("--budgets-dir"),
+                     "strict": config.getoption("--perf-strict") or None},
+                ini=ini, ini_file=str(config.inipath or "ini"), root=Path(str(config.rootpath)))
+        except ValueError as exc:
+            raise pytest.UsageError(str(exc)) from None
+    return config.stash[_SETTINGS]
 
 
 @dataclass
@@ -76,7 +83,6 @@ class PerfSession:
     rootdir: Path
     settings: Settings
     """Budgets folder, threads, load limit, stable machine, reports: resolved once (:func:`settings_of`)."""
-    strict: bool
     judging: Judging
     """The run's way of judging (stored budgets, budget update, one side of an A/B run), chosen once."""
     allow_loosen: bool
@@ -118,7 +124,6 @@ class PerfSession:
         return cls(
             rootdir=root,
             settings=settings,
-            strict=settings.strict,
             judging=judging,
             allow_loosen=bool(config.getoption("--allow-loosen")),
             json_path=Path(json_arg) if json_arg else root / ".perfbudget" / "results.json",

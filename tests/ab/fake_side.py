@@ -56,7 +56,7 @@ def main(results: str) -> int:
     if getattr(fakelib, "EXTRA", False):  # a check only the head has
         records.append(Record(metric="latency_ms[extra]", outcome="pass", value=1.0, samples=(1.0, 1.0, 1.0), n=3,
                               unit="ms", kind="timing", direction="lower", **common))  # type: ignore[arg-type]
-    Results(records=records, meta={}).write(results)
+    Results(records=records).write(results)
     with open(results + ".bursts.json", "w") as fh:
         json.dump({"bursts": bursts, "cpus": sorted(os.sched_getaffinity(0))}, fh)
     return 0

@@ -16,7 +16,8 @@ from perfbudget.budgets.noise import CheckNoise, NoiseTable, load_noise, noise_p
 from perfbudget.budgets.schema import BudgetError
 from perfbudget.cli import main
 from perfbudget.device import DeviceInfo
-from perfbudget.results import BaseSide, Record, Results
+from perfbudget.results import ABRunInfo, BaseSide, Record, Results, RunInfo
+from perfbudget.vocabulary import RunMode
 
 DEV = DeviceInfo(type="cpu", model="Test CPU", count=2, threads=1, cpuid="25/17/1", isa_class="avx2")
 ID = DEV.identity
@@ -35,8 +36,8 @@ def ab_results(checks: dict[str, tuple[float, ...]], *, head: str = "a" * 40, ba
     recs += [Record(nodeid=NODE, key="enc", metric=m, outcome="unbudgeted", value=1000.0 * r, device=DEV, kind="count",
                     base=BaseSide(value=1000.0, ratio=r, pairs=1))
              for m, r in (counts or {}).items()]
-    return Results(records=recs, meta={"mode": "ab", "ab": {"head_commit": head, "base_commit": base,
-                                                                            "burst_ms": 100.0}})
+    return Results(records=recs, meta=RunInfo(mode=RunMode.AB, ab=ABRunInfo(head_commit=head, base_commit=base,
+                                                                             burst_ms=100.0)))
 
 
 def test_calibration_pools_each_checks_per_pair_spread_about_its_runs_own_mean() -> None:

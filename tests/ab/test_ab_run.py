@@ -341,12 +341,16 @@ def step():
 """
 
 
-@pytest.mark.parametrize("strict", [False, True])
+@pytest.mark.parametrize(("how", "strict"), [({}, False), ({"strict": True}, True),
+                                             ({"pytest_args": ("tests", "--perf-strict")}, True)])
 def test_an_unresolvable_check_is_inconclusive_and_fails_only_under_strict(
-        make_repo: Callable[..., Path], strict: bool) -> None:
+        make_repo: Callable[..., Path], how: dict[str, object], strict: bool) -> None:
+    # Strict from `perfbudget ab --perf-strict`, or from --perf-strict among the pytest args as the
+    # sides' pytest reads it.
     repo = make_repo({"src/fakelib/__init__.py": UNRESOLVABLE_LIB,
                       "budgets/cpu.yaml": BUDGETS.replace("ab_tolerance: 0.2", "ab_tolerance: 0.0")})
-    result = run(repo, min_pairs=1, max_pairs=2, strict=strict)
+    result = run(repo, min_pairs=1, max_pairs=2, **how)
+    assert result.results.meta.ab is not None and result.results.meta.ab.strict is strict
     step = next(r for r in result.results.records if r.metric == "step_ms")
     assert step.outcome == "inconclusive" and step.base is not None and step.base.pairs == 2, step.reason
     assert "inconclusive, not decided on the estimate" in step.reason and "could resolve changes beyond +" in step.reason

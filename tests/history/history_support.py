@@ -6,7 +6,8 @@ import math
 from collections.abc import Sequence
 
 from perfbudget.device import DeviceInfo
-from perfbudget.results import BaseSide, Record, Results
+from perfbudget.results import ABPolicyInfo, ABRunInfo, BaseSide, Record, Results, RunInfo
+from perfbudget.vocabulary import RunMode
 
 DEVICE = DeviceInfo(type="cpu", model="Test CPU", count=2, threads=1, cpuid="6/207/2", isa_class="avx2")
 """A machine with an identity (``cpu-test-cpu-6-207-2-avx2``)."""
@@ -25,7 +26,7 @@ def date(i: int) -> str:
 
 def stored_results(step_ms: float, *, flops: float = 1e9) -> Results:
     """A stored-mode run: one timing check and one exact check."""
-    return Results(meta={"mode": "check"}, records=[
+    return Results(meta=RunInfo(), records=[
         Record(nodeid=NODE, key="encoder-train", metric="step_ms", outcome="pass", value=step_ms,
                ci=(step_ms * 0.99, step_ms * 1.01), n=30, unit="ms", kind="timing", direction="lower", device=DEVICE),
         Record(nodeid=NODE, key="encoder-train", metric="flops", outcome="pass", value=flops, unit="flop",
@@ -44,8 +45,8 @@ def ab_results(head: str, base: str, pair_ratios: Sequence[float], *, step_ms: f
                          ratio_ci=(math.exp(mean - half), math.exp(mean + half)), pairs=n,
                          pair_ratios=tuple(pair_ratios), tolerance=0.05, tolerance_from="default for timing", sd=sd,
                          df=3.0 + n - 1 if df is None else df, confidence=0.95)
-    return Results(meta={"mode": "ab", "ab": {"head_commit": head, "base_commit": base,
-                                              "policy": {"prior_df": 3.0}}}, records=[
+    return Results(meta=RunInfo(mode=RunMode.AB, ab=ABRunInfo(head_commit=head, base_commit=base,
+                                                                policy=ABPolicyInfo(prior_df=3.0))), records=[
         Record(nodeid=NODE, key="encoder-train", metric="step_ms", outcome="pass", value=step_ms, unit="ms",
                kind="timing", direction="lower", device=DEVICE, base=base_side),
     ])

@@ -24,8 +24,8 @@ from perfbudget.history import (
     checks_from_results,
     run_of,
 )
-from perfbudget.results import load_results
-from perfbudget.vocabulary import Outcome
+from perfbudget.results import ABPolicyInfo, ABRunInfo, RunInfo, load_results
+from perfbudget.vocabulary import Outcome, RunMode
 
 
 def run(i: int, *, mode: str = "stored", machine: str | None = None) -> Run:
@@ -208,8 +208,8 @@ def test_records_as_perfbudget_ab_merges_them_are_kept_with_their_standard_error
                          base=Results(records=[rec("step_ms", 10.0), rec("flops", 1e9)]))
              for r in (1.03, 1.01, 1.02)]
     merged = compare_pairs(pairs, budgets=BudgetSet(root=tmp_path / "budgets"), final=True).records
-    path = Results(records=merged, meta={"mode": "ab", "ab": {"head_commit": sha(2), "base_commit": sha(1),
-                                                               "policy": {"prior_df": 3.0}}}).write(tmp_path / "ab.json")
+    path = Results(records=merged, meta=RunInfo(mode=RunMode.AB, ab=ABRunInfo(
+        head_commit=sha(2), base_commit=sha(1), policy=ABPolicyInfo(prior_df=3.0)))).write(tmp_path / "ab.json")
     results = load_results(path)
     checks = {c.metric: c for c in checks_from_results(results)}
     step = next(r for r in results.records if r.metric == "step_ms")

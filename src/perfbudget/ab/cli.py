@@ -18,7 +18,6 @@ from typing import Any, TextIO
 from ..exitcodes import ExitCode
 from ..judging import DEFAULT_AB_PRECISION
 from ..results import Record
-from ..settings import for_folder, pytest_cli
 from ..vocabulary import Outcome, count_outcomes, tally_text
 from .pairs import parse_cpus
 from .run import ABConfig, ABRun, UsageError, run_ab
@@ -115,8 +114,7 @@ def cmd_ab(args: argparse.Namespace, out: TextIO) -> int:
         config = ABConfig(root=root, base=args.base, merge_base=args.merge_base, min_pairs=pairs[0],
                           max_pairs=pairs[1], max_minutes=args.max_minutes, cpus=cpus,
                           out=Path(args.out).resolve() if args.out else None, pytest_args=tuple(pytest_args),
-                          strict=for_folder(root, cli={**pytest_cli(pytest_args),
-                                                       "strict": args.perf_strict or None}).strict,
+                          strict=args.perf_strict,
                           allow_missing_base=args.allow_missing_base, precision=args.precision or None,
                           instructions=args.instructions)
     except (UsageError, GitError, ValueError) as exc:  # ValueError: a bad --cpus

@@ -32,7 +32,7 @@ from ..measure.instructions import INSTALL_HINT, build_helper
 from ..measure.unmeasurable import Unmeasurable
 from ..metrics import op_metric
 from ..results import ABPolicyInfo, ABRunInfo, Results, RunInfo, load_results
-from ..settings import RunSpec, for_folder
+from ..settings import RunSpec, for_folder, pytest_cli
 from ..vocabulary import Outcome, RunMode, StrEnum
 from .merge import Comparison, PairRecords, compare_pairs
 from .pairs import PairRun, SideCommand, SideSetup, one_cpu, pytest_command, run_pair
@@ -84,7 +84,8 @@ class ABConfig:
             with ``instructions``), ``()`` not pinned (e.g. when the measured code needs several
             host threads).
         policy: the A/B decision settings.
-        strict: an inconclusive check fails the run (``perfbudget ab --perf-strict``).
+        strict: an inconclusive check fails the run (``perfbudget ab --perf-strict``; also when
+            ``--perf-strict`` is among the pytest args or the ini file sets ``perfbudget_strict``).
         allow_missing_base: a base that cannot run is judged as "not compared" against the
             stored budgets (``--allow-missing-base``); otherwise it is an error.
         precision: the half-width each statistical check's within-pair ratio samples to
@@ -195,8 +196,12 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
     t0 = time.monotonic()
     deadline = t0 + config.max_minutes * 60.0
     root = config.root.resolve()
-    try:  # resolved once: both sides get the burst length, and the results keep it (a calibration holds for it)
-        settings = for_folder(root, cli={"burst_ms": config.burst_ms})
+    try:  # resolved once, as the sides' pytest would (its args' options too); both sides get the burst length,
+        # and the results keep it (a calibration holds for it)
+        cli = {**pytest_cli(config.pytest_args), "burst_ms": config.burst_ms}
+        if config.strict:
+            cli["strict"] = True
+        settings = for_folder(root, cli=cli)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     burst_ms = settings.burst_ms
@@ -263,7 +268,7 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
     results = Results(records=comparison.records, meta=replace(head_meta, mode=RunMode.AB, ab=ABRunInfo(
         base_ref=config.base, base_commit=base.commit, merge_base=base.merge_base, head_commit=head,
         pairs=len(runs), valid_pairs=len(records), invalid_pairs=invalid, min_pairs=config.min_pairs,
-        max_pairs=config.max_pairs, stopped=stopped, strict=config.strict,
+        max_pairs=config.max_pairs, stopped=stopped, strict=settings.strict,
         allow_missing_base=config.allow_missing_base, wall_s=round(wall_s, 3), cpus=tuple(cpus), burst_ms=burst_ms,
         compared=sum(1 for r in comparison.records if r.vs_base is not None),
         not_compared=len(comparison.not_compared), base_only=tuple(comparison.base_only),
@@ -277,7 +282,7 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
     first_head = runs[0].sides["head"].returncode if runs else None
     if first_head == 4 and not comparison.records:
         code = ExitCode.USAGE  # pytest's own usage error: the pytest args are wrong
-    elif bad or head_failed or missing_base or not comparison.records or (config.strict and comparison.inconclusive):
+    elif bad or head_failed or missing_base or not comparison.records or (settings.strict and comparison.inconclusive):
         code = ExitCode.FAILED
     else:
         code = ExitCode.OK

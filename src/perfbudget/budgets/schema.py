@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +18,6 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
-
-#: Keys a ``provenance:`` block may hold (written by the updater).
-PROVENANCE_FIELDS = ("device", "identity", "torch", "samples", "date", "commit", "cv", "noise",
-                     "threads", "ref_ms", "reason")
-
 
 class BudgetError(ValueError):
     """Bad budget input, naming file, line (when known), key path and value.
@@ -101,6 +96,10 @@ class Provenance:
 
     def as_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in PROVENANCE_FIELDS if getattr(self, k) is not None}
+
+
+#: Keys a ``provenance:`` block may hold (written by the updater): the fields of :class:`Provenance`.
+PROVENANCE_FIELDS = tuple(f.name for f in fields(Provenance))
 
 
 @dataclass(frozen=True, kw_only=True)

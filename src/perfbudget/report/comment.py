@@ -14,6 +14,7 @@ from ..vocabulary import Outcome
 from .common import (
     DECIDING_COLUMNS,
     OUTCOME_ORDER,
+    REGRESSION_OUTCOMES,
     deciding,
     deciding_cells,
     device_label,
@@ -52,7 +53,11 @@ class CommentLinks:
     history_url: str = ""
     """The main branch's history page."""
     results_url: str = ""
-    """The results file the accept command reads (or the artifact holding it)."""
+    """The results file the accept command reads (or the artifact holding it); empty: the report's."""
+
+    @property
+    def results(self) -> str:
+        return self.results_url or self.report_url
 
 
 def accept_command(results: Results, results_name: str, *, commit: str | None = None) -> str:
@@ -96,7 +101,7 @@ def pr_comment(results: Results, *, title: str = "perf", links: CommentLinks | N
     look = sorted((r for r in records if r.outcome in _NEEDS_A_LOOK),
                   key=lambda r: (OUTCOME_ORDER.get(r.outcome, 9), r.key,
                                  op_of(r.metric) is not None, r.metric))
-    bad = any(r.outcome in (Outcome.FAIL, Outcome.ERROR) for r in look)
+    bad = any(r.outcome in REGRESSION_OUTCOMES for r in look)
     head = "❌" if bad else "❔" if look else "✅"
     lines = [COMMENT_MARKER, f"### {head} {title}: {summary_line(records)}", "",
              _how(results, links), ""]
@@ -127,9 +132,9 @@ def _how(results: Results, links: CommentLinks) -> str:
     else:
         how = "Against the stored budgets"
     parts = [how + " on " + ", ".join(f"`{d}`" for d in devices(results.records))]
-    same = links.report_url and links.report_url == links.results_url
+    same = links.report_url and links.report_url == links.results
     named = (("HTML report and results" if same else "HTML report", links.report_url),
-             ("history", links.history_url), ("results", "" if same else links.results_url))
+             ("history", links.history_url), ("results", "" if same else links.results))
     for label, url in named:
         if url:
             parts.append(f"[{label}]({url})")
@@ -146,7 +151,7 @@ def _moved(records: Sequence[Record], shown: set[tuple[str, str]]) -> list[str]:
     not an operator check the table above already shows as a row."""
     out: list[str] = []
     for t in failing_tests(records):
-        moves = [m for m in t.moves if (t.key, f"{m.family}[{m.op}]") not in shown]
+        moves = [m for m in t.moves if (t.key, m.metric) not in shown]
         found = [move_line(m) for m in moves[:_MAX_MOVES]] + t.attribution[:_MAX_MOVES + 1]
         if found:
             out.append(f"- `{t.key}` moved: " + "; ".join(md_cell(x.strip()) for x in found))
@@ -182,7 +187,7 @@ def _groups(records: Sequence[Record]) -> list[str]:
 
 def _accept(results: Results, links: CommentLinks, results_name: str,
             commit: str | None) -> list[str]:
-    url = links.results_url or links.report_url
+    url = links.results
     where = f"[the results]({url})" if url else "the results file"
     return [f"**Accept this change** after review: with {where} (`{results_name}`) in this "
             "branch's checkout, run", "",

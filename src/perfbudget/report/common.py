@@ -115,9 +115,12 @@ def ci_text(ci: tuple[float, float] | None, fmt: Any = fmt_value) -> str:
 
 def record_ci_text(r: Record) -> str:
     """The record's CI, with its coverage when that is not the usual 95 % (per-operator families)."""
-    text = ci_text(r.ci)
-    c = r.ci_confidence
-    return f"{text} ({100 * c:.4g}%)" if r.ci and c is not None and abs(c - 0.95) > 1e-9 else text
+    return _with_coverage(ci_text(r.ci), r.ci_confidence if r.ci else None)
+
+
+def _with_coverage(text: str, confidence: float | None) -> str:
+    """``text`` with its interval's coverage when that is not the usual 95 % (``(99.6%)``)."""
+    return f"{text} ({100 * confidence:.4g}%)" if confidence is not None and abs(confidence - 0.95) > 1e-9 else text
 
 
 def cv_text(r: Record) -> str:
@@ -189,7 +192,11 @@ def base_cells(r: Record) -> list[str]:
 
 def detectable_text(b: BaseSide) -> str:
     """``±3.1%``: the minimum detectable effect of an A/B check, ``-`` when not computed."""
-    return "-" if b.detectable is None or not math.isfinite(b.detectable) else f"±{b.detectable:.1%}"
+    return _detectable(b.detectable)
+
+
+def _detectable(x: float | None) -> str:
+    return "-" if x is None or not math.isfinite(x) else f"±{x:.1%}"
 
 
 def base_text(r: Record) -> str:
@@ -285,8 +292,7 @@ def deciding_cells(r: Record, *, md: bool = True) -> list[str]:
     budget = r.budget.value if r.budget is not None else None
     if d.against == "budget" and budget is not None:
         change += f" ({fmt_value(r.value, r.unit)} vs {fmt_value(budget, r.unit)})"
-    b = r.vs_base
-    resolve = detectable_text(b) if d.against == "base" and b is not None else "-"
+    resolve = _detectable(d.detectable)
     return [against, change, interval_text(d), resolve, fmt_tolerance(d.tolerance)]
 
 
@@ -294,9 +300,7 @@ def interval_text(d: Deciding) -> str:
     """``+6.1% to +11.0%``, with its coverage when that is not 95 %; ``exact`` without one."""
     if d.interval is None:
         return "exact"
-    text = f"{d.interval[0]:+.1%} to {d.interval[1]:+.1%}"
-    c = d.confidence
-    return f"{text} ({100 * c:.4g}%)" if c is not None and abs(c - 0.95) > 1e-9 else text
+    return _with_coverage(f"{d.interval[0]:+.1%} to {d.interval[1]:+.1%}", d.confidence)
 
 
 # --------------------------------------------------------------------------- order and grouping

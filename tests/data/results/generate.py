@@ -25,7 +25,7 @@ from perfbudget.measure.operators import OpRow
 from perfbudget.measure.padding import PaddingStats
 from perfbudget.metrics import parse_name
 from perfbudget.recorder import PerfRecorder
-from perfbudget.results import BaseSide, Record, Results
+from perfbudget.results import BaseSide, Record, Results, RunInfo
 
 HERE = Path(__file__).parent
 CPU = DeviceInfo(type="cpu", model="AMD EPYC 7763 64-Core Processor", count=2, torch="2.13.0+cpu",
@@ -156,7 +156,7 @@ def _vs_base(head: Record, base: Record | None) -> Record:
 
 
 def main() -> None:
-    meta = {"budgets_dir": "budgets"}
+    meta = RunInfo(budgets_dir="budgets")
     base = run(slow_addmm=1.0, seed=1)
     new = run(slow_addmm=1.45, seed=2)
     Results(records=base, meta=meta).write(HERE / "base.json")
@@ -165,7 +165,7 @@ def main() -> None:
     Results(records=[r for r in new if "test_encoder" not in r.nodeid], meta=meta).write(HERE / "shard-2.json")
     by_metric = {(r.key, r.metric): r for r in base}
     ab = [_vs_base(r, by_metric.get((r.key, r.metric))) for r in new]
-    Results(records=ab, meta={**meta, "base": "base.json"}).write(HERE / "ab.json")
+    Results(records=ab, meta=meta).write(HERE / "ab.json")
     for r, a in zip(new, ab, strict=True):
         print(f"{r.key:18} {r.metric:36} {r.outcome:13} vs base: {a.outcome}")
 
