@@ -19,7 +19,8 @@ def test_sm_occupancy_and_kernels(perf, encoder_train: TrainStep) -> None:
 
 def test_gpm_utilisation(perf, encoder_train: TrainStep) -> None:
     def window() -> None:
-        for _ in range(50):
+        # Ten of the CUDA-size (128x512) steps: a window GPM samples whole, about a second.
+        for _ in range(10):
             encoder_train.step()
         encoder_train.sync()
 
