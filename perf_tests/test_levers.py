@@ -10,7 +10,9 @@ import torch.nn.functional as F
 from fixtures.data import LengthSample
 from fixtures.plant import plant
 from fixtures.workloads import build_encoder
+from perfbudget.measure.memory import PhasePeaks, peak_by_phase
 from torchlevers import (
+    MixedPrecision,
     PerLayerClipper,
     PrecisionPolicy,
     clip_global_norm,
@@ -74,6 +76,32 @@ def test_precision_policy_on_overflow_prone_model(perf) -> None:
                 attribution=[f"whole-model fp16: {bad_whole}/{steps} steps non-finite"])
     mean = lambda rs: float(np.mean([r.loss for r in rs]))  # noqa: E731
     perf.record("loss_drift", abs(mean(layered) - mean(fp32)) / mean(fp32))
+
+
+@pytest.mark.budget("lever-precision-memory")
+def test_precision_memory_saving(perf, device: str) -> None:
+    """Peak memory of the encoder's first training step under the layered bf16 policy vs fp32."""
+
+    def first_step(dtype: str) -> PhasePeaks:
+        w = build_encoder(device)  # fresh: the step measured allocates the optimizer state
+        if isinstance(w.precision, MixedPrecision):  # the GPU's own bf16 policy, replaced below
+            w.precision.remove()
+        # Both sides through the policy (fp32: autocast off), so only the dtype differs.
+        w.precision = PrecisionPolicy(dtype=dtype).apply(w.model)
+        batch = w.make_batch()
+        return peak_by_phase(lambda: w.forward_loss(batch), backward=w.backward_and_step,
+                             device=device, warmup=0)
+
+    peaks: dict[str, PhasePeaks] = {}
+    for dtype in ("bf16", "fp32") * 2:  # the first round takes process-wide lazy allocations (cuBLAS workspace)
+        peaks[dtype] = first_step(dtype)
+    bf16, fp32 = peaks["bf16"], peaks["fp32"]
+    seen = [f"{d}: forward {p.forward_mib:.2f} MiB, backward+optimizer {p.backward_mib:.2f} MiB "
+            "(counted from the step's start: weights left out)" for d, p in peaks.items()]
+    perf.record("ratio[peak_memory_bf16_vs_fp32]", bf16.peak_mib / fp32.peak_mib, attribution=seen)
+    # The activations autocast keeps in bf16: what the step's peak shows once they outweigh
+    # the gradients and optimizer state allocated at the step.
+    perf.record("ratio[forward_peak_memory_bf16_vs_fp32]", bf16.forward_mib / fp32.forward_mib, attribution=seen)
 
 
 @pytest.mark.cpu
