@@ -218,6 +218,26 @@ def _round(metric: str, value: float) -> float | int:
     return float(f"{value:.4g}")
 
 
+#: The stem of a budget file the updater names itself: one path segment, no ``..``.
+_FILE_STEM = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+
+
+def _new_file(root: Path, stem: str, measured: Measured) -> Path:
+    """``root/<stem>.yaml``, refused unless ``stem`` is one plain segment and the resolved file lies
+    in ``root``: the stem comes from a results file, which a pull request's code may have written.
+
+    Raises:
+        BudgetError: naming the record's key, metric and the stem.
+    """
+    path = root / f"{stem}.yaml"
+    inside = _FILE_STEM.fullmatch(stem) and ".." not in stem and \
+        path.resolve().parent == root.resolve()
+    if not inside:
+        raise BudgetError(f"{measured.key}.{measured.metric}: refusing to write a budget file outside "
+                          f"the budgets folder: the device fields make its name {stem!r}", path=root)
+    return path
+
+
 def _target(measured: Measured, budgets: BudgetSet) -> tuple[Path, dict[str, Any]]:
     """The file a measured value belongs in, and the device block for a new file.
 
@@ -237,12 +257,13 @@ def _target(measured: Measured, budgets: BudgetSet) -> tuple[Path, dict[str, Any
         broad = [f for f in matching if f.selector and f.selector.specificity == 1]
         if broad:
             return broad[0].path, {}
-        return budgets.root / f"{info.type}.yaml", {"type": info.type}
+        return _new_file(budgets.root, info.type, measured), {"type": info.type}
     if metric.per_isa and info.isa_class:
         by_isa = [f for f in matching if f.selector and set(f.selector.as_dict()) == {"type", "isa_class"}]
         if by_isa:
             return by_isa[0].path, {}
-        return budgets.root / f"{info.type}-isa-{info.isa_class}.yaml", {"type": info.type, "isa_class": info.isa_class}
+        return _new_file(budgets.root, f"{info.type}-isa-{info.isa_class}", measured), \
+            {"type": info.type, "isa_class": info.isa_class}
     named = [f for f in matching if f.selector and "identity" in f.selector.as_dict()]
     if named:
         return named[0].path, {}
@@ -253,7 +274,7 @@ def _target(measured: Measured, budgets: BudgetSet) -> tuple[Path, dict[str, Any
         selector["model"] = info.model
     if info.type == "cpu" and info.threads:
         selector["threads"] = info.threads
-    return budgets.root / f"{device_file_stem(info)}.yaml", selector
+    return _new_file(budgets.root, device_file_stem(info), measured), selector
 
 
 def _raw_doc(text: str | None, selector: dict[str, Any]) -> dict[str, Any]:
