@@ -1,4 +1,4 @@
-"""Triton LayerNorm kernels with fp32 statistics (forward and backward), wrapped in an autograd Function.
+"""Triton LayerNorm kernels with fp32 statistics (forward and backward), registered as the custom operators ``torchlevers::ln_fwd``/``ln_bwd``.
 
 Import this module only when a Triton kernel is wanted: ``triton.jit`` decides at
 decoration time whether kernels run compiled (GPU) or under the interpreter, so on a
@@ -13,8 +13,9 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
+from torch.utils._python_dispatch import _disable_current_modes
 
-__all__ = ["INTERPRET", "MAX_FEATURES", "TritonLayerNormFn", "supports"]
+__all__ = ["INTERPRET", "MAX_FEATURES", "layer_norm", "ln_bwd", "ln_fwd", "problem"]
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 """Kernels were decorated for the Triton interpreter (CPU tensors allowed)."""
@@ -88,15 +89,6 @@ def _ln_bwd(
     tl.store(DB_part + pid * N + cols, db_acc, mask=cmask)
 
 
-def supports(x: torch.Tensor, n: int) -> bool:
-    """Whether these kernels can take ``x`` normalised over its last ``n`` elements."""
-    if n > MAX_FEATURES or x.numel() == 0:
-        return False
-    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        return False
-    return x.is_cuda or (INTERPRET and x.device.type == "cpu")
-
-
 def _num_programs(x: torch.Tensor, m: int) -> int:
     if x.is_cuda:
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count
@@ -121,48 +113,117 @@ def _interpretable(t: torch.Tensor) -> torch.Tensor:
     return t.float() if INTERPRET and t.dtype == torch.bfloat16 else t
 
 
-class TritonLayerNormFn(torch.autograd.Function):
-    """LayerNorm over the last dim of a 2-D (rows, N) tensor; output in the input dtype."""
+# Registered as custom operators so that torch.compile treats each as one opaque op: dynamo
+# never traces into the launch (where a dynamic row width made ``num_warps`` symbolic, which
+# dynamo cannot launch with), and the launch runs on real tensors whose shapes are Python
+# ints. Autograd through ``register_autograd`` rather than an autograd.Function around the
+# ops: torch's custom-op guide warns that the latter composition has been silently wrong
+# under torch.compile, and opcheck tests the registration.
+@torch.library.custom_op(
+    "torchlevers::ln_fwd", mutates_args=(),
+    schema="(Tensor x, Tensor? weight, Tensor? bias, float eps) -> (Tensor, Tensor, Tensor)",
+)
+def ln_fwd(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """LayerNorm over the last dim of a 2-D (rows, N) tensor: (y in x's dtype, fp32 mean, fp32 rstd)."""
+    xk = _interpretable(x.contiguous())
+    m, n = xk.shape
+    y = torch.empty_like(xk)
+    mean = torch.empty(m, dtype=torch.float32, device=x.device)
+    rstd = torch.empty(m, dtype=torch.float32, device=x.device)
+    block = triton.next_power_of_2(n)
+    # Placeholders for absent affine parameters: never read (HAS_W/HAS_B are False).
+    w = _interpretable(weight) if weight is not None else xk
+    b = _interpretable(bias) if bias is not None else xk
+    _ln_fwd[(m,)](
+        xk, y, w, b, mean, rstd, xk.stride(0), y.stride(0), n, eps,
+        HAS_W=weight is not None, HAS_B=bias is not None, BLOCK_N=block, num_warps=_num_warps(block),
+    )
+    return y.to(x.dtype), mean, rstd
 
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
-        out_dtype = x.dtype
-        x = _interpretable(x.contiguous())
-        m, n = x.shape
-        y = torch.empty_like(x)
-        mean = torch.empty(m, dtype=torch.float32, device=x.device)
-        rstd = torch.empty(m, dtype=torch.float32, device=x.device)
-        block = triton.next_power_of_2(n)
-        # Placeholders for absent affine parameters: never read (HAS_W/HAS_B are False).
-        w = weight if weight is not None else x
-        b = bias if bias is not None else x
-        _ln_fwd[(m,)](
-            x, y, w, b, mean, rstd, x.stride(0), y.stride(0), n, eps,
-            HAS_W=weight is not None, HAS_B=bias is not None, BLOCK_N=block, num_warps=_num_warps(block),
-        )
-        ctx.save_for_backward(x, weight, mean, rstd)
-        ctx.bias_dtype = bias.dtype if bias is not None else None
-        ctx.out_dtype = out_dtype
-        return y.to(out_dtype)
 
-    @staticmethod
-    def backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
-        x, weight, mean, rstd = ctx.saved_tensors
-        dy = _interpretable(dy.contiguous())
-        m, n = x.shape
-        dx = torch.empty_like(x)
-        progs = _num_programs(x, m)
-        rows_per_prog = -(-m // progs)
-        dw_part = torch.empty((progs, n), dtype=torch.float32, device=x.device)
-        db_part = torch.empty((progs, n), dtype=torch.float32, device=x.device)
-        _ln_bwd[(progs,)](
-            x, dy, dx, weight if weight is not None else x, mean, rstd, dw_part, db_part,
-            x.stride(0), dy.stride(0), dx.stride(0), m, n, rows_per_prog,
-            HAS_W=weight is not None, BLOCK_N=triton.next_power_of_2(n),
-            num_warps=_num_warps(triton.next_power_of_2(n)),
+@ln_fwd.register_fake
+def _ln_fwd_fake(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    m, n = x.shape
+    return x.new_empty((m, n)), x.new_empty((m,), dtype=torch.float32), x.new_empty((m,), dtype=torch.float32)
+
+
+@torch.library.custom_op(
+    "torchlevers::ln_bwd", mutates_args=(),
+    schema="(Tensor dy, Tensor x, Tensor? weight, Tensor mean, Tensor rstd) -> (Tensor, Tensor, Tensor)",
+)
+def ln_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, mean: torch.Tensor, rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of :func:`ln_fwd`'s y: (dx in x's dtype, fp32 dw, fp32 db), dw/db summed over rows."""
+    xk = _interpretable(x.contiguous())
+    dyk = _interpretable(dy.contiguous())
+    m, n = xk.shape
+    dx = torch.empty_like(xk)
+    progs = _num_programs(xk, m)
+    rows_per_prog = -(-m // progs)
+    dw_part = torch.empty((progs, n), dtype=torch.float32, device=x.device)
+    db_part = torch.empty((progs, n), dtype=torch.float32, device=x.device)
+    block = triton.next_power_of_2(n)
+    _ln_bwd[(progs,)](
+        xk, dyk, dx, _interpretable(weight) if weight is not None else xk, mean, rstd, dw_part, db_part,
+        xk.stride(0), dyk.stride(0), dx.stride(0), m, n, rows_per_prog,
+        HAS_W=weight is not None, BLOCK_N=block, num_warps=_num_warps(block),
+    )
+    return dx.to(x.dtype), dw_part.sum(0), db_part.sum(0)
+
+
+@ln_bwd.register_fake
+def _ln_bwd_fake(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, mean: torch.Tensor, rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    m, n = x.shape
+    return x.new_empty((m, n)), mean.new_empty((n,)), mean.new_empty((n,))
+
+
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]) -> None:
+    x, weight, bias, _ = inputs
+    _, mean, rstd = output
+    # x in its own (small) dtype: the backward recomputes x_hat, as native LayerNorm does.
+    ctx.save_for_backward(x, weight, mean, rstd)
+    ctx.bias_dtype = bias.dtype if bias is not None else None
+    ctx.mark_non_differentiable(mean, rstd)
+
+
+def _backward(ctx: Any, dy: torch.Tensor, _dmean: Any, _drstd: Any) -> tuple[Any, ...]:
+    x, weight, mean, rstd = ctx.saved_tensors
+    dx, dw, db = torch.ops.torchlevers.ln_bwd(dy, x, weight, mean, rstd)
+    dw = dw.to(weight.dtype) if weight is not None and ctx.needs_input_grad[1] else None
+    db = db.to(ctx.bias_dtype) if ctx.bias_dtype is not None and ctx.needs_input_grad[2] else None
+    return dx, dw, db, None
+
+
+ln_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """LayerNorm over the last dim of a 2-D (rows, N) tensor through ``torchlevers::ln_fwd``; output in x's dtype."""
+    return torch.ops.torchlevers.ln_fwd(x, weight, bias, eps)[0]
+
+
+def problem(device: torch.device, dtype: torch.dtype, n: int) -> str | None:
+    """Why these kernels cannot take ``dtype`` tensors on ``device`` normalised over ``n`` elements, or None.
+
+    On a CUDA device this compiles and runs both kernels once on a small tensor, so a device
+    or dtype this Triton cannot compile for is found here, not inside a user's model.
+    """
+    if n > MAX_FEATURES:
+        return f"{n} features; the kernels take at most {MAX_FEATURES}"
+    if dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return f"dtype {dtype}; the kernels take float16, bfloat16 and float32"
+    if device.type == "cpu":
+        return None if INTERPRET else (
+            "a CPU tensor needs the Triton interpreter: set TRITON_INTERPRET=1 before "
+            "torchlevers._triton_layernorm is first imported"
         )
-        dw = dw_part.sum(0).to(weight.dtype) if weight is not None and ctx.needs_input_grad[1] else None
-        db = None
-        if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
-            db = db_part.sum(0).to(ctx.bias_dtype)
-        return dx.to(ctx.out_dtype), dw, db, None
+    if device.type != "cuda":
+        return f"device {device}; the kernels run on CUDA devices (and on CPU under TRITON_INTERPRET=1)"
+    # Real tensors even when asked under a fake or meta mode (non-strict export, a dry run).
+    with _disable_current_modes():
+        try:
+            x = torch.ones((2, 16), device=device, dtype=dtype)
+            _, mean, rstd = ln_fwd(x, None, None, 1e-5)
+            ln_bwd(x, x, None, mean, rstd)
+        except Exception as exc:  # any failure to compile or launch is the reason
+            return f"triton {triton.__version__} cannot run them on {device} ({dtype}): {type(exc).__name__}: {exc}"
+    return None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import re
+import warnings
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -77,46 +79,77 @@ def triton_available() -> bool:
     return torch.cuda.is_available() and importlib.util.find_spec("triton") is not None
 
 
+_TRITON_MIN = (3, 6)
+_problems: dict[tuple[torch.device, torch.dtype, int], str | None] = {}
+_warned: set[str] = set()
+
+
+# Marked constant, like _warn_fallback below: torch.compile runs it as plain Python while
+# tracing and bakes the answer into the graph, so no import, version check or probe launch
+# runs per forward and none breaks a compiled graph.
+@torch.compiler.assume_constant_result
+def _triton_problem(device: torch.device, dtype: torch.dtype, n: int) -> str | None:
+    """Why the Triton kernels cannot take this input (None if they can); found once per key."""
+    key = (device, dtype, n)
+    if key not in _problems:
+        _problems[key] = _find_triton_problem(device, dtype, n)
+    return _problems[key]
+
+
+def _find_triton_problem(device: torch.device, dtype: torch.dtype, n: int) -> str | None:
+    try:
+        import triton
+    except ImportError as exc:
+        return f"triton cannot be imported ({exc}); pip install 'triton>=3.6'"
+    version = tuple(int(p) for p in re.findall(r"\d+", triton.__version__)[:2])
+    if version < _TRITON_MIN:
+        return f"triton {triton.__version__} is older than 3.6; pip install 'triton>=3.6'"
+    from torchlevers import _triton_layernorm
+
+    return _triton_layernorm.problem(device, dtype, n)
+
+
+@torch.compiler.assume_constant_result
+def _warn_fallback(problem: str) -> bool:
+    """Warn, once per reason, that backend="auto" runs the PyTorch path."""
+    if problem not in _warned:
+        _warned.add(problem)
+        warnings.warn(f"fp32_stats_layer_norm: backend='auto' uses PyTorch, not Triton: {problem}", stacklevel=2)
+    return True
+
+
 def select_backend(x: torch.Tensor, normalized_numel: int, backend: Backend = "auto") -> Literal["triton", "torch"]:
     """Pick the implementation for ``x``.
+
+    The checks run once per (device, dtype, width); under ``torch.compile`` they run while
+    tracing, never in the compiled graph.
 
     Args:
         x: the input.
         normalized_numel: number of elements each row is normalised over.
-        backend: "auto" = Triton for CUDA tensors when Triton is installed and the row
-            fits one block, PyTorch otherwise; "triton"/"torch" force one.
+        backend: "auto" = Triton for CUDA tensors, PyTorch for other devices; a CUDA input
+            the kernels cannot take (triton missing or older than 3.6, a dtype other than
+            fp16/bf16/fp32, more than 16384 features, a device this Triton cannot compile
+            for) runs PyTorch too, with one warning per reason. "triton"/"torch" force one.
+            An empty input always runs PyTorch.
 
     Returns:
         "triton" or "torch".
 
     Raises:
-        RuntimeError: ``backend="triton"`` for a tensor the kernels cannot run on, with the fix.
+        RuntimeError: ``backend="triton"`` for a tensor the kernels cannot run on, with the reason.
     """
     if backend not in _BACKENDS:
         raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
-    if backend == "torch":
+    if backend == "torch" or (backend == "auto" and not x.is_cuda) or x.numel() == 0:
         return "torch"
-    if backend == "auto":
-        if not (x.is_cuda and triton_available()):
-            return "torch"
-        from torchlevers import _triton_layernorm as tk
-
-        return "triton" if tk.supports(x, normalized_numel) else "torch"
-    if importlib.util.find_spec("triton") is None:
-        raise RuntimeError("backend='triton' but triton is not installed (pip install triton)")
-    from torchlevers import _triton_layernorm as tk
-
-    if not tk.supports(x, normalized_numel):
-        if x.device.type == "cpu" and not tk.INTERPRET:
-            raise RuntimeError(
-                "backend='triton' on a CPU tensor needs the Triton interpreter: set "
-                "TRITON_INTERPRET=1 before torchlevers._triton_layernorm is first imported"
-            )
-        raise RuntimeError(
-            f"backend='triton' cannot take this input (device {x.device}, dtype {x.dtype}, "
-            f"{normalized_numel} features; at most {tk.MAX_FEATURES}); use backend='auto'"
-        )
-    return "triton"
+    problem = _triton_problem(x.device, x.dtype, normalized_numel)
+    if problem is None:
+        return "triton"
+    if backend == "triton":
+        raise RuntimeError(f"backend='triton' cannot take this input: {problem}; use backend='auto' or 'torch'")
+    _warn_fallback(problem)
+    return "torch"
 
 
 def fp32_stats_layer_norm(
@@ -153,9 +186,9 @@ def fp32_stats_layer_norm(
     w = weight.reshape(n) if weight is not None else None
     b = bias.reshape(n) if bias is not None else None
     if select_backend(x, n, backend) == "triton":
-        from torchlevers._triton_layernorm import TritonLayerNormFn
+        from torchlevers._triton_layernorm import layer_norm
 
-        y = TritonLayerNormFn.apply(x2, w, b, eps)
+        y = layer_norm(x2, w, b, eps)
     else:
         y = _TorchLayerNormFn.apply(x2, w, b, eps)
     return y.reshape(x.shape)

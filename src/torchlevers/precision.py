@@ -198,10 +198,17 @@ def _optimizer_params(optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor
         yield from group["params"]
 
 
+# Marked constant: torch.compile cannot trace the C probe behind it, so it runs the probe
+# while tracing and keeps the answer, and autocast_off compiles with fullgraph=True.
+@torch.compiler.assume_constant_result
+def _autocast_available(device_type: str) -> bool:
+    return torch.amp.is_autocast_available(device_type)
+
+
 def autocast_off(device_type: str) -> contextlib.AbstractContextManager[Any]:
     """A context that turns autocast off on ``device_type``; nothing to turn off where the
     device type has no autocast (``meta``, on which the levers are dry-run, among them)."""
-    if torch.amp.is_autocast_available(device_type):
+    if _autocast_available(device_type):
         return torch.autocast(device_type, enabled=False)
     return contextlib.nullcontext()
 
