@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from perfbudget.budgets import load_dir
+from perfbudget.budgets.update import apply_updates
 from perfbudget.decision_text import decision_text
 from perfbudget.device import DeviceInfo
 from perfbudget.extras import OperatorMoves
 from perfbudget.judge import Judge, JudgeConfig
+from perfbudget.judging import Stored, Update
 from perfbudget.measure import instructions as ins
+from perfbudget.measure.measurement import Passes
 from perfbudget.measure.unmeasurable import Unmeasurable
-from perfbudget.recorder import CountedSteps, PerfRecorder
+from perfbudget.recorder import CountedSteps, PerfRecorder, gpu
+from perfbudget.recorder.core import Timed
 
 # A machine with an identity, declared stable, so its stored timing budgets gate.
 ME = DeviceInfo(type="cpu", model="Test CPU", count=1, threads=1, cpuid="6/207/2", isa="avx2", isa_class="avx2")
@@ -226,3 +232,89 @@ def test_each_family_owns_registered_metrics_and_its_own_methods() -> None:
         owners = [f.__name__ for f in FAMILIES if name in vars(f)]
         assert len(owners) == 1, f"{name}: defined by {owners or 'no family'}"
     assert set(PerfRecorder.__mro__) >= set(FAMILIES)
+
+
+# -- a GPU step's device side -----------------------------------------------------------------
+
+H200_STEP = json.loads((Path(__file__).parent / "data" / "measure" / "h200-encoder-step.json").read_text())
+H200 = DeviceInfo(**H200_STEP["device"])
+
+
+def _gpu_recorder(budgets: Path, *, update: bool = False) -> PerfRecorder:
+    """A recorder on the H200 the reference samples come from, declared stable: its stored timing gates."""
+    judging = Update() if update else Stored()
+    judge = Judge("encoder-train", H200, load_dir(budgets), JudgeConfig(stable_identity=H200.identity, judging=judging))
+    return PerfRecorder(judge, nodeid="perf_tests/test_encoder.py::test_step_latency_and_throughput[cuda]")
+
+
+def _profiled_steps(*, steps: int, kernel_us: float) -> dict[str, Any]:
+    """A kineto trace of ``steps`` profiled steps, 1 ms apart: two kernels on two streams that
+    overlap by half of one, and a 10 us copy, each launched by its own host call."""
+    events: list[dict[str, Any]] = []
+    for i in range(steps):
+        t0 = 1000.0 * i
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i + 2}", "ts": t0, "dur": 1000})
+        for j, (cat, start, dur, stream) in enumerate((("kernel", 100, kernel_us, 7), ("kernel", 100 + kernel_us / 2,
+                                                        kernel_us, 13), ("gpu_memcpy", 800, 10, 7))):
+            corr = 10 * i + j
+            events.append({"ph": "X", "cat": "cuda_runtime", "name": "launch", "ts": t0 + 10 + j, "dur": 1,
+                           "args": {"correlation": corr}})
+            events.append({"ph": "X", "cat": cat, "name": f"{cat}{j}", "ts": t0 + start, "dur": dur,
+                           "args": {"correlation": corr, "stream": stream}})
+    return {"traceEvents": events}
+
+
+def _profiler_writing(monkeypatch: pytest.MonkeyPatch, trace: dict[str, Any]) -> None:
+    """The profiled pass needs a GPU: here the profiler writes a constructed trace (kineto's layout)."""
+    monkeypatch.setattr(gpu, "profile_steps", lambda step, *, trace_path, **kw: Path(trace_path).write_text(
+        json.dumps(trace)))
+
+
+def test_a_gpu_step_records_its_busy_time_kernels_and_idle_share_beside_the_wall_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # 200 us kernels overlapping by 100 us on two streams plus a 10 us copy: 310 us busy, 410 us summed.
+    _profiler_writing(monkeypatch, _profiled_steps(steps=10, kernel_us=200))
+    wall = Passes(lambda: Timed([0.62] * 30))
+    kernels, busy, idle = _gpu_recorder(tmp_path)._device_time(lambda: None, wall, explain=None)
+    assert (kernels.metric, kernels.value, kernels.outcome) == ("kernel_count", 2, "unbudgeted")
+    assert busy.metric == "step_device_ms" and busy.value == pytest.approx(0.31) and busy.n == 10
+    assert busy.outcome == "unbudgeted"  # device time gates on a GPU: a budget is asked for
+    assert busy.attribution == ("per step: 0.310 ms busy, 0.410 ms summed over streams, 2 kernels, "
+                                "1 copies and fills",)
+    assert idle.metric == "idle_share" and idle.value == pytest.approx(0.5) and idle.n == 30
+    assert idle.outcome == "advisory"  # from the wall clock: shown, never asked for
+
+
+def test_a_trace_without_device_work_leaves_the_device_time_unmeasurable(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    _profiler_writing(monkeypatch, {"traceEvents": [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "ts": 0, "dur": 5}]})
+    got = _gpu_recorder(tmp_path)._device_time(lambda: None, Passes(lambda: Timed([1.0] * 30)), explain=None)
+    assert [(v.metric, v.outcome) for v in got] == [("step_device_ms", "unmeasurable"), ("idle_share", "unmeasurable")]
+    assert "no kernel, copy or fill launched in 1 profiled steps" in got[0].reason
+
+
+def test_a_stored_gpu_check_after_an_update_gates_device_time_and_shows_wall_time(tmp_path: Path) -> None:
+    # The H200's encoder step: --update-budgets read 51.2 ms wall, the stored check minutes later
+    # on the same code 56.5 ms over its three rounds (the old rule failed it), while every
+    # operator's device time repeated within 0.1 %. The step's own device time predates its
+    # metric: aten::mm's device time per step, measured in the same passes, stands in for it.
+    wall, mm = H200_STEP["step_ms"], H200_STEP["op_self_ms[aten::mm]"]
+    update = _gpu_recorder(tmp_path, update=True)
+    update.record("step_ms", wall["update"])
+    update.record("step_device_ms", mm["pass1"])
+    written = apply_updates([m for r in update.records() if (m := r.measured()) is not None], load_dir(tmp_path))
+    assert not written.errors
+    assert {(c.metric, round(c.new, 2)) for c in written.changes} == {("step_ms", 51.2), ("step_device_ms", 4.09)}
+
+    check = _gpu_recorder(tmp_path)
+    step_ms = check.record("step_ms", wall["check"])
+    assert step_ms.outcome == "advisory" and step_ms.advice == "fail"  # shown as beyond its budget, not failing
+    assert "step_device_ms budget gates here" in step_ms.reason and "perfbudget ab" in step_ms.reason
+    assert check.record("step_device_ms", mm["pass2"]).outcome == "pass"
+    assert check.decision().outcome == "pass"
+
+    slower = _gpu_recorder(tmp_path)  # a real regression of the GPU's work: +5 %
+    device = slower.record("step_device_ms", [x * 1.05 for x in mm["pass2"]])
+    assert device.outcome == "fail" and device.budget is not None and device.budget.tolerance == 0.02
+    assert slower.decision().outcome == "fail"

@@ -216,8 +216,11 @@ class Judge:
         # Stored timing is a verdict only on a machine declared stable, against budgets keyed
         # by its identity; elsewhere it is shown (advisory) and `perfbudget ab` judges timing.
         # An unbudgeted timing metric on such a machine is advisory too: a budget written
-        # there would not gate either, so asking for one (a skip) would be noise.
-        advisory = statistical and (not self.config.stable_identity if budget is None else not self.gates(budget))
+        # there would not gate either, so asking for one (a skip) would be noise. A metric
+        # advisory on this device type (a GPU step's wall clock) never gates, stable or not.
+        host_bound = self.device.type in name.metric.advisory_on
+        advisory = statistical and (host_bound or (not self.config.stable_identity if budget is None
+                                                   else not self.gates(budget)))
         # A busy machine sets aside only what could fail: an advisory check is shown anyway.
         if self.config.preflight and statistical and not advisory:
             return _not_judged(decide(self.key, name, samples, None, policy=self.config.policy), budget,
@@ -236,10 +239,10 @@ class Judge:
         if advisory and v.outcome in (Outcome.PASS, Outcome.STALE, Outcome.FAIL):
             v = v.with_(outcome=Outcome.ADVISORY, advice=v.outcome,
                         reason=f"advisory (would {'be ' if v.outcome != 'fail' else ''}{v.outcome}): {v.reason}; "
-                               f"{self._why_advisory(budget)}")
+                               f"{self._why_advisory(budget, host_bound)}")
         elif advisory and v.outcome == Outcome.UNBUDGETED:
             v = v.with_(outcome=Outcome.ADVISORY, advice="",
-                        reason=f"advisory: no stored budget for it on this machine; {self._why_advisory(None)}")
+                        reason=f"advisory: no stored budget for it on this machine; {self._why_advisory(None, host_bound)}")
         return v
 
     def gates(self, budget: Budget) -> bool:
@@ -252,8 +255,11 @@ class Judge:
         want = selector.as_dict().get("identity") if selector is not None else None
         return isinstance(want, str) and want.lower() == ident.lower()
 
-    def _why_advisory(self, budget: Budget | None) -> str:
+    def _why_advisory(self, budget: Budget | None, host_bound: bool) -> str:
         busy = f" (measured while {'; '.join(self.config.preflight)})" if self.config.preflight else ""
+        if host_bound:
+            return (f"on {self.device.type} a step's wall clock follows the host, not the device: a stored "
+                    f"step_device_ms budget gates here; judge wall time with `perfbudget ab --base <ref>`{busy}")
         if not self.config.stable_identity:
             return (f"stored timing budgets gate only on a machine declared stable ({STABLE_MACHINE_ENV}); "
                     f"judge timing here with `perfbudget ab --base <ref>`{busy}")

@@ -1,7 +1,8 @@
-"""SM occupancy: the calculator, duration-weighted occupancy of profiler kernel events from their launch parameters, Triton kernels."""
+"""GPU work in profiler traces: the occupancy calculator, duration-weighted occupancy of kernel events from their launch parameters, device busy time per profiled step, Triton kernels."""
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import json
 import math
@@ -21,6 +22,7 @@ __all__ = [
     "AchievedOccupancy",
     "GpuArch",
     "KernelRecord",
+    "StepDeviceTime",
     "TheoreticalOccupancy",
     "TraceDevice",
     "TritonKernelResources",
@@ -28,6 +30,7 @@ __all__ = [
     "arch_for_capability",
     "kernel_records",
     "load_trace",
+    "step_device_times",
     "theoretical_occupancy",
     "trace_devices",
     "triton_kernel_resources",
@@ -694,6 +697,101 @@ def _kineto_estimate(
         return None, 0.0, scale
     mean = math.fsum(k.duration_us * (k.occupancy_raw or 0.0) / div for k in valid) / time_us
     return mean, time_us, scale
+
+
+# --------------------------------------------------------------------------------------------
+# Device busy time per profiled step (the breakdown Holistic Trace Analysis computes)
+# --------------------------------------------------------------------------------------------
+
+#: Device activity that is work, by kineto's category (``libkineto/src/ActivityType.cpp``; older
+#: traces wrote "Kernel", "Memcpy", "Memset"). ``gpu_user_annotation`` spans are ranges drawn on the
+#: device timeline (a ``ProfilerStep#N`` among them), not work.
+_DEVICE_WORK = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"})
+#: Host calls that launch device work and carry its correlation id: the runtime API
+#: (``cudaLaunchKernel``, ``cudaMemcpyAsync``) and the driver API (Triton's ``cuLaunchKernelEx``).
+_LAUNCHES = frozenset({"cuda_runtime", "cuda_driver", "runtime", "driver"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepDeviceTime:
+    """What the GPU did for the work one profiled step (``ProfilerStep#N``) launched.
+
+    Kernels, copies (memcpy) and fills (memset) on every stream count as work; device-side
+    user annotations do not. ``busy_ms`` is the metric (``step_device_ms``): the union of their
+    intervals, so two streams running at once count once, as the GPU was busy once.
+    ``summed_ms`` adds their durations and so counts overlapping streams twice: shown beside
+    it, never used as busy time.
+    """
+
+    step: str
+    """The profiler's step name (``ProfilerStep#3``)."""
+    busy_ms: float
+    """Union of the step's device intervals across streams, ms."""
+    summed_ms: float
+    """Summed duration of the step's device events, ms (overlaps counted each time)."""
+    kernels: int
+    copies: int
+    """memcpy and memset events."""
+
+
+def _union_us(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of ``(start, end)`` intervals."""
+    total, start, end = 0.0, 0.0, -math.inf
+    for s, e in sorted(intervals):
+        if s > end:
+            total += max(end - start, 0.0)
+            start, end = s, e
+        else:
+            end = max(end, e)
+    return total + max(end - start, 0.0)
+
+
+def step_device_times(trace: str | os.PathLike[str] | Mapping[str, Any] | Any) -> list[StepDeviceTime]:
+    """Device busy time of each profiled step of a chrome trace (CPU and CUDA activity).
+
+    A device event belongs to the step whose ``ProfilerStep#N`` range holds the host call
+    that launched it (matched by correlation id): device work lags its launch, so a kernel
+    launched at the end of step 3 may run inside step 4's range and is still step 3's. An event
+    without a launch record in the trace is placed by its own start. Events outside every
+    step (warm-up leftovers) are dropped.
+
+    Args:
+        trace: path, dict or profiler object (see :func:`load_trace`).
+
+    Returns:
+        One :class:`StepDeviceTime` per ``ProfilerStep#N`` range, in time order; empty when the
+        trace has none.
+    """
+    events = [ev for ev in load_trace(trace).get("traceEvents", []) if ev.get("ph", "X") == "X"]
+    steps: dict[str, tuple[float, float]] = {}
+    launched: dict[Any, float] = {}
+    work: list[Mapping[str, Any]] = []
+    for ev in events:
+        cat, name = str(ev.get("cat", "")).lower(), str(ev.get("name", ""))
+        if cat in _DEVICE_WORK:
+            work.append(ev)
+        elif cat in _LAUNCHES and (corr := (ev.get("args") or {}).get("correlation")) is not None:
+            launched[corr] = float(ev.get("ts", 0.0))
+        elif name.startswith("ProfilerStep#") and cat in ("user_annotation", "cpu_op") and name not in steps:
+            ts = float(ev.get("ts", 0.0))
+            steps[name] = (ts, ts + float(ev.get("dur", 0.0)))
+    order = sorted(steps.items(), key=lambda kv: kv[1][0])
+    starts = [start for _, (start, _) in order]
+    per: list[list[Mapping[str, Any]]] = [[] for _ in order]
+    for ev in work:
+        start = float(ev.get("ts", 0.0))
+        at = launched.get((ev.get("args") or {}).get("correlation"), start)
+        i = bisect.bisect_right(starts, at) - 1
+        if i >= 0 and at < order[i][1][1]:
+            per[i].append(ev)
+    out = []
+    for (name, _), evs in zip(order, per, strict=True):
+        spans = [(float(ev.get("ts", 0.0)), float(ev.get("ts", 0.0)) + float(ev.get("dur", 0.0))) for ev in evs]
+        kernels = sum(1 for ev in evs if str(ev.get("cat", "")).lower() == "kernel")
+        out.append(StepDeviceTime(step=name, busy_ms=_union_us(spans) / 1e3,
+                                  summed_ms=math.fsum(e - s for s, e in spans) / 1e3,
+                                  kernels=kernels, copies=len(evs) - kernels))
+    return out
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,27 +1,60 @@
-"""GPU utilisation: kernels per step and the SM occupancy their launch resources allow
-(profiler trace), and NVML GPM's measured occupancy and tensor-core use."""
+"""GPU utilisation: a step's device time, idle share and kernels (profiler trace), the SM occupancy
+their launch resources allow, and NVML GPM's measured occupancy and tensor-core use."""
 
 from __future__ import annotations
 
+import statistics
 import tempfile
 from collections.abc import Callable
 from operator import itemgetter
 from pathlib import Path
 from typing import Any, ClassVar
 
+from ..budgets.verdict import Verdict
 from ..measure import nvml, occupancy
-from ..measure.measurement import Measurement, Passes
+from ..measure.measurement import Explanation, Measurement, Passes
+from ..measure.occupancy import StepDeviceTime
 from ..measure.operators import profile_steps
 from ..measure.unmeasurable import Unmeasurable
-from .core import RecorderCore
+from .core import RecorderCore, Timed
 
-__all__ = ["Gpu"]
+__all__ = ["DEVICE_STEPS", "Gpu"]
+
+#: Profiled steps in one pass of a GPU step's device time, one ``step_device_ms`` sample each:
+#: ten give a 95 % interval of the median (2nd to 9th of them), and the device time repeats
+#: within 0.1 % where the wall time does not (docs/gpu-runners.md).
+DEVICE_STEPS = 10
 
 
 class Gpu(RecorderCore):
-    """``perf.occupancy`` and ``perf.gpm``."""
+    """``perf.occupancy``, ``perf.gpm``, and a GPU step's device side (recorded by ``perf.step``)."""
 
-    METRICS: ClassVar[tuple[str, ...]] = ("kernel_count", "sm_occupancy", "gpm_sm_occupancy", "tensor_util")
+    METRICS: ClassVar[tuple[str, ...]] = ("kernel_count", "sm_occupancy", "gpm_sm_occupancy", "tensor_util",
+                                          "step_device_ms", "idle_share")
+
+    def _device_time(self, step: Callable[[], Any], wall: Passes[Timed], *,
+                     explain: Callable[[], Explanation] | None) -> tuple[Verdict, ...]:
+        """Record a GPU step's device side beside its wall time (``wall``: the unprofiled passes).
+
+        ``step_device_ms``: the GPU's busy time per step (kernels, copies and fills, overlapping
+        streams counted once), one sample per step of a separate profiled pass; ``kernel_count``
+        per step; ``idle_share``: ``1 - busy / wall`` for each unprofiled wall sample (the
+        profiled pass's own wall time is inflated, so it is never the denominator). A trace with
+        no device work makes the two timing metrics unmeasurable, with the reason.
+        """
+        device = Passes(lambda: _device_pass(step, device=self._dev, threads=self._timing_threads()),
+                        what="the step's device time")
+        if device.unmeasurable is not None:
+            why = device.unmeasurable.reason
+            return self.unmeasurable("step_device_ms", why), self.unmeasurable("idle_share", why)
+        first = device.first
+        busy = statistics.median(s.busy_ms for s in first)
+        line = (f"per step: {busy:.3f} ms busy, {statistics.median(s.summed_ms for s in first):.3f} ms summed over "
+                f"streams, {first[0].kernels} kernels, {first[0].copies} copies and fills")
+        return (self._record("kernel_count", Measurement(samples=[s.kernels for s in first])),
+                self._record("step_device_ms", device.measurement(lambda p: [s.busy_ms for s in p], explain=explain,
+                                                                  attribution=(line,))),
+                self._record("idle_share", wall.measurement(lambda t: [1 - busy / x for x in t.samples_ms])))
 
     def occupancy(self, step: Callable[[], Any], *, rounds: int = 5, steps: int = 2) -> None:
         """Record ``kernel_count`` (per step) and ``sm_occupancy``: the duration-weighted
@@ -68,6 +101,19 @@ class Gpu(RecorderCore):
                 self.unmeasurable(metric, passes.unmeasurable.reason)
             else:
                 self._record(metric, passes.measurement(itemgetter(gpm_name)))
+
+
+def _device_pass(step: Callable[[], Any], *, device: Any, threads: int | None) -> list[StepDeviceTime] | Unmeasurable:
+    """Device time of :data:`DEVICE_STEPS` profiled steps (after one warm-up), or why there is none."""
+    with tempfile.TemporaryDirectory(prefix="perfbudget-device-") as tmp:
+        path = Path(tmp) / "trace.json"
+        profile_steps(step, steps=DEVICE_STEPS, warmup=1, device=device, threads=threads, trace_path=path,
+                      record_shapes=False, with_flops=False, peaks=None)
+        times = occupancy.step_device_times(path)
+    if not any(t.kernels + t.copies for t in times):
+        return Unmeasurable(reason=f"the profiler recorded no kernel, copy or fill launched in {len(times)} profiled "
+                                   "steps (ProfilerStep ranges): no CUDA activity in the trace")
+    return times
 
 
 def _gpm_pass(window: Callable[[], Any], *, windows: int, metrics: tuple[str, ...]) -> dict[str, list[float]] | Unmeasurable:

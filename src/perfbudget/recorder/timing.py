@@ -1,5 +1,6 @@
-"""Timing a call or a step (``step_ms``, ``throughput_samples_per_s``, ``latency_ms``) and a
-lever's speed-up measured in one run; a step marked ``instructions`` is counted instead."""
+"""Timing a call or a step (``step_ms``, ``throughput_samples_per_s``, ``latency_ms``; on a GPU
+also the step's device time) and a lever's speed-up measured in one run; a step marked
+``instructions`` is counted instead."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from ..budgets.verdict import Verdict
 from ..measure.measurement import Passes
 from ..measure.timing import bench_paired
 from .core import Timed, explainer, ref_ms, samples_ms
+from .gpu import Gpu
 from .instructions import Instructions
 from .operators import Operators
 
@@ -42,10 +44,11 @@ class CountedSteps:
                 raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
 
 
-class Timing(Operators, Instructions):
+class Timing(Operators, Instructions, Gpu):
     """``perf.time``, ``perf.step`` and ``perf.speedup``. A failing step is explained by its
     operators (:class:`~perfbudget.recorder.operators.Operators`); a counted step is recorded by
-    :class:`~perfbudget.recorder.instructions.Instructions`."""
+    :class:`~perfbudget.recorder.instructions.Instructions`; a GPU step's device side by
+    :class:`~perfbudget.recorder.gpu.Gpu`."""
 
     METRICS: ClassVar[tuple[str, ...]] = ("step_ms", "throughput_samples_per_s", "latency_ms", "speedup")
 
@@ -93,6 +96,13 @@ class Timing(Operators, Instructions):
         Unprofiled samples (CUDA events on a GPU). A failing step time is explained by
         profiling the step against the key's ``op_self_ms`` budgets (which operators moved).
 
+        On a GPU the step's wall time follows the host as much as the device (a launch-bound
+        step's GPU idles most of it), so a separate profiled pass also records the device side:
+        ``step_device_ms`` (the GPU's busy time per step, the metric a stored GPU budget gates),
+        ``kernel_count`` and ``idle_share`` (see :meth:`~perfbudget.recorder.gpu.Gpu._device_time`);
+        stored budgets of ``step_ms`` and ``throughput_samples_per_s`` are advisory there.
+        On a CPU the wall time is the device's time: none of these is recorded.
+
         Reference normalisation is opt-in (``reference=True``): it absorbs part of a real
         slowdown along with the machine's drift, while the machines that keep stored budgets
         (a pinned runner of one SKU) drift little; a drifting machine should use
@@ -118,6 +128,8 @@ class Timing(Operators, Instructions):
 
         Returns:
             The ``(step_ms, throughput_samples_per_s)`` verdicts; both read the same timed batches.
+            On a GPU followed by ``kernel_count``, ``step_device_ms`` and ``idle_share`` (or, when
+            the trace holds no device work, ``step_device_ms`` and ``idle_share`` unmeasurable).
             When the step is counted instead: the one ``instructions[callgrind]`` verdict.
         """
         if samples_per_step < 1:
@@ -132,8 +144,9 @@ class Timing(Operators, Instructions):
             return [samples_per_step * 1e3 / x for x in t.samples_ms]
 
         explain = self._operator_explanation(step) if explain_operators else None
-        return (self._record("step_ms", passes.measurement(samples_ms, reference=ref_ms, explain=explain)),
+        wall = (self._record("step_ms", passes.measurement(samples_ms, reference=ref_ms, explain=explain)),
                 self._record("throughput_samples_per_s", passes.measurement(rate, reference=ref_ms)))
+        return wall + self._device_time(step, passes, explain=explain) if self._dev == "cuda" else wall
 
     def speedup(
         self,
