@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 import pytest
@@ -21,6 +22,8 @@ from perfbudget.measure.measurement import Passes
 from perfbudget.measure.unmeasurable import Unmeasurable
 from perfbudget.recorder import CountedSteps, PerfRecorder, gpu
 from perfbudget.recorder.core import Timed
+from perfbudget.report import markdown_report, terminal_report
+from perfbudget.report.terminal import gpu_steps
 
 # A machine with an identity, declared stable, so its stored timing budgets gate.
 ME = DeviceInfo(type="cpu", model="Test CPU", count=1, threads=1, cpuid="6/207/2", isa="avx2", isa_class="avx2")
@@ -236,14 +239,14 @@ def test_each_family_owns_registered_metrics_and_its_own_methods() -> None:
 
 # -- a GPU step's device side -----------------------------------------------------------------
 
-H200_STEP = json.loads((Path(__file__).parent / "data" / "measure" / "h200-encoder-step.json").read_text())
-H200 = DeviceInfo(**H200_STEP["device"])
+H200_STEPS = json.loads((Path(__file__).parent / "data" / "measure" / "h200-steps.json").read_text())
+H200 = DeviceInfo(**H200_STEPS["device"])
 
 
-def _gpu_recorder(budgets: Path, *, update: bool = False) -> PerfRecorder:
+def _gpu_recorder(budgets: Path, *, update: bool = False, key: str = "encoder-train") -> PerfRecorder:
     """A recorder on the H200 the reference samples come from, declared stable: its stored timing gates."""
     judging = Update() if update else Stored()
-    judge = Judge("encoder-train", H200, load_dir(budgets), JudgeConfig(stable_identity=H200.identity, judging=judging))
+    judge = Judge(key, H200, load_dir(budgets), JudgeConfig(stable_identity=H200.identity, judging=judging))
     return PerfRecorder(judge, nodeid="perf_tests/test_encoder.py::test_step_latency_and_throughput[cuda]")
 
 
@@ -299,7 +302,7 @@ def test_a_stored_gpu_check_after_an_update_gates_device_time_and_shows_wall_tim
     # on the same code 56.5 ms over its three rounds (the old rule failed it), while every
     # operator's device time repeated within 0.1 %. The step's own device time predates its
     # metric: aten::mm's device time per step, measured in the same passes, stands in for it.
-    wall, mm = H200_STEP["step_ms"], H200_STEP["op_self_ms[aten::mm]"]
+    wall, mm = H200_STEPS["encoder-train"]["step_ms"], H200_STEPS["encoder-train"]["op_self_ms[aten::mm]"]
     update = _gpu_recorder(tmp_path, update=True)
     update.record("step_ms", wall["update"])
     update.record("step_device_ms", mm["pass1"])
@@ -318,3 +321,26 @@ def test_a_stored_gpu_check_after_an_update_gates_device_time_and_shows_wall_tim
     device = slower.record("step_device_ms", [x * 1.05 for x in mm["pass2"]])
     assert device.outcome == "fail" and device.budget is not None and device.budget.tolerance == 0.02
     assert slower.decision().outcome == "fail"
+
+
+def test_the_reports_say_how_each_gpu_step_used_the_gpu(tmp_path: Path) -> None:
+    # The H200's two steps as the suite records them: wall samples, kernels and FLOPs per step, and
+    # an idle share against the aten operators' summed self device time per step (an operator's
+    # device time over its share of it), the device time those passes measured.
+    records = []
+    for key, op in (("encoder-train", "aten::mm"), ("segmentation-train", "aten::convolution_backward")):
+        got = H200_STEPS[key]
+        busy = median(got[f"op_self_ms[{op}]"]["pass2"]) / got[f"op_share[{op}]"]["pass2"]
+        recorder = _gpu_recorder(tmp_path, key=key)
+        recorder.record("step_ms", got["step_ms"]["pass2"])
+        recorder.record("idle_share", [1 - busy / w for w in got["step_ms"]["pass2"]])
+        recorder.record("flops", got["flops"])
+        if "kernel_count" in got:
+            recorder.record("kernel_count", got["kernel_count"])
+        records += recorder.records()
+    assert [s.line() for s in gpu_steps(records)] == [
+        "encoder-train: 1744 kernels/step, GPU idle 66 %, 74 TFLOP/s: launch-bound",
+        "segmentation-train: GPU idle 2 %, 35 TFLOP/s: GPU-bound"]
+    assert "encoder-train: 1744 kernels/step, GPU idle 66 %, 74 TFLOP/s: launch-bound" in terminal_report(records)
+    assert "| `encoder-train` | 1744 | 66 % | 74 | launch | cuda NVIDIA H200 |" in markdown_report(records)
+    assert gpu_steps([r.with_(device=ME) for r in records]) == []  # a CPU step has no device side

@@ -28,6 +28,7 @@ from .common import (
     regressions,
     sort_key,
 )
+from .terminal import gpu_steps
 
 __all__ = ["markdown_report"]
 
@@ -62,6 +63,13 @@ def markdown_report(results: Results | Iterable[Record], *, title: str = "perf b
     lines.append("")
     lines.append("Devices: " + ", ".join(f"`{d}`" for d in devices(records)))
     lines.append("")
+    steps = gpu_steps(records)
+    if steps:
+        lines.extend(md_table(["GPU step", "kernels/step", "GPU idle", "TFLOP/s", "bound by", "device"], (
+            [f"`{s.key}`", "-" if s.kernels is None else f"{s.kernels:.0f}", f"{s.idle_share * 100:.0f} %",
+             "-" if s.tflops_per_s is None else f"{s.tflops_per_s:.0f}", "launch" if s.launch_bound else "GPU",
+             s.device] for s in steps)))
+        lines.append("")
     vs_base = has_base(records)
     if vs_base:
         compared = [r for r in records if r.vs_base is not None]

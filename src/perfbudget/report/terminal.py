@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from ..results import Record, Results
 from ..vocabulary import Outcome
@@ -32,7 +34,52 @@ from .common import (
     text_table,
 )
 
-__all__ = ["detail_lines", "numbers_text", "records_table", "terminal_report"]
+__all__ = ["LAUNCH_BOUND_IDLE", "GpuStep", "detail_lines", "gpu_steps", "numbers_text", "records_table",
+           "terminal_report"]
+
+#: A GPU step whose GPU idles at least this share of its wall time is launch-bound: the host
+#: issues work slower than the GPU runs it, so its wall time follows the host.
+LAUNCH_BOUND_IDLE = 0.5
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuStep:
+    """How one workload's step used the GPU, from its records (``idle_share`` and, when recorded,
+    ``kernel_count``, ``flops`` and ``step_ms``)."""
+
+    key: str
+    device: str
+    idle_share: float
+    kernels: float | None
+    tflops_per_s: float | None
+    """Counted FLOPs per step over the median wall step time: what the step achieves end to end."""
+
+    @property
+    def launch_bound(self) -> bool:
+        return self.idle_share >= LAUNCH_BOUND_IDLE
+
+    def line(self) -> str:
+        """``encoder-train: 1744 kernels/step, GPU idle 62 %, 71 TFLOP/s: launch-bound``."""
+        parts = [f"{self.kernels:.0f} kernels/step"] if self.kernels is not None else []
+        parts.append(f"GPU idle {self.idle_share * 100:.0f} %")
+        if self.tflops_per_s is not None:
+            parts.append(f"{self.tflops_per_s:.0f} TFLOP/s")
+        return f"{self.key}: {', '.join(parts)}: {'launch-bound' if self.launch_bound else 'GPU-bound'}"
+
+
+def gpu_steps(records: Iterable[Record]) -> list[GpuStep]:
+    """One :class:`GpuStep` per (device, key) whose step recorded an idle share, in that order."""
+    by: dict[tuple[str, str], dict[str, float]] = {}
+    for r in records:
+        if r.device is not None and r.device.type == "cuda" and r.value is not None and math.isfinite(r.value):
+            by.setdefault((device_label(r), r.key), {})[r.metric] = r.value
+    out = []
+    for (dev, key), got in sorted(by.items()):
+        if "idle_share" in got:
+            flops, step_ms = got.get("flops"), got.get("step_ms")
+            out.append(GpuStep(key=key, device=dev, idle_share=got["idle_share"], kernels=got.get("kernel_count"),
+                               tflops_per_s=flops / step_ms / 1e9 if flops and step_ms else None))
+    return out
 
 def _row(r: Record, *, with_key: bool, vs_base: bool) -> list[str]:
     tol = fmt_tolerance(r.budget.tolerance) if r.budget else "-"
@@ -114,6 +161,7 @@ def terminal_report(results: Results | Iterable[Record]) -> str:
         out.append(records_table([r for r in records if device_label(r) == dev], with_key=True))
         out.append("")
     out.append(summary_line(records))
+    out.extend(step.line() for step in gpu_steps(records))
     failing = failing_tests(records)
     if failing:
         out.append("")
