@@ -17,12 +17,13 @@ from .budgets.update import Measured, measured_value
 from .budgets.verdict import Outcome, Verdict
 from .device import DeviceInfo
 from .fileio import atomic_write, shown_path
+from .measure.nvml import GpuClocks
 from .measure.stats import normal_quantile, t_quantile
 from .metrics import UnknownMetricError
 from .vocabulary import RunMode, count_outcomes
 
-__all__ = ["RESULTS_SCHEMA", "ABPolicyInfo", "ABRunInfo", "BaseSide", "BudgetRef", "FieldError", "Record", "Results",
-           "RunInfo", "load_results", "merge_results"]
+__all__ = ["RESULTS_SCHEMA", "ABPolicyInfo", "ABRunInfo", "BaseSide", "BudgetRef", "FieldError", "PairClocks", "Record",
+           "Results", "RunInfo", "load_results", "merge_results"]
 
 RESULTS_SCHEMA = 3
 """Version of the results file's form. Bump it when the form changes in a way this version's reader
@@ -386,6 +387,17 @@ class ABPolicyInfo:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PairClocks:
+    """The GPU clocks each side of one process pair ran at, over its turns (``meta.ab.clocks``)."""
+
+    pair: int
+    base: GpuClocks | None = None
+    head: GpuClocks | None = None
+    refused: str = ""
+    """Why the pair's GPU timing was not compared (the sides' clocks differ), empty when it was."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class ABRunInfo:
     """How a ``perfbudget ab`` run went (``meta.ab``): what it compared, its pairs, why it stopped, its rule.
 
@@ -411,6 +423,7 @@ class ABRunInfo:
     allow_missing_base: bool = False
     wall_s: float = 0.0
     cpus: tuple[int, ...] = ()
+    """CPUs the sides were pinned to (each pair's ``runs`` entry says which side had which)."""
     burst_ms: float | None = None
     compared: int = 0
     not_compared: int = 0
@@ -419,6 +432,8 @@ class ABRunInfo:
     inconclusive: tuple[tuple[str, ...], ...] = ()
     """(nodeid, key, metric) of checks the pairs left undecided."""
     policy: ABPolicyInfo | None = None
+    clocks: tuple[PairClocks, ...] = ()
+    """Per pair, the GPU clocks of each side's turns (none without NVML)."""
     runs: tuple[dict[str, Any], ...] = ()
     """Each pair as it ran (sides, turns, wall time), as :meth:`perfbudget.ab.pairs.PairRun.as_dict` wrote it."""
     problems: tuple[str, ...] = ()

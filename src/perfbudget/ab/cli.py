@@ -58,8 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-minutes", type=float, default=40.0, metavar="MIN",
                    help="wall-clock bound: no pair starts that would likely end later (default 40)")
     p.add_argument("--cpus", default="auto", metavar="SPEC",
-                   help="CPUs both sides are pinned to: auto (one CPU, the default), all (no pinning), or a "
-                        "list such as 3 or 0,2-3")
+                   help="CPUs the sides are pinned to: auto (the default: one CPU for both, or on a machine with "
+                        "an NVIDIA GPU each side its own half), halves (each side its own half), all (no pinning), "
+                        "or a list for both such as 3 or 0,2-3")
     p.add_argument("--perf-strict", action="store_true",
                    help="an inconclusive check (its CI still straddles the tolerance after the last pair) fails "
                         "the run (also when --perf-strict is among the pytest args, or the ini file sets perfbudget_strict)")

@@ -116,6 +116,10 @@ class Coordinator:
         self._solo_start: dict[str, float] = {}
         self._solo_end: dict[str, float] = {}
         self._problems: list[str] = []
+        self._halted = False
+        # Published for other threads after each pass of the loop (one reference each, read whole).
+        self._parked: frozenset[str] = frozenset()
+        self._running: str | None = None
 
     # ------------------------------------------------------------------ control
 
@@ -137,6 +141,21 @@ class Coordinator:
         with self._lock:
             self._exited.append(side)
         self._wake()
+
+    def halt(self) -> None:
+        """Grant no further turn (the time limit): the holder runs on until it passes or leaves, then
+        every side still here waits, and is :meth:`parked`."""
+        self._halted = True
+        self._wake()
+
+    def parked(self) -> frozenset[str]:
+        """Once halted, the sides waiting for a turn that will not come (safe from any thread)."""
+        return self._parked
+
+    @property
+    def running(self) -> str | None:
+        """The side that runs now: the holder, or the one left alone (safe from any thread)."""
+        return self._running
 
     def close(self) -> TurnLog:
         """Stop serving, close every connection and remove the socket; returns the log."""
@@ -192,6 +211,10 @@ class Coordinator:
             for side in exited:
                 self._leave(side)
             self._schedule()
+            present = [s for s in self.sides if s not in self._left]
+            alone = present[0] if len(present) == 1 and self._left and present[0] in self._conns else None
+            self._running = self._holder or alone
+            self._parked = frozenset(self._waiting) if self._halted else frozenset()
 
     def _accept(self) -> None:
         assert self._server is not None
@@ -290,7 +313,7 @@ class Coordinator:
         return True
 
     def _schedule(self) -> None:
-        if self._holder is not None or not self._waiting:
+        if self._holder is not None or not self._waiting or self._halted:
             return
         present = [s for s in self.sides if s not in self._left]
         if len(present) <= 1:

@@ -9,12 +9,18 @@ the head's own verdict against the budgets (from the first pair that has them) a
 any change from the base. A check the base cannot give in any pair (it failed to run,
 lacks the test, errored) is "not compared" and judged against the stored budgets alone;
 with ``require_base`` a statistical check of a base that could not run is an error.
+
+A side stopped at the time limit keeps what it recorded: a check it did not reach is "not
+compared in pair k", with that reason. A pair whose sides' GPUs ran at SM clocks more than
+:data:`MAX_CLOCK_OFFSET` apart (median or mean over each side's busy samples) compares no GPU
+statistical check: their time moves with the clock, so the ratio would carry it; a check no pair
+could compare is ``not_judged``, naming both sides' clocks.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from ..budgets.loader import BudgetSet
@@ -22,6 +28,7 @@ from ..budgets.schema import Budget, BudgetError
 from ..budgets.verdict import Outcome, Verdict, decide
 from ..extras import InstructionProfile, OperatorMoves
 from ..measure import stats
+from ..measure.nvml import GpuClocks
 from ..measure.operators import OpMove, op_metric
 from ..metrics import (
     OP_TIMED_FAMILIES,
@@ -34,7 +41,7 @@ from ..metrics import (
 from ..results import BaseSide, BudgetRef, Record, Results, is_unrecorded_budget
 from .ratios import ABPolicy, can_decide, describe_change, judge_ratios, pair_ratio
 
-__all__ = ["CheckId", "Comparison", "PairRecords", "compare_pairs"]
+__all__ = ["MAX_CLOCK_OFFSET", "CheckId", "Comparison", "PairRecords", "clock_refusal", "compare_pairs"]
 
 CheckId = tuple[str, str, str]
 """``(nodeid, key, metric)``: the same check on both sides."""
@@ -44,6 +51,33 @@ CheckId = tuple[str, str, str]
 #: (a busy CPU, a shared GPU) still holds its samples: in lockstep both sides ran under that same
 #: machine state, which is what the A/B comparison is for.
 _MEASURED = (Outcome.PASS, Outcome.STALE, Outcome.FAIL, Outcome.UNBUDGETED, Outcome.ADVISORY, Outcome.NOT_JUDGED)
+
+
+#: The most the sides' SM clocks may differ (median, and mean, over each side's busy samples) for a
+#: pair's GPU timing to be compared: a clock-bound kernel's time moves up to one point per point of clock.
+MAX_CLOCK_OFFSET = 0.01
+
+
+_STOPPED = "the base was stopped at the time limit (--max-minutes) before it recorded it"
+
+
+def clock_refusal(clocks: Mapping[str, GpuClocks], *, limit: float = MAX_CLOCK_OFFSET) -> str:
+    """Why a pair's GPU timing cannot be compared, naming both sides' clocks; empty when it can
+    (or when neither side has a busy sample: no NVML, no GPU work)."""
+    base, head = clocks.get("base"), clocks.get("head")
+    if (base is None or not base.busy) and (head is None or not head.busy):
+        return ""
+    if base is None or head is None or not base.busy or not head.busy:
+        return (f"the GPU clocks of one side are unknown (base {base.text if base else 'not sampled'}; "
+                f"head {head.text if head else 'not sampled'})")
+    offsets = {what: h / b - 1.0 for what, h, b in (("median", head.sm_median_mhz, base.sm_median_mhz),
+                                                     ("mean", head.sm_mean_mhz, base.sm_mean_mhz))
+               if h is not None and b}
+    worst = max(offsets, key=lambda k: abs(offsets[k]))
+    if abs(offsets[worst]) <= limit:
+        return ""
+    return (f"the sides' GPU SM clocks differ by {offsets[worst]:+.2%} ({worst}; limit {limit:.0%}): "
+            f"base {base.text}; head {head.text}")
 
 
 def _usable(r: Record | None) -> bool:
@@ -64,6 +98,15 @@ class PairRecords:
     """Why ``base`` is missing (exit status and the end of its output)."""
     index: int = 0
     """The pair's number in the run, for messages (0: its position in the list, from 1)."""
+    stopped: tuple[str, ...] = ()
+    """Sides stopped at the time limit: their results hold only the tests they finished."""
+    clocks: Mapping[str, GpuClocks] = field(default_factory=dict)
+    """Per side, the GPU clocks over its turns (empty without NVML)."""
+
+    @property
+    def refused(self) -> str:
+        """Why this pair's GPU timing is not compared (:func:`clock_refusal`), empty when it is."""
+        return clock_refusal(self.clocks)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,7 +192,8 @@ def compare_pairs(
     in_base = {c for b in bases for c in b}
     family = op_family_sizes((nodeid, metric) for nodeid, _, metric in order)
     context = _Context(budgets=budgets, policy=policy, final=final, min_pairs=min_pairs, pairs_left=pairs_left,
-                       base_ran=any(p.base is not None for p in numbered), require_base=require_base,
+                       base_ran=any(p.base is not None or "base" in p.stopped for p in numbered),
+                       require_base=require_base,
                        base_problem=next((p.base_problem for p in numbered if p.base_problem), ""))
     records: list[Record] = []
     undecided: list[CheckId] = []
@@ -171,7 +215,9 @@ def compare_pairs(
             inconclusive.append(cid)
         elif state == "not compared":
             not_compared.append(cid)
-    base_only = tuple(dict.fromkeys(c for b in bases for c in b if c not in order and c not in moot))
+    # A check of a base whose head was stopped first is one the head did not reach, not one it lacks.
+    base_only = tuple(dict.fromkeys(c for p, b in zip(numbered, bases, strict=True) if "head" not in p.stopped
+                                    for c in b if c not in order and c not in moot))
     return Comparison(records=_with_moved_operators(records), undecided=tuple(undecided), inconclusive=tuple(inconclusive),
                       beyond_reach=tuple(beyond),
                       not_compared=tuple(not_compared), base_only=base_only)
@@ -222,7 +268,7 @@ class _Context:
     final: bool
     min_pairs: int
     base_ran: bool
-    """Some pair has the base's results."""
+    """Some pair has the base's results, or stopped the base at the time limit."""
     require_base: bool
     base_problem: str
     """Why the base wrote no results (the first pair that says)."""
@@ -263,6 +309,8 @@ def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_
     base_xs: list[float] = []
     problems: list[str] = []  # what was wrong with a side's record (the base's error, ...)
     skipped: list[str] = []  # "pair 2 (the base did not record it there)"
+    on_gpu = head0.device is not None and head0.device.type == "cuda"
+    refused: list[str] = []
     for u in used:
         head, base, k = u.head, u.base, u.pair.index
         if not _usable(head):
@@ -270,6 +318,10 @@ def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_
             skipped.append(f"pair {k} ({problems[-1]})")
             continue
         hx = _samples(head)
+        if base is None and "base" in u.pair.stopped:
+            problems.append(_STOPPED)
+            skipped.append(f"pair {k} ({problems[-1]})")
+            continue
         if base is None:
             # The base ran and did not list it this pair: no evidence either way, not a regression.
             skipped.append(f"pair {k} (the base did not record it there)" if u.pair.base is not None
@@ -278,6 +330,10 @@ def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_
         if not _usable(base):
             problems.append(f"base {base.outcome}: {base.reason}" if base.reason else f"base {base.outcome}")
             skipped.append(f"pair {k} ({problems[-1]})")
+            continue
+        if on_gpu and u.pair.refused:
+            refused.append(f"pair {k}: {u.pair.refused}")
+            skipped.append(f"pair {k} ({u.pair.refused})")
             continue
         bx = _samples(base)
         try:
@@ -293,6 +349,11 @@ def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_
         base_stats.append(stats.quantile(bx, info.quantile))
         head_xs.extend(hx)
         base_xs.extend(bx)
+    if not ratios and refused:
+        # Not judged against the budgets either: on this machine the clocks were not the sides' to compare.
+        rec = head0.with_(outcome=Outcome.NOT_JUDGED, reason=f"not judged: {'; '.join(refused)}",
+                          base=_not_with_base(refused[0]))
+        return rec, "kept" if ctx.final else "undecided"
     if not ratios:
         why = _why_not(ctx, problems, base_has_it=base_has_it)
         if ctx.require_base and not ctx.base_ran:
@@ -390,8 +451,10 @@ def _merge_exact(head0: Record, used: list[_Used], ctx: _Context, *, base_has_it
     if head0.value is None:
         return head0
     if not base_values:
-        why = _why_not(ctx, [f"base {u.base.outcome}: {u.base.reason}" for u in used
-                             if u.base is not None and not _usable(u.base)], base_has_it=base_has_it)
+        why = _why_not(ctx, [*(f"base {u.base.outcome}: {u.base.reason}" for u in used
+                               if u.base is not None and not _usable(u.base)),
+                             *(_STOPPED for u in used if u.base is None and "base" in u.pair.stopped)],
+                       base_has_it=base_has_it)
         return head0.with_(reason=f"{reason}; not compared with the base: {why}", base=_not_with_base(why))
     base_value = base_values[0]
     change = describe_change(head0.value, base_value, unit=head0.unit)

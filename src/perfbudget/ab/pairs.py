@@ -4,34 +4,45 @@ Each side is told what it is in one run spec (:class:`perfbudget.settings.RunSpe
 beside its log). A pair in which turn-taking was lost for any part (a side's client reported it
 in its spec's ``report`` file, or the coordinator refused a process) comes back ``invalid``:
 the A/B driver does not use its records.
+
+At the pair's time limit no further turn is granted; a side that finishes meanwhile finishes, and
+every side still waiting (or still running :data:`STOP_GRACE_S` later) is interrupted as a user's
+Ctrl-C would: pytest ends the session and the side writes the results of the tests it finished.
+Only a side still running :data:`INTERRUPT_GRACE_S` after that is killed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ..fileio import atomic_write
+from ..measure.nvml import ClockSampler, GpuClocks
 from ..settings import SIDES, SPEC_ENV, RunSpec
 from .coordinator import Coordinator, TurnLog
 from .trees import side_env
 
 __all__ = [
+    "HALVES",
+    "STOP_S",
     "PairRun",
     "SideCommand",
     "SideRun",
     "SideSetup",
     "one_cpu",
     "parse_cpus",
+    "placement",
     "pytest_command",
     "run_pair",
     "select_tests",
@@ -39,6 +50,17 @@ __all__ = [
 
 # Seconds between SIGTERM and SIGKILL for a side that outlived the time limit.
 _KILL_GRACE_S = 10.0
+#: Seconds the holder of the machine has, once the pair's time is up, to end its turn or finish.
+STOP_GRACE_S = 5.0
+#: Seconds an interrupted side has to end its session and write what it finished.
+INTERRUPT_GRACE_S = 10.0
+#: What stopping a pair at its time limit may take: the driver starts it this much before the limit.
+STOP_S = STOP_GRACE_S + INTERRUPT_GRACE_S
+
+#: ``--cpus halves``: each side pinned to its own half of the CPUs (the default on a GPU machine).
+HALVES: Literal["halves"] = "halves"
+CpuChoice = tuple[int, ...] | Literal["halves"]
+"""CPUs both sides are pinned to (``()``: not pinned), or :data:`HALVES`."""
 
 
 def one_cpu() -> tuple[int, ...]:
@@ -56,8 +78,29 @@ def one_cpu() -> tuple[int, ...]:
     return (max(os.sched_getaffinity(0)),)
 
 
-def parse_cpus(spec: str) -> tuple[int, ...] | None:
-    """``"auto"`` -> ``None`` (:func:`one_cpu`), ``"all"`` -> ``()`` (no pinning), ``"0,2-3"`` -> ``(0, 2, 3)``.
+def placement(cpus: CpuChoice, index: int, allowed: Sequence[int] | None = None) -> dict[str, tuple[int, ...]]:
+    """The CPUs each side of pair ``index`` is pinned to (``()``: not pinned).
+
+    :data:`HALVES` splits ``allowed`` (default: the CPUs this process may use) into two equal halves,
+    the first CPU left out where there are more than two (it tends to take the interrupts); the
+    sides swap halves from one pair to the next, as they swap the first turn, so a difference
+    between the halves cancels over the pairs instead of reading as one side's.
+    """
+    if not isinstance(cpus, str):
+        return {s: tuple(cpus) for s in SIDES}
+    if allowed is None:
+        allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    usable = list(allowed[1:] if len(allowed) > 2 else allowed)
+    half = len(usable) // 2
+    if half == 0:
+        return {s: tuple(usable) for s in SIDES}
+    low, high = tuple(usable[:half]), tuple(usable[half:2 * half])
+    return {"base": low, "head": high} if index % 2 else {"base": high, "head": low}
+
+
+def parse_cpus(spec: str) -> CpuChoice | None:
+    """``"auto"`` -> ``None`` (the driver's default), ``"all"`` -> ``()`` (no pinning), ``"halves"`` ->
+    :data:`HALVES`, ``"0,2-3"`` -> ``(0, 2, 3)``.
 
     Raises:
         ValueError: naming the spec when it is none of these.
@@ -67,13 +110,16 @@ def parse_cpus(spec: str) -> tuple[int, ...] | None:
         return None
     if spec == "all":
         return ()
+    if spec == HALVES:
+        return HALVES
     cpus: set[int] = set()
     try:
         for part in spec.split(","):
             lo, _, hi = part.partition("-")
             cpus.update(range(int(lo), int(hi or lo) + 1))
     except ValueError:
-        raise ValueError(f"--cpus: expected 'auto', 'all' or a list such as '3' or '0,2-3', got {spec!r}") from None
+        raise ValueError(f"--cpus: expected 'auto', 'all' or a list such as '3' or '0,2-3', or 'halves', "
+                         f"got {spec!r}") from None
     if not cpus or min(cpus) < 0:
         raise ValueError(f"--cpus: expected CPU numbers >= 0, got {spec!r}")
     return tuple(sorted(cpus))
@@ -176,7 +222,7 @@ class SideRun:
     log: Path
     """Its standard output and error."""
     returncode: int | None
-    """The exit status; ``None`` when it was killed at the time limit."""
+    """The exit status; ``None`` when it was stopped at the time limit (interrupted or killed)."""
     wall_s: float
 
     def tail(self, lines: int = 15) -> str:
@@ -204,8 +250,10 @@ class PairRun:
     turns: TurnLog
     wall_s: float
     timed_out: bool
-    cpus: tuple[int, ...] = ()
-    """CPUs both sides were pinned to (empty: not pinned)."""
+    cpus: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    """CPUs each side was pinned to (empty: not pinned)."""
+    clocks: Mapping[str, GpuClocks] = field(default_factory=dict)
+    """Per side, the GPU clocks over its turns (empty without NVML)."""
     tests: tuple[str, ...] | None = None
     """The nodeids both sides were asked to run, in order (``None``: the user's selection)."""
     ran: tuple[str, ...] = ()
@@ -216,7 +264,8 @@ class PairRun:
     """The number of the invalid pair this one re-runs."""
 
     def as_dict(self) -> dict[str, Any]:
-        return {"pair": self.index, "first": self.first, "wall_s": round(self.wall_s, 3), "cpus": list(self.cpus),
+        return {"pair": self.index, "first": self.first, "wall_s": round(self.wall_s, 3),
+                "cpus": {s: list(c) for s, c in self.cpus.items()},
                 "timed_out": self.timed_out, "tests": None if self.tests is None else list(self.tests),
                 "ran": list(self.ran), "invalid": self.invalid, "replaces": self.replaces,
                 "sides": [self.sides[s].as_dict() for s in SIDES if s in self.sides], "turns": self.turns.as_dict()}
@@ -232,7 +281,7 @@ def run_pair(
     first: str,
     timeout_s: float,
     spec: RunSpec | None = None,
-    cpus: Sequence[int] = (),
+    cpus: Sequence[int] | Mapping[str, Sequence[int]] = (),
     env: Mapping[str, str] | None = None,
     tests: Sequence[str] | None = None,
     replaces: int | None = None,
@@ -247,10 +296,11 @@ def run_pair(
         workdir: the A/B run's folder.
         command: the argv of one side.
         first: the side granted the machine first.
-        timeout_s: wall-clock limit for the pair; sides still running then are killed.
+        timeout_s: wall-clock limit for the pair; sides still running then are stopped (see the module).
         spec: what every side is told besides its side, socket and report file (burst length,
             wait, precision, operators file); default: the instrument's defaults.
-        cpus: CPUs both sides are pinned to (``()``: not pinned); see :func:`one_cpu`.
+        cpus: CPUs both sides are pinned to (``()``: not pinned; see :func:`one_cpu`), or each side's
+            (:func:`placement`).
         env: base environment of the sides (default: this process's).
         tests: the nodeids both sides run, in order (``None``: the user's selection).
         replaces: the invalid pair this one re-runs (recorded only).
@@ -258,6 +308,7 @@ def run_pair(
             coordinator, for measurements that do not depend on the machine's state
             (instruction counts).
 
+    With lockstep, the GPU's clocks are sampled through NVML and filed under the side that runs.
     The pair comes back ``invalid`` when a side's turn-taking client reported a loss in
     ``<side>.turns`` (its spec's ``report``) or the coordinator refused a process.
     """
@@ -265,10 +316,13 @@ def run_pair(
     if folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
+    per_side = {s: tuple(c) for s, c in cpus.items()} if isinstance(cpus, Mapping) else \
+        {s: tuple(cpus) for s in SIDES}
     # Unix socket paths are limited to ~107 bytes: keep it in a short temporary folder.
     sockdir = Path(tempfile.mkdtemp(prefix="perfbudget-ab-"))
     sockpath = sockdir / "turns.sock"
     coordinator = Coordinator(sockpath, first=first).start() if lockstep else None
+    sampler = ClockSampler(lambda: coordinator.running).start() if coordinator is not None else None
     procs: dict[str, subprocess.Popen[bytes]] = {}
     started: dict[str, float] = {}
     ended: dict[str, float] = {}
@@ -278,14 +332,14 @@ def run_pair(
     chosen = None if tests is None else tuple(tests)
     t0 = time.monotonic()
     timed_out = False
-    killed: set[str] = set()
+    stopped: set[str] = set()
     try:
         for side in (first, *(s for s in SIDES if s != first)):
             told = replace(spec or RunSpec(side=side), side=side, report=str(reports[side]),
                            socket=str(sockpath) if coordinator is not None else "")
             spec_path = atomic_write(folder / f"{side}.spec.json", told.to_json())
             argv = list(command(SideSetup(side=side, tree=trees[side], results=results[side], tests=chosen)))
-            with open(logs[side], "wb") as out:
+            with open(logs[side], "wb") as out, _interruptible():
                 out.write(f"$ (cd {trees[side]} && {' '.join(argv)})\n".encode())
                 out.flush()
                 procs[side] = subprocess.Popen(
@@ -294,39 +348,52 @@ def run_pair(
                     start_new_session=True,  # its own process group: a timeout kills its children too
                 )
             started[side] = time.monotonic()
-            if cpus and hasattr(os, "sched_setaffinity"):
+            if per_side.get(side) and hasattr(os, "sched_setaffinity"):
                 # Right after the start, before any timing: threads made later inherit it.
-                os.sched_setaffinity(procs[side].pid, set(cpus))
+                os.sched_setaffinity(procs[side].pid, set(per_side[side]))
         while len(ended) < len(procs):
             for side, proc in procs.items():
                 if side not in ended and proc.poll() is not None:
                     ended[side] = time.monotonic()
                     if coordinator is not None:
                         coordinator.side_exited(side)
-            if time.monotonic() - t0 > timeout_s:
+            late_s = time.monotonic() - t0 - timeout_s
+            if late_s > 0 and not timed_out:
                 timed_out = True
-                break
+                if coordinator is not None:
+                    coordinator.halt()
+            if timed_out:
+                # Between turns: a side waiting for one is interrupted now, the others once their grace is over.
+                parked = coordinator.parked() if coordinator is not None else frozenset(procs)
+                for side in procs.keys() - ended.keys() - stopped:
+                    if side in parked or late_s > STOP_GRACE_S:
+                        _signal(procs[side], signal.SIGINT)
+                        stopped.add(side)
+                if late_s > STOP_S:
+                    break
             time.sleep(0.05)
     finally:
         for side, proc in procs.items():
             if proc.poll() is None:
                 _kill(proc)
-                killed.add(side)
+                stopped.add(side)
                 ended.setdefault(side, time.monotonic())
                 if coordinator is not None:
                     coordinator.side_exited(side)
         turn_log = coordinator.close() if coordinator is not None else TurnLog(turns=(), joined=(), left=())
+        clocks = sampler.stop() if sampler is not None else {}
         shutil.rmtree(sockdir, ignore_errors=True)
     sides = {
         s: SideRun(side=s, results=results[s], log=logs[s],
-                   returncode=None if s in killed else procs[s].returncode,
+                   returncode=None if s in stopped else procs[s].returncode,
                    wall_s=ended.get(s, time.monotonic()) - started.get(s, t0))
         for s in procs
     }
     lost = [f"{s} {line}" for s in SIDES for line in _lines(reports[s])]
     lost += [f"coordinator: {problem}" for problem in turn_log.problems]
     return PairRun(index=index, first=first, sides=sides, turns=turn_log, wall_s=time.monotonic() - t0,
-                   timed_out=timed_out, cpus=tuple(cpus), tests=chosen, replaces=replaces,
+                   timed_out=timed_out, cpus={s: c for s, c in per_side.items() if c}, tests=chosen,
+                   replaces=replaces, clocks=clocks,
                    invalid=f"turn-taking was lost: {'; '.join(lost)}" if lost else "")
 
 
@@ -342,6 +409,27 @@ def _lines(path: Path) -> list[str]:
         if problem:
             out.append(f"(pid {pid}): {problem}" if pid.isdigit() else f": {line.strip()}")
     return out
+
+
+@contextlib.contextmanager
+def _interruptible() -> Iterator[None]:
+    """A child started inside takes SIGINT as Ctrl-C even where this process ignores it (a shell
+    starts background jobs so, and the ignoring is inherited): the time limit interrupts with it."""
+    ignored = threading.current_thread() is threading.main_thread() and \
+        signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _signal(proc: subprocess.Popen[bytes], sig: int) -> None:
+    """Send ``sig`` to the side's process group (its children too), unless it is gone."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:

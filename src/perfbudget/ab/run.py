@@ -9,6 +9,13 @@ sides; exact-only tests run once. A check still straddling after the last pair i
 used, it is said in the problems, and it is re-run once (same first side) while the pair
 budget and the time allow. A base that cannot run at all is an error unless
 ``allow_missing_base``, which judges the head against the stored budgets instead.
+
+``--max-minutes`` stops a pair between turns (``pairs``): what each side finished is used, and the
+problems name the checks a stopped side did not reach. On a machine with an NVIDIA GPU the sides
+are pinned each to its own half of the CPUs (``pairs.placement``) instead of both to one CPU: a
+CUDA side's host thread launches the kernels, and the driver's, the profiler's and torch's helper
+threads need cores beside it; on one shared CPU they queue behind one another and behind the
+waiting side's. The sides still take turns, so each has its half to itself while it runs.
 """
 
 from __future__ import annotations
@@ -30,16 +37,28 @@ from ..fileio import atomic_write
 from ..instructions_run import callgrind_environment, under_callgrind
 from ..measure.instructions import INSTALL_HINT, build_helper
 from ..measure.unmeasurable import Unmeasurable
-from ..metrics import op_metric
-from ..results import ABPolicyInfo, ABRunInfo, Results, RunInfo, load_results
+from ..metrics import STATISTICAL_KINDS, op_metric
+from ..pinning import nvml_gpu_count
+from ..results import ABPolicyInfo, ABRunInfo, PairClocks, Results, RunInfo, load_results
 from ..settings import RunSpec, for_folder, pytest_cli
 from ..vocabulary import Outcome, RunMode, StrEnum
 from .merge import Comparison, PairRecords, compare_pairs
-from .pairs import PairRun, SideCommand, SideSetup, one_cpu, pytest_command, run_pair
+from .pairs import (
+    HALVES,
+    STOP_S,
+    CpuChoice,
+    PairRun,
+    SideCommand,
+    SideSetup,
+    one_cpu,
+    placement,
+    pytest_command,
+    run_pair,
+)
 from .ratios import ABPolicy, resolvable_lines
 from .trees import AB_DIR, GitError, build_shim, head_commit, instrument_dir, prepare_base
 
-__all__ = ["ABConfig", "ABRun", "StopReason", "UsageError", "run_ab"]
+__all__ = ["ABConfig", "ABRun", "StopReason", "UsageError", "default_cpus", "run_ab"]
 
 class StopReason(StrEnum):
     """Why the run started no further pair (``meta["ab"]["stopped"]`` in the results)."""
@@ -80,9 +99,9 @@ class ABConfig:
         pytest_args: what both sides pass to pytest (tests to select, options).
         burst_ms: burst length for the sides (``None``: ``PERFBUDGET_TURNS_BURST_MS``, else the
             instrument's default; :class:`perfbudget.settings.Settings`).
-        cpus: CPUs both sides are pinned to: ``None`` one CPU (``pairs.one_cpu``; not pinned
-            with ``instructions``), ``()`` not pinned (e.g. when the measured code needs several
-            host threads).
+        cpus: CPUs both sides are pinned to: ``None`` the default (:func:`default_cpus`), ``()`` not
+            pinned (e.g. when the measured code needs several host threads), ``"halves"`` each side
+            its own half of the CPUs (``pairs.placement``), or a list for both.
         policy: the A/B decision settings.
         strict: an inconclusive check fails the run (``perfbudget ab --perf-strict``; also when
             ``--perf-strict`` is among the pytest args or the ini file sets ``perfbudget_strict``).
@@ -105,7 +124,7 @@ class ABConfig:
     out: Path | None = None
     pytest_args: tuple[str, ...] = ()
     burst_ms: float | None = None
-    cpus: tuple[int, ...] | None = None
+    cpus: CpuChoice | None = None
     policy: ABPolicy = field(default_factory=ABPolicy)
     strict: bool = False
     allow_missing_base: bool = False
@@ -124,7 +143,8 @@ class ABConfig:
             raise UsageError(f"--max-pairs: expected >= --min-pairs ({self.min_pairs}), got {self.max_pairs!r}")
         if not self.max_minutes > 0:
             raise UsageError(f"--max-minutes: expected a positive number, got {self.max_minutes!r}")
-        if self.cpus and hasattr(os, "sched_getaffinity") and not set(self.cpus) <= os.sched_getaffinity(0):
+        if isinstance(self.cpus, tuple) and hasattr(os, "sched_getaffinity") \
+                and not set(self.cpus) <= os.sched_getaffinity(0):
             raise UsageError(f"--cpus {','.join(map(str, self.cpus))}: this process may only use CPUs "
                              f"{sorted(os.sched_getaffinity(0))}")
         if self.burst_ms is not None and not self.burst_ms > 0:
@@ -167,6 +187,15 @@ class ABRun:
     """Why no further pair ran: ``decided``, ``max pairs``, ``time``, ``base unavailable``, ``head failed``."""
     invalid: tuple[int, ...] = ()
     """Numbers of the pairs not used because they lost turn-taking."""
+
+
+def default_cpus(*, gpus: int, instructions: bool = False) -> CpuChoice:
+    """The sides' CPUs when ``--cpus`` is not given: instruction counts do not depend on what else
+    the machine runs (the two callgrind sides run at once, no turn-taking, on every CPU); with
+    ``gpus`` NVIDIA GPUs, each side its own half (the module says why); else one CPU for both."""
+    if instructions:
+        return ()
+    return HALVES if gpus > 0 else one_cpu()
 
 
 def _say(line: str) -> None:
@@ -224,10 +253,8 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
         command = pytest_command(config.pytest_args)
         if config.instructions:
             command, env = _under_callgrind(command, workdir / "callgrind", env)
-    # Instruction counts do not depend on what else the machine runs: the two callgrind sides
-    # run at once (no turn-taking) on every CPU, instead of sharing one.
-    default_cpus = () if config.instructions else one_cpu()
-    cpus = default_cpus if config.cpus is None else config.cpus
+    cpus = default_cpus(gpus=nvml_gpu_count(), instructions=config.instructions) if config.cpus is None \
+        else config.cpus
 
     operators_file = workdir / "operators.json"
     operators_file.unlink(missing_ok=True)
@@ -242,7 +269,8 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
             ("every selected test" if plan.tests is None else f"{len(plan.tests)} test(s) with undecided checks")
         say(f"perfbudget ab: pair {index} ({first} first; {what}) ...")
         plan.took(run_pair(index, trees=trees, shims=shims, workdir=workdir, command=command, first=first,
-                           timeout_s=max(deadline - time.monotonic(), 1.0), spec=spec, cpus=cpus,
+                           timeout_s=max(deadline - time.monotonic() - STOP_S, 1.0), spec=spec,
+                           cpus=placement(cpus, index),
                            tests=plan.tests, env=env, replaces=None if replaces is None else replaces.index,
                            lockstep=not config.instructions))
     plan.finish()
@@ -269,10 +297,13 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
         base_ref=config.base, base_commit=base.commit, merge_base=base.merge_base, head_commit=head,
         pairs=len(runs), valid_pairs=len(records), invalid_pairs=invalid, min_pairs=config.min_pairs,
         max_pairs=config.max_pairs, stopped=stopped, strict=settings.strict,
-        allow_missing_base=config.allow_missing_base, wall_s=round(wall_s, 3), cpus=tuple(cpus), burst_ms=burst_ms,
+        allow_missing_base=config.allow_missing_base, wall_s=round(wall_s, 3),
+        cpus=tuple(sorted({c for r in runs for cs in r.cpus.values() for c in cs})), burst_ms=burst_ms,
         compared=sum(1 for r in comparison.records if r.vs_base is not None),
         not_compared=len(comparison.not_compared), base_only=tuple(comparison.base_only),
         inconclusive=tuple(comparison.inconclusive),
+        clocks=tuple(PairClocks(pair=p.index, base=p.clocks.get("base"), head=p.clocks.get("head"), refused=p.refused)
+                     for p in records if p.clocks),
         policy=ABPolicyInfo(confidence=config.policy.confidence, prior_sd=dict(config.policy.prior_sd),
                             prior_df=config.policy.prior_df, family_alpha=config.policy.family_alpha,
                             noise=tuple(sorted(t.where for t in policy.noise.values()))),
@@ -349,18 +380,16 @@ class _Plan:
         self.runs.append(run)
         self.say(f"perfbudget ab: pair {index} took {run.wall_s:.0f} s "
                  f"(turns: base {run.turns.grants('base')}, head {run.turns.grants('head')})")
-        if run.timed_out and self.records:
-            # Stopped by our own clock: the pair is incomplete, the earlier ones stand.
-            self.problems.append(f"pair {index}: stopped at --max-minutes {config.max_minutes:g}; not used")
-            return self._stop(StopReason.TIME)
         self.problems.extend(side_problems)
         if run.sides["head"].returncode not in (0, None):
             self.head_failed = True
         if pair.head is None:
-            return self._stop(StopReason.HEAD_FAILED)
-        if run.invalid and not run.timed_out:
+            return self._stop(StopReason.TIME if run.timed_out else StopReason.HEAD_FAILED)
+        if run.invalid:
             # Part of the pair ran out of lockstep: its ratios would carry the machine's drift.
             self.problems.append(f"pair {index}: invalid, its records are not used: {run.invalid}")
+            if run.timed_out:
+                return self._stop(StopReason.TIME)
             if self.to_replace is None:
                 self.to_replace = run
                 self.say(f"perfbudget ab: pair {index} is invalid ({run.invalid}); re-running it once")
@@ -374,9 +403,13 @@ class _Plan:
         self.to_replace = None
         self.records.append(replace(pair, index=index))
         _pin_operators(self.operators_file, self.records)
+        if pair.refused:
+            self.problems.append(f"pair {index}: its GPU timing checks were not compared: {pair.refused}")
         if self.budgets is None:
             self.budgets = _budgets(self.budgets_dir, pair.head)
+            _say_noise(self.policy, pair.head, self.say, pairs=config.max_pairs)
         if run.timed_out:
+            self.problems.extend(_unreached(self.records[-1], config.max_minutes))
             return self._stop(StopReason.TIME)
         if len(self.records) == 1 and pair.base is None:
             return self._stop(StopReason.BASE_UNAVAILABLE)
@@ -412,9 +445,9 @@ def _pairs_left(config: ABConfig, runs: Sequence[PairRun], deadline: float) -> i
 
 def _with_noise(config: ABConfig, budgets_dir: Path, say: Callable[[str], None], *, burst_ms: float) -> ABPolicy:
     """The policy with the measured noise of ``<budgets_dir>/noise`` (unless the policy brings its
-    own), after saying, per measured check of this machine, the change the run can resolve. This
-    machine's noise measured in turns of another length than ``burst_ms`` is not used: its checks
-    start from the flat prior.
+    own). A noise file measured in turns of another length than ``burst_ms`` is set aside, and said:
+    its checks start from the flat prior. Each check finds its file by the identity of the device it
+    timed (:meth:`ABPolicy.prior_for`): a GPU's for a CUDA check, the host CPU's for a CPU one.
 
     Raises:
         UsageError: a noise file that cannot be read (naming it, the key and the value).
@@ -425,25 +458,30 @@ def _with_noise(config: ABConfig, budgets_dir: Path, say: Callable[[str], None],
         tables = load_noise(budgets_dir)
     except BudgetError as exc:
         raise UsageError(f"measured noise: {exc}") from None
-    if not tables:
-        return config.policy
-    from ..measure.machine import describe  # torch: only when there is noise to match
+    kept = {}
+    for identity, table in tables.items():
+        if table.bursts_ms and table.bursts_ms != {burst_ms}:
+            say(f"perfbudget ab: the measured noise of {identity} ({table.where}) holds for turns of "
+                f"{table.turns_text}, this run takes {burst_ms:g} ms: its timing checks start from the flat prior "
+                "(calibrate again with runs of this length)")
+        else:
+            kept[identity] = table
+    return replace(config.policy, noise=kept) if kept else config.policy
 
-    identity = describe("cpu").identity
-    table = tables.get(identity or "")
-    if table is not None and table.bursts_ms and table.bursts_ms != {burst_ms}:
-        say(f"perfbudget ab: the measured noise of this machine ({table.where}) holds for turns of "
-            f"{table.turns_text}, this run takes {burst_ms:g} ms: its "
-            "timing checks start from the flat prior (calibrate again with runs of this length)")
-        return replace(config.policy, noise={k: v for k, v in tables.items() if k != identity})
-    policy = replace(config.policy, noise=tables)
-    if table is None:
-        say(f"perfbudget ab: no measured noise for this machine ({identity}; measured: "
-            f"{', '.join(sorted(tables))}): its timing checks start from the flat prior")
-        return policy
-    for line in resolvable_lines(table, policy, pairs=config.max_pairs):
-        say(f"perfbudget ab: {line}")
-    return policy
+
+def _say_noise(policy: ABPolicy, head: Results, say: Callable[[str], None], *, pairs: int) -> None:
+    """Once the first pair names the devices its statistical checks timed: per device identity, the
+    change each measured check can resolve, or that its checks start from the flat prior."""
+    identities = dict.fromkeys(r.device.identity for r in head.records
+                               if r.kind in STATISTICAL_KINDS and r.device is not None and r.device.identity)
+    for identity in identities:
+        table = policy.noise.get(identity)
+        if table is None:
+            say(f"perfbudget ab: no measured noise for {identity} in turns of this length (used: "
+                f"{', '.join(sorted(policy.noise)) or 'none'}): its timing checks start from the flat prior")
+            continue
+        for line in resolvable_lines(table, policy, pairs=pairs):
+            say(f"perfbudget ab: {line}")
 
 
 def _under_callgrind(command: SideCommand, out: Path, env: dict[str, str]) -> tuple[SideCommand, dict[str, str]]:
@@ -498,7 +536,8 @@ def _pair_records(run: PairRun) -> tuple[PairRecords, list[str]]:
     why: dict[str, str] = {}
     for side, sr in run.sides.items():
         res, err = _read(sr.results)
-        status = "was stopped at the time limit" if sr.returncode is None else f"exited {sr.returncode}"
+        status = "was stopped at the time limit (--max-minutes)" if sr.returncode is None \
+            else f"exited {sr.returncode}"
         if res is not None and side == "base" and not res.records and sr.returncode != 0:
             res, err = None, "no records"  # e.g. every base test module failed to import
         if res is None:
@@ -508,7 +547,25 @@ def _pair_records(run: PairRun) -> tuple[PairRecords, list[str]]:
         elif sr.returncode not in (0, None) and side == "head":
             problems.append(f"pair {run.index}: head: pytest {status}; log {sr.log}:\n{sr.tail()}")
         read[side] = res
-    return PairRecords(head=read.get("head"), base=read.get("base"), base_problem=why.get("base", "")), problems
+    stopped = tuple(s for s, sr in run.sides.items() if sr.returncode is None)
+    return PairRecords(head=read.get("head"), base=read.get("base"), base_problem=why.get("base", ""),
+                       stopped=stopped, clocks=run.clocks), problems
+
+
+def _unreached(pair: PairRecords, max_minutes: float) -> list[str]:
+    """Per side of ``pair`` stopped at the time limit, the checks it did not reach that the other side recorded."""
+    out = []
+    for side, other in (("base", pair.head), ("head", pair.base)):
+        if side not in pair.stopped or other is None:
+            continue
+        mine = {(r.nodeid, r.key, r.metric) for r in ((pair.base if side == "base" else pair.head) or Results()).records}
+        missed = [f"{r.nodeid} {r.key}.{r.metric}" for r in other.records
+                  if r.nodeid and (r.nodeid, r.key, r.metric) not in mine]
+        if missed:
+            out.append(f"pair {pair.index}: the {side} was stopped at --max-minutes {max_minutes:g} before it "
+                       f"recorded {len(missed)} check(s) the other side did; they were not compared in this pair: "
+                       f"{', '.join(missed[:8])}{' ...' if len(missed) > 8 else ''}")
+    return out
 
 
 def _budgets(budgets_dir: Path, head: Results) -> BudgetSet:

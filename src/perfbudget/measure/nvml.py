@@ -1,10 +1,13 @@
-"""NVIDIA device state through NVML for a CUDA device: VRAM, energy counter, power, GPM metrics, other processes, clock throttling."""
+"""NVIDIA device state through NVML for a CUDA device: VRAM, energy counter, power, GPM metrics, other processes, clock
+throttling, and clocks sampled in the background."""
 
 from __future__ import annotations
 
 import os
 import re
+import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
@@ -17,8 +20,12 @@ from perfbudget.measure.unmeasurable import Unmeasurable
 __all__ = [
     "CUDA_PROPERTIES",
     "GPM_METRICS",
+    "GPU_IDLE",
     "NVML_MODULE",
+    "ClockSample",
+    "ClockSampler",
     "GpmMetrics",
+    "GpuClocks",
     "GpuInfo",
     "GpuPreflight",
     "GpuProcess",
@@ -33,6 +40,7 @@ __all__ = [
     "max_sm_clock_mhz",
     "open_session",
     "power_w",
+    "read_clocks",
     "total_energy_mj",
     "visible_gpus",
 ]
@@ -763,3 +771,127 @@ def gpm_metrics(
     if unknown:
         raise ValueError(f"unknown GPM metric(s) {unknown}; known: {', '.join(GPM_METRICS)}")
     return _on_gpu(device_index, module, lambda s, gpu: s.gpm_metrics(gpu, run, metrics))
+
+
+# --------------------------------------------------------------------------- clocks in the background
+
+#: The clock-event reason bit NVML sets while the GPU has no work (``nvmlClocksEventReasonGpuIdle``).
+GPU_IDLE = 0x1
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClockSample:
+    """One reading of a GPU's clocks."""
+
+    sm_mhz: float
+    mem_mhz: float
+    reasons: int
+    """The clock-event reasons bitmask at that moment (:data:`GPU_IDLE` set: no work)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuClocks:
+    """The clocks a GPU ran at while it worked: median and mean over the busy samples of a window."""
+
+    busy: int
+    """Samples kept: the GPU had work (no :data:`GPU_IDLE` bit)."""
+    idle: int = 0
+    """Samples left out: the GPU was idle, so its clock says nothing of the work's."""
+    sm_median_mhz: float | None = None
+    sm_mean_mhz: float | None = None
+    mem_median_mhz: float | None = None
+    mem_mean_mhz: float | None = None
+
+    @classmethod
+    def of(cls, samples: Sequence[ClockSample]) -> GpuClocks:
+        """The busy samples' median and mean SM and memory clocks (``None`` without a busy sample)."""
+        busy = [s for s in samples if not s.reasons & GPU_IDLE]
+        if not busy:
+            return cls(busy=0, idle=len(samples))
+        sm, mem = [s.sm_mhz for s in busy], [s.mem_mhz for s in busy]
+        return cls(busy=len(busy), idle=len(samples) - len(busy), sm_median_mhz=statistics.median(sm),
+                   sm_mean_mhz=statistics.fmean(sm), mem_median_mhz=statistics.median(mem),
+                   mem_mean_mhz=statistics.fmean(mem))
+
+    @property
+    def text(self) -> str:
+        """``SM median 1980 / mean 1975.2 MHz, memory 3201 MHz (412 busy samples)``."""
+        if self.sm_median_mhz is None or self.sm_mean_mhz is None:
+            return f"no busy sample ({self.idle} idle)"
+        mem = f", memory {self.mem_median_mhz:g} MHz" if self.mem_median_mhz is not None else ""
+        return f"SM median {self.sm_median_mhz:g} / mean {self.sm_mean_mhz:.1f} MHz{mem} ({self.busy} busy samples)"
+
+
+def read_clocks(session: NvmlSession, gpu: NvmlGpu) -> ClockSample | Unmeasurable:
+    """``gpu``'s SM and memory clocks and clock-event reasons now."""
+    nv = session.nv
+
+    def read() -> ClockSample:
+        sm = nv.nvmlDeviceGetClockInfo(gpu.handle, getattr(nv, "NVML_CLOCK_SM", 1))
+        mem = nv.nvmlDeviceGetClockInfo(gpu.handle, getattr(nv, "NVML_CLOCK_MEM", 2))
+        return ClockSample(sm_mhz=float(sm), mem_mhz=float(mem), reasons=_clock_reasons_mask(nv, gpu.handle) or 0)
+
+    return session._guard(read)
+
+
+class ClockSampler:
+    """Read a GPU's clocks every ``interval_s`` in a background thread, each sample filed under the
+    label ``label()`` gives at that moment (``None``: not kept), e.g. the A/B side holding the machine.
+
+    The GPU is CUDA device ``cuda_index`` as ``CUDA_VISIBLE_DEVICES`` names it: the process that samples
+    need not (and should not) start CUDA, whose context would be one more process on the GPU. Without
+    NVML or that GPU it samples nothing (:attr:`unavailable` says why).
+
+    Args:
+        label: who the GPU works for right now.
+        interval_s: seconds between samples.
+        cuda_index: the CUDA device the measured processes use.
+        module: a ``pynvml``-compatible module (default: :data:`NVML_MODULE` or ``pynvml``).
+    """
+
+    def __init__(self, label: Callable[[], str | None], *, interval_s: float = 0.05, cuda_index: int = 0,
+                 module: Any = None) -> None:
+        self.label = label
+        self.interval_s = interval_s
+        self.cuda_index = cuda_index
+        self.module = module
+        self.unavailable = ""
+        self.samples: dict[str, list[ClockSample]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> ClockSampler:
+        """Open NVML, find the GPU and start sampling; returns ``self``."""
+        opened = open_session(self.module)
+        gpu = opened if isinstance(opened, Unmeasurable) else \
+            opened._guard(lambda: opened._from_visible_devices(self.cuda_index))
+        if isinstance(gpu, Unmeasurable):
+            self.unavailable = gpu.reason
+            if isinstance(opened, NvmlSession):
+                opened.close()
+            return self
+        assert isinstance(opened, NvmlSession)
+        self._thread = threading.Thread(target=self._run, args=(opened, gpu), name="perfbudget-clocks", daemon=True)
+        self._thread.start()
+        return self
+
+    def sample(self, session: NvmlSession, gpu: NvmlGpu) -> None:
+        """Take one sample now, filed under the current label."""
+        who = self.label()
+        if who is None:
+            return
+        got = read_clocks(session, gpu)
+        if isinstance(got, ClockSample):
+            self.samples.setdefault(who, []).append(got)
+
+    def _run(self, session: NvmlSession, gpu: NvmlGpu) -> None:
+        with session:
+            while not self._stop.wait(self.interval_s):
+                self.sample(session, gpu)
+
+    def stop(self) -> dict[str, GpuClocks]:
+        """Stop sampling; the clocks per label (none without NVML)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        return {who: GpuClocks.of(xs) for who, xs in self.samples.items()}
