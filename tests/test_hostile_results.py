@@ -4,16 +4,18 @@ a clear error or inert output, and nothing is written outside the budgets folder
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import pytest
 
-from perfbudget.budgets.loader import load_dir
+from perfbudget.budgets.loader import load_dir, load_file
 from perfbudget.budgets.update import Measured, apply_updates
 from perfbudget.cli import main
 from perfbudget.device import DeviceInfo
 from perfbudget.exitcodes import ExitCode
-from perfbudget.results import ABRunInfo, Record, Results, RunInfo
+from perfbudget.history.commits import git_commit_info
+from perfbudget.results import ABRunInfo, Record, Results, RunInfo, load_results
 from perfbudget.vocabulary import Outcome, RunMode
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
@@ -43,7 +45,7 @@ def test_a_device_field_that_names_a_path_writes_nothing_anywhere(
     code = main([command, str(results), "--budgets-dir", str(root), *extra, *dry_run], out=out)
     said = out.getvalue() + capsys.readouterr().err
     assert code == ExitCode.USAGE
-    assert "x/../../../ESCAPED" in said
+    assert "x/../../../ESCAPED" in said and "device.isa_class" in said
     assert files_under(tmp_path) == before
 
 
@@ -56,3 +58,73 @@ def test_the_updater_refuses_a_file_outside_the_budgets_folder(tmp_path: Path) -
         f"{root}: enc.loss_drift: refusing to write a budget file outside the budgets folder: the "
         "device fields make its name 'cpu-isa-x/../../../ESCAPED'"]
     assert files_under(tmp_path) == set()
+
+
+def results_file(tmp_path: Path, record: dict[str, object] | None = None, meta: dict[str, object] | None = None,
+                 ) -> Path:
+    """A results file of one passing record, with ``record``'s and ``meta``'s fields replaced."""
+    device = {"type": "cpu", "model": "Test CPU", "count": 2, "cpuid": "6/207/2", "isa_class": "avx2"}
+    rec = {"nodeid": "t.py::test_x", "key": "enc", "metric": "flops", "outcome": "pass", "value": 1.0,
+           "device": device, **(record or {})}
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"schema": 3, "meta": {"mode": "check", **(meta or {})}, "records": [rec]}))
+    return path
+
+
+LONG = "k" * 70_000
+DEVICE = {"type": "cpu", "model": "Test CPU", "count": 2}
+
+
+@pytest.mark.parametrize(("record", "meta", "says"), [
+    ({"device": {**DEVICE, "isa_class": "x/../../../ESCAPED"}}, None,
+     "records[0].device.isa_class: expected [a-z0-9_]{1,40}, got 'x/../../../ESCAPED'"),
+    ({"device": {**DEVICE, "cpuid": "6/207/2; rm"}}, None, "records[0].device.cpuid: expected"),
+    ({"device": {**DEVICE, "model": "CPU\n# heading"}}, None,
+     "records[0].device.model: expected no control characters, got 'CPU\\n# heading'"),
+    ({"key": LONG}, None, f"records[0].key: expected at most 20000 characters, got 70000: {'k' * 80!r}..."),
+    ({"key": "k" * 5000}, None, "records[0].key: expected at most 1000 characters, got 5000"),
+    ({"reason": LONG}, None, "records[0].reason: expected at most 20000 characters, got 70000"),
+    ({"metric": "flops\n"}, None, "records[0].metric: expected no control characters, got 'flops\\n'"),
+    ({"metric": "flops[a]b"}, None, "records[0].metric: expected [a-z][a-z0-9_]*"),
+    ({"nodeid": "t.py::test_\x1b[31mred"}, None, "records[0].nodeid: expected no control characters"),
+    ({"key": "enc\u202egnp.exe"}, None, "records[0].key: expected no control characters"),
+    ({"ci": [1, "inf"]}, None, "records[0].ci: expected two finite numbers, low to high, got [1.0, inf]"),
+    ({"ci": [2, 1]}, None, "records[0].ci: expected two finite numbers, low to high, got [2.0, 1.0]"),
+    ({"ci_confidence": 7}, None, "records[0].ci_confidence: expected a number in (0, 1), got 7.0"),
+    ({"value": "BIG"}, None, "cannot read results: Exceeds the limit (4300 digits)"),
+    (None, {"mode": "ab", "ab": {"head_commit": "--output=/tmp/x"}},
+     "meta.ab.head_commit: expected a git commit hash (4 to 40 hex digits, '-dirty' allowed), "
+     "got '--output=/tmp/x'"),
+    (None, {"mode": "ab", "ab": {"base_commit": "HEAD"}}, "meta.ab.base_commit: expected a git commit hash"),
+    (None, {"budgets_dir": "b\n```\nrm -rf /"}, "meta.budgets_dir: expected no control characters"),
+])
+def test_a_hostile_field_is_refused_at_load_naming_file_record_and_field(
+        tmp_path: Path, record: dict[str, object] | None, meta: dict[str, object] | None, says: str) -> None:
+    path = results_file(tmp_path, record, meta)
+    path.write_text(path.read_text().replace('"BIG"', "9" * 5000))
+    with pytest.raises(ValueError) as err:
+        load_results(path)
+    assert str(err.value).startswith(f"{path}: ") and says in str(err.value)
+    assert len(str(err.value)) < 500
+
+
+@pytest.mark.parametrize("text", ['{"schema": 3, "records": 5}', '{"schema": 1, "records": [{"extra": {"ab": 1}, '
+                                  '"base": [1]}]}', "[" * 100_000 + "]" * 100_000])
+def test_a_malformed_file_is_an_error_naming_it_not_a_traceback(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "results.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=f"^{path}: "):
+        load_results(path)
+
+
+def test_a_big_integer_in_a_budget_file_is_an_error_naming_the_key(tmp_path: Path) -> None:
+    path = tmp_path / "cpu.yaml"
+    path.write_text("schema: 1\ndevice: {type: cpu}\nbudgets:\n  enc:\n    flops: " + "9" * 5000 + "\n")
+    assert [str(e) for e in load_file(path).errors] == [
+        f"{path}:5: budgets.enc.flops: expected a number that fits a float, got 5000 digits"]
+
+
+def test_git_reads_a_commit_as_a_commit_never_as_an_option(tmp_path: Path) -> None:
+    written = tmp_path / "written"
+    assert git_commit_info(f"--output={written}", cwd=Path(__file__).parent) is None
+    assert not written.exists()

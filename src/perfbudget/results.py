@@ -6,14 +6,16 @@ import contextlib
 import enum
 import json
 import math
+import re
 import types
+import unicodedata
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from .budgets.schema import Budget
-from .budgets.update import Measured, measured_value
+from .budgets.update import Measured, check_commit, measured_value
 from .budgets.verdict import Outcome, Verdict
 from .device import DeviceInfo
 from .fileio import atomic_write, shown_path
@@ -203,6 +205,8 @@ def _decode(tp: Any, x: Any, where: str) -> Any:
         if got is None:
             raise FieldError(where, f"expected a number, got {x!r}")
         return got
+    if tp is str and isinstance(x, str) and len(x) > MAX_TEXT:
+        raise FieldError(where, f"expected at most {MAX_TEXT} characters, got {len(x)}: {_cut(x)}")
     if tp in (bool, int, str) and isinstance(x, tp) and not (tp is int and isinstance(x, bool)):
         return x
     if tp in (bool, int, str):
@@ -511,23 +515,82 @@ def load_results(path: str | Path) -> Results:
     path = Path(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # ValueError: bad JSON, an integer of 5000 digits
         raise ValueError(f"{path}: cannot read results: {exc}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a results object, got {type(data).__name__}")
     data = _migrate(data, path)
+    if not isinstance(data.get("records", []), list):
+        raise ValueError(f"{path}: records: expected a list, got {_cut(str(data['records']))}")
     records = []
     for i, r in enumerate(data.get("records", [])):
         try:
-            records.append(Record.from_dict(r))
+            records.append(_checked(Record.from_dict(r)))
         except FieldError as exc:
             where = f"records[{i}]" + (f".{exc.where}" if exc.where else "")
             raise ValueError(f"{path}: {where}: {exc.message}") from None
     try:
-        meta = RunInfo.from_dict(data.get("meta", {}))
+        meta = _checked_meta(RunInfo.from_dict(data.get("meta", {})))
     except FieldError as exc:
         raise ValueError(f"{path}: {exc}") from None
     return Results(records=records, meta=meta)
+
+
+#: The most characters any text field of a results file may hold; a reason or note longer than this
+#: was not written by the plugin (a results file may come from a pull request's code).
+MAX_TEXT = 20_000
+#: The most characters a name (node id, key, metric, device field) may hold.
+MAX_NAME = 1_000
+_METRIC_NAME = re.compile(r"[a-z][a-z0-9_]*(?:\[[^\[\]]+\])?")
+_NAME_PATTERNS = {"device.isa_class": re.compile(r"[a-z0-9_]{1,40}"),
+                  "device.cpuid": re.compile(r"[0-9]{1,6}/[0-9]{1,6}/[0-9]{1,6}"), "metric": _METRIC_NAME}
+
+
+def _cut(text: str) -> str:
+    return repr(text) if len(text) <= 80 else f"{text[:80]!r}..."
+
+
+def _check_name(where: str, text: str) -> None:
+    """A name from a results file: bounded, no control or format characters (a newline, an ANSI
+    escape, a right-to-left override), and of its field's pattern where it has one."""
+    if len(text) > MAX_NAME:
+        raise FieldError(where, f"expected at most {MAX_NAME} characters, got {len(text)}: {_cut(text)}")
+    if any(unicodedata.category(c) in ("Cc", "Cf") for c in text):
+        raise FieldError(where, f"expected no control characters, got {text!r}")
+    pattern = _NAME_PATTERNS.get(where)
+    if pattern is not None and not pattern.fullmatch(text):
+        raise FieldError(where, f"expected {pattern.pattern}, got {text!r}")
+
+
+def _checked(r: Record) -> Record:
+    """The trust boundary for one record read from a file (which a pull request's code may have
+    written): its names (:func:`_check_name`) and interval; the types were read by the codec."""
+    names = {"nodeid": r.nodeid, "key": r.key, "metric": r.metric}
+    if r.device is not None:
+        names.update({f"device.{f.name}": v for f in fields(r.device) if isinstance(v := getattr(r.device, f.name), str)})
+    for where, text in names.items():
+        _check_name(where, text)
+    if r.ci is not None and not (all(math.isfinite(x) for x in r.ci) and r.ci[0] <= r.ci[1]):
+        raise FieldError("ci", f"expected two finite numbers, low to high, got {list(r.ci)!r}")
+    if r.ci_confidence is not None and not 0 < r.ci_confidence < 1:
+        raise FieldError("ci_confidence", f"expected a number in (0, 1), got {r.ci_confidence!r}")
+    return r
+
+
+def _checked_meta(meta: RunInfo) -> RunInfo:
+    """The trust boundary for a file's ``meta``: the folder a command may be told to write, the
+    commits handed to git (:func:`check_commit`)."""
+    if meta.budgets_dir is not None:
+        _check_name("meta.budgets_dir", meta.budgets_dir)
+    if meta.ab is not None:
+        _check_name("meta.ab.base_ref", meta.ab.base_ref)
+        for name in ("head_commit", "base_commit"):
+            if commit := getattr(meta.ab, name):
+                try:
+                    check_commit(commit)
+                except ValueError as exc:
+                    raise FieldError(f"meta.ab.{name}", str(exc)) from None
+    return meta
 
 
 def _migrate(data: dict[str, Any], path: Path) -> dict[str, Any]:
@@ -540,7 +603,10 @@ def _migrate(data: dict[str, Any], path: Path) -> dict[str, Any]:
         raise ValueError(f"{path}: results schema {version} is newer than this perfbudget reads "
                          f"(schema {RESULTS_SCHEMA}); upgrade perfbudget to read it")
     while version < RESULTS_SCHEMA:
-        data = {**_MIGRATIONS[version](data), "schema": version + 1}
+        try:
+            data = {**_MIGRATIONS[version](data), "schema": version + 1}
+        except (TypeError, ValueError, AttributeError, KeyError) as exc:  # a field of the wrong type
+            raise ValueError(f"{path}: cannot migrate schema {version} results: {exc!r}") from None
         version += 1
     return data
 

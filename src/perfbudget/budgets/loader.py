@@ -135,7 +135,12 @@ class _Doc:
             # '=' and '<<' resolve to these tags when unquoted.
             hint = "; quote it if it is text" if node.tag in (f"{_Y}value", f"{_Y}merge") else ""
             raise self._fail(f"invalid YAML: tag {_short_tag(node.tag)!r} is not allowed{hint}", node, keypath)
-        return loader.construct_object(node, deep=True)
+        try:
+            return loader.construct_object(node, deep=True)
+        except ValueError as exc:  # an integer past Python's 4300-digit limit, a date like 2024-13-01
+            said = f"expected a number that fits a float, got {len(node.value)} digits" \
+                if node.tag == f"{_Y}int" else f"{_short_tag(node.tag)} {node.value!r}: {exc}"
+            raise self._fail(said, node, keypath) from None
 
     def line(self, keypath: tuple[str, ...]) -> int | None:
         while keypath and keypath not in self.lines:

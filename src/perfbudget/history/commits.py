@@ -31,7 +31,8 @@ def git_rev(ref: str, cwd: str | Path = ".") -> str | None:
 
 def git_commit_info(commit: str, cwd: str | Path = ".") -> tuple[str, str | None, str] | None:
     """``(full SHA, first parent or None, commit date UTC)`` of ``commit``, or ``None`` when git does not know it."""
-    out = _git(Path(cwd), "show", "-s", "--format=%H %P%n%cI", commit)
+    # ``commit`` may come from a results file: after --end-of-options, '--output=FILE' is no option.
+    out = _git(Path(cwd), "show", "-s", "--format=%H %P%n%cI", "--end-of-options", commit)
     if not out:
         return None
     shas, _, date = out.partition("\n")
