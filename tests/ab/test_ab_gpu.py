@@ -110,3 +110,18 @@ def test_on_a_gpu_machine_each_side_has_its_own_half_of_the_cpus_swapped_every_p
     assert placement((3,), 2) == {"base": (3,), "head": (3,)} and placement((), 1) == {"base": (), "head": ()}
     assert parse_cpus("halves") == HALVES
 
+
+
+def test_the_summary_names_each_pairs_gpu_clocks_and_a_refusal() -> None:
+    from perfbudget.ab.cli import summary
+    from perfbudget.ab.merge import Comparison
+    from perfbudget.ab.run import ABRun
+    from perfbudget.results import ABRunInfo, PairClocks, RunInfo
+
+    apart = {"base": clocks(1980), "head": clocks(1900)}
+    meta = RunInfo(ab=ABRunInfo(clocks=(PairClocks(pair=1, **apart, refused=clock_refusal(apart)),)))
+    run = ABRun(results=Results(meta=meta), path=Path("results.json"), exit_code=0,  # type: ignore[arg-type]
+                comparison=Comparison(records=[]), pairs=())
+    line = summary(run).splitlines()[1]
+    assert line.startswith("pair 1 GPU clocks: base SM median 1980 / mean 1980.0 MHz, memory 3201 MHz (400 busy")
+    assert "GPU timing not compared (the sides' GPU SM clocks differ by -4.04%" in line

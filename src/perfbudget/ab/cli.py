@@ -151,6 +151,9 @@ def summary(run: ABRun) -> str:
     for r in recs:
         if r.outcome in (Outcome.FAIL, Outcome.ERROR, Outcome.INCONCLUSIVE):
             lines.append(f"{r.outcome.upper()} {_name(r)}: {r.reason}")
+    for c in run.results.meta.ab.clocks if run.results.meta.ab is not None else ():
+        sides = "; ".join(f"{name} {clocks.text}" for name, clocks in (("base", c.base), ("head", c.head)) if clocks)
+        lines.append(f"pair {c.pair} GPU clocks: {sides}" + (f": GPU timing not compared ({c.refused})" if c.refused else ""))
     if run.invalid:
         lines.append(f"{len(run.invalid)} pair(s) not used: turn-taking was lost (pair "
                      f"{', '.join(map(str, run.invalid))}; see the problems above)")
