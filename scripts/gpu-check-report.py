@@ -4,9 +4,11 @@ results file is unfinished, the one-screen summary, and whether an OUT folder fi
 return limits. Standard library only: it runs on whatever python3 the machine has, even when
 installing perfbudget failed.
 
-  gpu-check-report.py select COLLECTED        CPU counterparts of the collected [cuda] tests
+  gpu-check-report.py select COLLECTED PLANNED  the [cpu] counterparts of the PLANNED [cuda] tests
+                                              (one a line) among the COLLECTED ones, in PLANNED's order
   gpu-check-report.py unfinished RESULTS      exit 0 when RESULTS was cut off mid-run (or is missing)
-  gpu-check-report.py summary RUN_DIR OUT     print the summary (RUN_DIR/parts.tsv and each part's files)
+  gpu-check-report.py summary RUN_DIR OUT     print the summary (RUN_DIR/parts.tsv, plan.tsv and each
+                                              part's files): each test's seconds beside the plan's
   gpu-check-report.py check-out OUT           exit 1, naming each problem, when OUT breaks a limit
   gpu-check-report.py rehearsal-check OUT DIR  exit 1 unless the rehearsal's OUT holds what a lease's
                                               would (unpacked into DIR)
@@ -35,12 +37,35 @@ SHOWN_FAILURES = 5
 PARTS = (("set-up", None), ("update", "update"), ("check", "check"), ("a/a", "aa"))
 
 
-def select(collected: Path) -> list[str]:
-    """The ``[cpu]`` variant of every collected ``[cuda]`` test that has one (``pytest
-    --collect-only -q`` output): the same tests, the same fixtures and code path, on the CPU."""
-    ids = [line.strip() for line in collected.read_text().splitlines() if "::" in line]
-    have = set(ids)
-    return [cpu for i in ids if i.endswith("[cuda]") and (cpu := i[: -len("[cuda]")] + "[cpu]") in have]
+def select(collected: Path, planned: Path) -> list[str]:
+    """The ``[cpu]`` variant of every planned ``[cuda]`` test that has one among the collected
+    (``pytest --collect-only -q`` output), in the plan's order: the same tests, the same fixtures
+    and code path, on the CPU."""
+    have = {line.strip() for line in collected.read_text().splitlines() if "::" in line}
+    ids = [line.strip() for line in planned.read_text().splitlines() if line.strip().endswith("[cuda]")]
+    return [cpu for i in ids if (cpu := i[: -len("[cuda]")] + "[cpu]") in have]
+
+
+def plan(run: Path) -> dict[str, dict[str, float]]:
+    """The lease plan's estimated H200 seconds (``plan.tsv``: part, step, seconds) by part and by the
+    test's name as JUnit gives it (``test_encoder::test_operators[cuda]``); the part's total under ``""``."""
+    out: dict[str, dict[str, float]] = {}
+    try:
+        rows = (run / "plan.tsv").read_text().splitlines()
+    except OSError:
+        return out
+    for row in rows:
+        part, step, seconds = [*row.split("\t"), "", ""][:3]
+        try:
+            value = float(seconds)
+        except ValueError:
+            continue
+        steps = out.setdefault(part, {"": 0.0})
+        steps[""] += value
+        if "::" in step:
+            path, name = step.split("::", 1)
+            steps[f"{Path(path).stem}::{name}"] = value
+    return out
 
 
 def load(path: Path) -> dict | None:
@@ -77,9 +102,12 @@ def junit(path: Path) -> list[tuple[str, str, float, str]] | None:
     return out
 
 
-def part_line(name: str, status: str, wall: str, bound: str, note: str, folder: Path | None) -> list[str]:
+def part_line(name: str, status: str, wall: str, bound: str, note: str, folder: Path | None,
+              planned: dict[str, float] | None = None) -> list[str]:
+    """The part's lines; ``planned``: its estimated seconds, the part's under ``""`` (see :func:`plan`)."""
+    planned = planned or {}
     time_text = f"{wall}/{bound} s" if bound not in ("", "-") else f"{wall} s"
-    head = f"{name:<8} {status:<10} {time_text:>11}"
+    head = f"{name:<8} {status:<10} {time_text:>11}" + (f" (plan {planned['']:.0f})" if "" in planned else "")
     lines = []
     if folder is None or not folder.is_dir():
         return [f"{head}  {note}".rstrip()]
@@ -112,8 +140,10 @@ def part_line(name: str, status: str, wall: str, bound: str, note: str, folder: 
             lines.append(f"{'':<8} {outcome.upper()} {test}: {message[:110]}")
         if len(bad) > SHOWN_FAILURES:
             lines.append(f"{'':<8} and {len(bad) - SHOWN_FAILURES} more: see its log.txt and results.md in the tarball")
-        slowest = sorted(cases, key=lambda c: -c[2])[:3]
-        lines.append(f"{'':<8} slowest: " + ", ".join(f"{t} {s:.0f} s" for t, _, s, _ in slowest))
+        # Each test's seconds beside the plan's H200 estimate (a [cpu] test beside its [cuda] one's).
+        for test, _, seconds, _ in cases:
+            est = planned.get(test.removesuffix("[cpu]") + "[cuda]" if test.endswith("[cpu]") else test)
+            lines.append(f"{'':<8} {seconds:6.1f} s (plan {'-' if est is None else f'{est:.1f}':>5})  {test}")
     if results is not None and name == "a/a":
         for r in results.get("records", []):
             base = r.get("base") or {}
@@ -135,9 +165,11 @@ def summary(run: Path, out: Path) -> str:
         for row in tsv.read_text().splitlines():
             name, status, wall, bound, note = (row.split("\t") + [""] * 5)[:5]
             parts[name] = (status, wall, bound, note)
+    estimates = plan(run)
     for name, folder in PARTS:
         if name in parts:
-            lines += part_line(name, *parts[name], folder=run / folder if folder else None)
+            lines += part_line(name, *parts[name], folder=run / folder if folder else None,
+                               planned=estimates.get(name))
         else:
             lines.append(f"{name:<8} {'not run':<10}")
     written = sorted(p.name for p in (run / "budgets").glob("*.yaml")) if (run / "budgets").is_dir() else []
@@ -198,8 +230,8 @@ def rehearsal_check(out: Path, unpacked: Path) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) == 2 and argv[0] == "select":
-        print("\n".join(select(Path(argv[1]))))
+    if len(argv) == 3 and argv[0] == "select":
+        print("\n".join(select(Path(argv[1]), Path(argv[2]))))
         return 0
     if len(argv) == 2 and argv[0] == "unfinished":
         return 0 if unfinished(Path(argv[1])) else 1

@@ -1,51 +1,36 @@
 #!/usr/bin/env bash
 # The prepared GPU check: on a machine with one NVIDIA GPU and no package registry (the lent
 # H200, or a user's self-hosted runner), with the machine's own python3 and torch, in one
-# command of at most 9 minutes, set-up included:
+# command of at most LIMIT_S (the lease plan's, 420 s: a lease keeps >= 4 minutes for a second
+# command), set-up included, the work lease-sized (-o perfbudget_lease=true):
 #   set-up   perfbudget installed from this tree with no registry (pip --no-index --no-deps,
 #            into a scratch folder on PYTHONPATH: the machine's Python is left as it was)
-#   update   pytest perf_tests -m gpu --update-budgets: the GPU's budget files, written by the
-#            updater into a scratch copy of budgets/ (cuda.yaml, <gpu identity>.yaml)
-#   check    pytest perf_tests -m gpu against them, the machine declared stable
-#   a/a      perfbudget ab --base HEAD on the encoder step, both sides the same commit (in a
-#            snapshot repository): the per-pair spread on this GPU; only where git exists
+#   update   every GPU test but the compiling ones, --update-budgets: the GPU's budget files,
+#            written by the updater into a scratch copy of budgets/ (cuda.yaml, <gpu identity>.yaml)
+#   check    the plan's check tests against them, the machine declared stable (this pass only:
+#            in the update pass a preflight warning would leave checks unjudged and unwritten)
+#   a/a      perfbudget ab --base HEAD on the encoder step and operators, both sides the same
+#            commit (in a snapshot repository): the per-pair spread on this GPU; only where git exists
+# The tests, their order (imposed by the plugin under the lease), each one's estimated seconds
+# and each part's bound are the lease plan's (src/perfbudget/lease.py): `--plan` prints it.
 # Parts run in that order of value; each is stopped before its bound (SIGINT: pytest ends the
 # session and writes what it measured; SIGKILL GRACE_S later) and keeps what finished: results
 # are rewritten after every test, and a killed update pass's budgets are written from them.
 # Everything goes into OUT as two files, gpu-check.tar.gz (after every part) and summary.txt
-# (printed at the end): the device returns at most 8 files.
+# (printed at the end, each test's seconds beside the plan's): the device returns at most 8 files.
 #
 # Usage:
 #   scripts/gpu-check.sh [--commit SHA] OUT        on the GPU machine (OUT empty or absent)
+#   scripts/gpu-check.sh --plan                    the plan: tests in order, estimated seconds, total
 #   scripts/gpu-check.sh --rehearse OUT            here, on the CPU: the same script, see below
 #   PYTHON=/path/to/python3                        the Python that holds torch (default python3)
 # A copy of the tree without .git does not know its commit: pass it from the host,
 #   scripts/gpu-check.sh --commit "$(git rev-parse --short HEAD)" "$OUT"
 # and the budgets' provenance records it (pytest --perf-commit).
 #
-# Time bounds on the lent H200 (15 min of device time a lease, the machine's start of 1-2 min
-# included; one command at most 10 min): the command ends within LIMIT_S = 540 s. Estimates
-# from counts x step times, the large workloads, taken pessimistically: encoder (BERT-base,
-# 64x128 tokens, bf16) <= 50 ms a step, segmentation (512x512, batch 16) <= 100 ms, one
-# GPT-2-small decode step <= 4 ms.
-#   set-up   pip install <= 60 s, probe (torch import, CUDA init, perfbudget show) <= 45 s;
-#            expected ~25 s
-#   update   17 tests collected (13 measure, 2 instruction tests skip on CUDA, 2 compile):
-#            start + torch + CUDA 15 s; fixtures 20 s (3 warm steps each); serving 34 s (128
-#            requests x 64 tokens x 4 ms); encoder step 3 s (40 steps); operators 15 s (16
-#            profiled rounds x 3 steps, x2 profiler cost, + parsing); memory 5 s; numerics 10 s
-#            (60 steps); energy 6 + 11 s (5 windows >= 1 s each); occupancy 12 s (5 traced
-#            rounds); GPM 13 s (5 x 50 steps); bucketing 5 s; segmentation 26 s; sum 175 s,
-#            then the compiling tests (last by design) ~90 s of cold inductor: ~265 s.
-#            Bound UPDATE_S = 270 s: the compile tests are the ones a cut takes.
-#   check    the same work, inductor's cache warm (~20 s), plus up to 3 more batches of a
-#            straddling timing check (serving: +34 s each): ~200 s. Bound CHECK_S = 170 s.
-#   a/a      2 to 4 pairs of the encoder step, ~30 s a pair (two processes, start, fixture,
-#            40 steps each): at least AA_MIN_S = 60 s, at most AA_MAX_S = 90 s, or skipped.
-# Each bound is also cut to what is left before DEADLINE_S = 525 s, keeping GRACE_S + PACK_S
-# for the part's end. Worst case, every part killed at its bound after a 105 s set-up: update
-# 270 + 20 ends at 395, its budgets from the results by 425, check min(170, 525 - 425 - 30)
-# = 70 + 20 ends at 515, A/A skipped; packed and summarised by ~525 s.
+# Bounds: each part's is the plan's (its estimate and a margin), cut to what is left before
+# DEADLINE_S = LIMIT_S - FINISH_S, keeping GRACE_S + PACK_S for the part's end; the A/A runs
+# only when one pair's time is left (AA_MIN_S), and `perfbudget ab --max-minutes` is its bound.
 #
 # --rehearse OUT: the same script on this CPU machine, before a lease. A virtual environment
 # with the lent image's versions where they install here (.gpu-rehearsal/venv, made from the
@@ -62,10 +47,11 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
-LIMIT_S=540
-GRACE_S=20   # SIGINT at a bound, SIGKILL this much later
-PACK_S=10
+GRACE_S=10   # SIGINT at a bound, SIGKILL this much later
+PACK_S=2     # a part's own pack
+FINISH_S=3   # the summary, the last pack, OUT checked
 REPORT=scripts/gpu-check-report.py
+LEASE=src/perfbudget/lease.py   # the plan: stdlib only, run with any python3
 REHEARSAL_VENV=.gpu-rehearsal/venv
 # The lent image's versions where they install here (KINDS.md: torch 2.11.0, triton 3.6.0),
 # with the pytest plugins it holds too (they load into every pytest run there).
@@ -74,6 +60,7 @@ REHEARSAL_PACKAGES=("triton==3.6.0" pytest pytest-xdist pyyaml numpy scipy matpl
                     pytest-benchmark pytest-cov pytest-mock pytest-timeout hypothesis)
 
 usage() { sed -n '/^# Usage:/,/^# and the budgets/p' "$0" | sed 's/^# \{0,1\}//'; }
+plan() { "${PYTHON:-python3}" "$LEASE" "$@"; }
 
 mode=device device=cuda commit="" out=""
 while [ $# -gt 0 ]; do
@@ -81,6 +68,7 @@ while [ $# -gt 0 ]; do
         --commit) commit=${2:-}; shift 2 || { usage >&2; exit 2; } ;;
         --commit=*) commit=${1#--commit=}; shift ;;
         --rehearse) mode=rehearse; shift ;;
+        --plan) plan plan; exit $? ;;
         --cpu) device=cpu; shift ;;   # the rehearsal's inner run: the [cpu] variants, no GPU needed
         -h|--help) usage; exit 0 ;;
         -*) echo "gpu-check: unknown option $1" >&2; usage >&2; exit 2 ;;
@@ -97,6 +85,8 @@ if [ -e "$out" ] && [ -n "$(ls -A "$out" 2>/dev/null)" ]; then
     exit 2
 fi
 mkdir -p "$out" && out=$(cd "$out" && pwd) || exit 2
+# The stable-machine declaration is the check pass's alone (run_pass check), never inherited.
+unset PERFBUDGET_STABLE_MACHINE
 
 # ------------------------------------------------------------------------------ rehearsal
 
@@ -160,17 +150,21 @@ fi
 # ------------------------------------------------------------------------------ the check
 
 START=$SECONDS
+PY=${PYTHON:-python3}
 if [ "$device" = cuda ]; then
-    DEADLINE_S=$((LIMIT_S - 15)) UPDATE_S=270 CHECK_S=170 CHECK_MIN_S=60 AA_MIN_S=60 AA_MAX_S=90
-    selection=(perf_tests -m gpu)
-    aa_test="perf_tests/test_encoder.py::test_step_latency_and_throughput[cuda]"
+    LIMIT_S=$(plan limit) UPDATE_S=$(plan bound update) CHECK_S=$(plan bound check) AA_MAX_S=$(plan bound a/a) \
+        || { echo "gpu-check: the lease plan ($LEASE) did not run with $PY" >&2; exit 2; }
+    DEADLINE_S=$((LIMIT_S - FINISH_S)) CHECK_MIN_S=30 AA_MIN_S=$(((AA_MAX_S + 1) / 2))
+    # Every GPU test but those that compile (not planned: a cold compile would take the A/A's time)
+    # and count instructions (CPU only); the plugin runs them in the plan's order.
+    update_tests=(perf_tests -m "gpu and not compiles and not instructions")
+    mapfile -t check_tests < <(plan tests check)
+    mapfile -t aa_tests < <(plan tests a/a)
 else
     # The rehearsal's tiny CPU workloads: update ~50 s, check ~45 s (its bound cuts it on
     # purpose), an A/A pair ~15 s.
-    DEADLINE_S=400 UPDATE_S=150 CHECK_S=25 CHECK_MIN_S=20 AA_MIN_S=45 AA_MAX_S=90
-    aa_test="perf_tests/test_encoder.py::test_step_latency_and_throughput[cpu]"
+    LIMIT_S=420 DEADLINE_S=400 UPDATE_S=150 CHECK_S=25 CHECK_MIN_S=20 AA_MIN_S=45 AA_MAX_S=90
 fi
-PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/perfbudget-gpu-check.XXXXXX") || exit 2
 R=$WORK/gpu-check   # everything packed
@@ -213,16 +207,18 @@ status_of() {  # a part's exit status in words
     esac
 }
 
-# One pass of the suite: run_pass NAME WANT_S [pytest args...], stopped at its bound.
+# One pass of the suite, stopped at its bound: run_pass NAME WANT_S [VAR=VALUE...] [pytest args],
+# the variables set for this pass only.
 run_pass() {
-    local name=$1 want=$2; shift 2
+    local name=$1 want=$2 vars=(); shift 2
+    while [[ ${1:-} == [A-Z]*=* ]]; do vars+=("$1"); shift; done
     local b status t0=$SECONDS rc
     b=$(bound "$want")
     mkdir -p "$R/$name"
     echo "gpu-check: $name pass, bound $b s (at $(elapsed) s)"
-    timeout -s INT -k "$GRACE_S" "$b" "$PY" -m pytest "${selection[@]}" -p no:cacheprovider \
-        -o perfbudget_html=false --budgets-dir "$WORK/budgets" --durations=0 -rfEs \
-        --perf-json "$R/$name/results.json" --junitxml "$R/$name/junit.xml" "$@" 2>&1 | tee "$R/$name/log.txt"
+    timeout -s INT -k "$GRACE_S" "$b" env "${vars[@]}" "$PY" -m pytest "$@" -p no:cacheprovider \
+        -o perfbudget_html=false -o perfbudget_lease=true --budgets-dir "$WORK/budgets" --durations=0 -rfEs \
+        --perf-json "$R/$name/results.json" --junitxml "$R/$name/junit.xml" 2>&1 | tee "$R/$name/log.txt"
     rc=${PIPESTATUS[0]}
     status=$(status_of "$rc")
     note_part "$name" "$status" "$((SECONDS - t0))" "$b" ""
@@ -235,7 +231,7 @@ t0=$SECONDS
 setup_fail() { note_part set-up failed "$((SECONDS - t0))" - "$1"; echo "gpu-check: set-up failed: $1"; finish 2; }
 command -v "$PY" >/dev/null 2>&1 || setup_fail "no $PY on this machine (PYTHON names another)"
 if [ "$device" = cuda ]; then
-    nvidia-smi > "$R/nvidia-smi.txt" 2>&1 || setup_fail "no NVIDIA GPU visible (nvidia-smi failed)"
+    timeout 20 nvidia-smi > "$R/nvidia-smi.txt" 2>&1 || setup_fail "no NVIDIA GPU visible (nvidia-smi failed or hung)"
 fi
 # No registry: the machine's own packages, this tree built with the machine's setuptools.
 timeout 60 "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile \
@@ -245,8 +241,9 @@ export PYTHONPATH=$WORK/site${PYTHONPATH:+:$PYTHONPATH} PATH=$WORK/site/bin:$PAT
 # The budgets written go into a scratch copy (budgets-before: what they are compared with).
 if [ "$device" = cuda ]; then
     cp -r budgets "$WORK/budgets-before"
-    export PERFBUDGET_STABLE_MACHINE=yes   # one machine for the whole check: its timing budgets gate
+    stable=(PERFBUDGET_STABLE_MACHINE=yes)   # the check pass only: its timing budgets gate
 else
+    stable=()   # one pass on a shared CPU is no stable machine: timing advisory
     mkdir -p "$WORK/budgets-before"   # empty: a first lease has no GPU budgets either
 fi
 cp -r "$WORK/budgets-before" "$WORK/budgets"
@@ -282,10 +279,16 @@ print("gpu-check: " + ", ".join(f"{n} {version(n)}" for n in (
     "ruptures", "py-spy")))
 main(["show", "--device", device, "--budgets-dir", budgets])
 PY
+plan tsv > "$R/plan.tsv"
 if [ "$device" = cpu ]; then
+    # The plan's tests as their [cpu] counterparts, where they exist.
     "$PY" -m pytest perf_tests --collect-only -q -m "not compiles" -p no:cacheprovider > "$WORK/collected.txt" 2>&1
-    mapfile -t selection < <("$PY" "$REPORT" select "$WORK/collected.txt")
-    [ "${#selection[@]}" -gt 0 ] || setup_fail "no [cpu] counterpart of a [cuda] test was collected"
+    for part in update check a/a; do
+        plan tests "$part" > "$WORK/planned.txt"
+        mapfile -t "${part//\//}_tests" < <("$PY" "$REPORT" select "$WORK/collected.txt" "$WORK/planned.txt")
+    done
+    [ "${#update_tests[@]}" -gt 0 ] && [ "${#check_tests[@]}" -gt 0 ] && [ "${#aa_tests[@]}" -gt 0 ] \
+        || setup_fail "a part of the plan has no [cpu] counterpart of its [cuda] tests collected"
 fi
 note_part set-up ok "$((SECONDS - t0))" - "perfbudget installed with no registry"
 head -n 3 "$R/environment.txt"
@@ -293,7 +296,7 @@ pack
 
 # -- update: the GPU's budgets, written by the updater ------------------------------------
 rc=0
-run_pass update "$UPDATE_S" --update-budgets "${commit_args[@]}" || rc=1
+run_pass update "$UPDATE_S" "${update_tests[@]}" --update-budgets "${commit_args[@]}" || rc=1
 if "$PY" "$REPORT" unfinished "$R/update/results.json" && [ -f "$R/update/results.json" ]; then
     # Killed before pytest ended its session: the budgets of the tests it finished.
     # (`perfbudget update` as pytest --update-budgets would, with the commit passed.)
@@ -320,7 +323,7 @@ pack
 
 # -- check: against them ----------------------------------------------------------------
 if [ "$(bound "$CHECK_S")" -ge "$CHECK_MIN_S" ]; then
-    run_pass check "$CHECK_S" || rc=1
+    run_pass check "$CHECK_S" "${stable[@]}" "${check_tests[@]}" || rc=1
 else
     note_part check skipped - - "no time left before the deadline"
 fi
@@ -331,7 +334,7 @@ aa_bound=$(bound "$AA_MAX_S")
 if ! command -v git >/dev/null 2>&1; then
     note_part a/a skipped - - "no git on this machine: perfbudget ab needs a commit for each side"
 elif [ "$aa_bound" -lt "$AA_MIN_S" ]; then
-    note_part a/a skipped - - "${aa_bound} s left before the deadline, under the ${AA_MIN_S} s two pairs take"
+    note_part a/a skipped - - "${aa_bound} s left before the deadline, under the ${AA_MIN_S} s a pair takes"
 else
     # Its own snapshot repository, so both sides are exactly this tree whatever the checkout's state.
     t0=$SECONDS
@@ -343,12 +346,13 @@ else
         cd "$aa" && git init -q && git add -A \
             && git -c user.name=gpu-check -c user.email=gpu-check@localhost commit -qm "snapshot of ${shown_commit:-an unknown commit}"
     ) > "$R/aa/log.txt" 2>&1
-    minutes=$((aa_bound / 60)).$(((aa_bound % 60) * 100 / 60))
-    echo "gpu-check: a/a, $minutes min (at $(elapsed) s)"
+    minutes=$(awk -v s="$aa_bound" 'BEGIN { printf "%.2f", s / 60 }')
+    pairs=$(plan pairs)
+    echo "gpu-check: a/a, $pairs pairs in $minutes min (at $(elapsed) s)"
     (
         cd "$aa" && timeout -s INT -k "$GRACE_S" "$((aa_bound + GRACE_S))" perfbudget ab --base HEAD \
-            --min-pairs 2 --max-pairs 4 --max-minutes "$minutes" --out "$R/aa/results.json" \
-            -- "$aa_test" --budgets-dir "$WORK/budgets" -o perfbudget_html=false
+            --min-pairs "$pairs" --max-pairs "$pairs" --max-minutes "$minutes" --out "$R/aa/results.json" \
+            -- "${aa_tests[@]}" --budgets-dir "$WORK/budgets" -o perfbudget_html=false -o perfbudget_lease=true
     ) 2>&1 | tee -a "$R/aa/log.txt"
     aa_rc=${PIPESTATUS[0]}
     # An A/A that fails is a false alarm of the gate on this GPU: reported, not the check's exit.

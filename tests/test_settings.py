@@ -201,3 +201,10 @@ def test_a_command_reads_the_settings_among_pytest_args_as_pytest_does(tmp_path:
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     assert not for_folder(tmp_path, env={}).strict
     assert for_folder(tmp_path, cli=pytest_cli(["--perf-strict"]), env={}).strict
+
+
+def test_the_lease_is_one_ini_key_off_by_default_and_a_bad_value_names_it() -> None:
+    assert Settings.resolve(ini={}).lease is False
+    assert Settings.resolve(ini={"perfbudget_lease": "true"}).lease is True
+    with pytest.raises(ValueError, match=r"pytest\.ini: perfbudget_lease: expected true or false, got 'half'"):
+        Settings.resolve(ini={"perfbudget_lease": "half"}, ini_file="pytest.ini")

@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 
 import pytest
 
-from . import hookspec, xdist
+from . import hookspec, lease, xdist
 from .artifacts import artifact_dir, describe_artifacts, write_failure_artifacts
 from .budgets.verdict import VerdictPolicy
 from .decision_text import decision_text
@@ -171,19 +171,24 @@ class PerfPlugin:
         self._threads_before: int | None = None
         """torch's thread count before the run set it, restored at the end."""
 
+    @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        """Perf tests: compiling ones last; one torch thread for the run; inductor's caches kept.
+        """Perf tests: compiling ones last, under the lease the others in the plan's order; one torch
+        thread for the run; inductor's caches kept.
 
         Compiling leaves the process changed (allocator state, worker threads, a slower eager
         step), which would shift every eager timing measured after it and make budgets depend
         on test selection. Warming up (and compiling) at the timing thread count keeps
         inductor's thread-specialised kernels and dynamo's guards identical to the measured runs.
+        Last of the hooks, after pytest's own reordering around parametrized fixtures, which
+        differs between pytest versions.
         """
         perf_items = [i for i in items if "perf" in getattr(i, "fixturenames", ())]
         if not perf_items:
             return
-        items.sort(key=lambda i: i.get_closest_marker("compiles") is not None)
         ps = self.session
+        items.sort(key=lambda i: (i.get_closest_marker("compiles") is not None,
+                                  lease.position(i.nodeid) if ps.settings.lease else 0))
         import torch
 
         self._threads_before = torch.get_num_threads()
@@ -231,7 +236,7 @@ class PerfPlugin:
         )
         rec = PerfRecorder(Judge(spec.key, ps.device(spec.device), ps.budgets, config), nodeid=item.nodeid,
                            update_command=ps.update_command(item.nodeid), threads=ps.settings.threads,
-                           counted_steps=spec.counted if ps.counts_instructions else None)
+                           counted_steps=spec.counted if ps.counts_instructions else None, lease=ps.settings.lease)
         item.stash[_RECORDER] = rec
         return rec
 

@@ -460,6 +460,8 @@ class RunInfo:
     """The files merged into these results."""
     ab: ABRunInfo | None = None
     """A lockstep A/B run's account (:attr:`mode` ``ab``)."""
+    lease: bool | None = None
+    """True when the run's work was lease-sized (``perfbudget_lease``, :mod:`perfbudget.lease`)."""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunInfo:

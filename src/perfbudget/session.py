@@ -197,7 +197,7 @@ class PerfSession:
 
     def _meta(self, *, unfinished: str | None = None) -> RunInfo:
         return RunInfo(budgets_dir=str(self.settings.budgets_dir), errors=tuple(self.errors), mode=self.judging.mode,
-                       unfinished=unfinished)
+                       unfinished=unfinished, lease=self.settings.lease or None)
 
     def checkpoint(self) -> None:
         """Write the records so far to :attr:`json_path`, marked unfinished (:attr:`perfbudget.results.RunInfo.unfinished`), when any

@@ -108,6 +108,10 @@ class Settings:
         ini="perfbudget_inductor_dir", help="folder (relative to the rootdir) for inductor's cache and headers "
                                             "when tests marked `compiles` run, so a second run is warm; empty: "
                                             "leave them"))
+    lease: bool = field(default=False, metadata=_from(
+        ini="perfbudget_lease", help="lease-sized work for a lent GPU (scripts/gpu-check.sh): fewer serving and "
+                                     "profiled operator rounds, tests in the lease plan's order (perfbudget.lease)"))
+    """Lease-sized work: the rounds and test order of :mod:`perfbudget.lease`, recorded in the results' meta."""
     keep_tmpdir: bool = field(default=False, metadata=_from(env="PERFBUDGET_KEEP_TMPDIR"))
     """Leave TMPDIR alone when inductor's folders move under :attr:`inductor_dir`."""
     helper_cache_dir: Path = field(default=Path("~/.cache/perfbudget"), metadata=_from(env=HELPER_CACHE_ENV))

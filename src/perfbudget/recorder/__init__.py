@@ -40,11 +40,12 @@ class PerfRecorder(Timing, Serving, Operators, Instructions, Memory, Compiling, 
         update_command: the command that creates missing budgets, for skip messages.
         threads: torch threads for CPU timing (``None``: leave the process's setting).
         counted_steps: :meth:`step` counts instructions instead of timing (see :class:`CountedSteps`).
+        lease: lease-sized work (:mod:`perfbudget.lease`).
     """
 
     def __init__(self, judge: Judge, *, nodeid: str = "", update_command: str = "", threads: int | None = 1,
-                 counted_steps: CountedSteps | None = None) -> None:
-        super().__init__(judge, nodeid=nodeid, update_command=update_command, threads=threads)
+                 counted_steps: CountedSteps | None = None, lease: bool = False) -> None:
+        super().__init__(judge, nodeid=nodeid, update_command=update_command, threads=threads, lease=lease)
         self.counted_steps = counted_steps
 
     def records(self) -> list[Record]:

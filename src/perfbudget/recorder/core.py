@@ -49,14 +49,17 @@ class RecorderCore:
         nodeid: the test's id (for records and the update command).
         update_command: the command that creates missing budgets, for skip messages.
         threads: torch threads for CPU timing (``None``: leave the process's setting).
+        lease: lease-sized work (:mod:`perfbudget.lease`): fewer rounds where a family's default has them.
     """
 
     #: Base names of the registered metrics (:data:`perfbudget.metrics.METRICS`) this family
     #: records itself; each registered metric has at most one owner (tests/test_recorder.py).
     METRICS: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, judge: Judge, *, nodeid: str = "", update_command: str = "", threads: int | None = 1) -> None:
+    def __init__(self, judge: Judge, *, nodeid: str = "", update_command: str = "", threads: int | None = 1,
+                 lease: bool = False) -> None:
         self.judge = judge
+        self.lease = lease
         self.nodeid = nodeid
         self.update_command = update_command
         self.threads = threads

@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 from ..budgets.schema import Budget
 from ..budgets.verdict import Verdict
 from ..extras import OperatorMoves
+from ..lease import LEASE_OP_ROUNDS
 from ..measure import stats
 from ..measure.measurement import Explanation, Measurement, Passes
 from ..measure.operators import OpMove, OpRounds, count_flops, profile_rounds
@@ -45,7 +46,7 @@ class Operators(RecorderCore):
         self,
         step: Callable[[], Any],
         *,
-        rounds: int = OP_ROUNDS,
+        rounds: int | None = None,
         steps: int = OP_ROUND_STEPS,
         families: Sequence[str] = OP_METRIC_FAMILIES,
         reference: bool = False,
@@ -60,7 +61,8 @@ class Operators(RecorderCore):
 
         Args:
             step: one full step.
-            rounds: profiled rounds per sample set (one sample per round).
+            rounds: profiled rounds per sample set (one sample per round; default
+                :data:`OP_ROUNDS`, under the lease :data:`~perfbudget.lease.LEASE_OP_ROUNDS`).
             steps: steps per profiled round.
             families: which of ``op_self_ms``, ``op_share``, ``op_count`` to record (counts
                 alone are exact and hold on any machine).
@@ -75,7 +77,8 @@ class Operators(RecorderCore):
             raise ValueError(f"families must be some of {OP_METRIC_FAMILIES}, got {tuple(families)!r}")
         ref = machine_reference(self._dev) if reference else None
         self._fails_with(step)
-        passes = Passes(lambda: profile_rounds(step, rounds=rounds, steps=steps, device=self._dev, reference=ref))
+        n = rounds if rounds is not None else LEASE_OP_ROUNDS if self.lease else OP_ROUNDS
+        passes = Passes(lambda: profile_rounds(step, rounds=n, steps=steps, device=self._dev, reference=ref))
         for op in self._operator_names(passes.first):
             self._record_operator(op, passes, families=families, reference=reference)
         return passes.first

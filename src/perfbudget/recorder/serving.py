@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ..budgets.verdict import Verdict
+from ..lease import LEASE_SERVE_ROUNDS
 from ..measure.measurement import Passes
 from ..measure.timing import time_streams
 from .core import RecorderCore
@@ -39,7 +40,7 @@ class Serving(RecorderCore):
         requests: Callable[[], Iterable[Callable[[], Iterable[Any]]]],
         *,
         reference: Callable[[], Any] | bool | None = None,
-        rounds: int = SERVE_ROUNDS,
+        rounds: int | None = None,
     ) -> dict[str, Verdict]:
         """Record serving latencies of streamed requests: ``ttft_ms``, ``token_ms``,
         ``e2e_ms_p50``, ``e2e_ms_p90`` and ``tokens_per_s``.
@@ -51,11 +52,14 @@ class Serving(RecorderCore):
             reference: as in :meth:`time` (default: none); timed after every request, and
                 every latency is paired with its request's reference time.
             rounds: rounds of requests per sample set (``requests()`` called once per round);
-                an A/B run pairs each request with itself on the other side, round by round.
+                an A/B run pairs each request with itself on the other side, round by round
+                (default: :data:`SERVE_ROUNDS`, under the lease :data:`~perfbudget.lease.LEASE_SERVE_ROUNDS`).
 
         Returns:
             metric -> verdict.
         """
+        if rounds is None:
+            rounds = LEASE_SERVE_ROUNDS if self.lease else SERVE_ROUNDS
         if rounds < 1:
             raise ValueError(f"rounds must be >= 1, got {rounds!r}")
         ref = self._reference(reference)
