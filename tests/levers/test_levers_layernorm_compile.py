@@ -20,10 +20,12 @@ from typing import Any
 
 import pytest
 import torch
+from torch import nn
 from torch._dynamo.testing import CompileCounterWithBackend
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from tests.measure.support import gpu_test
 from torchlevers import layernorm
 from torchlevers.layernorm import FP32StatsLayerNorm, select_backend
 
@@ -284,3 +286,52 @@ def test_cpu_needs_the_interpreter_for_backend_triton(fresh_checks: None) -> Non
         select_backend(torch.randn(2, 8), 8, "triton")
     assert select_backend(torch.randn(2, 8), 8) == "torch"  # auto: CPU is not a fallback, no warning
     assert select_backend(torch.empty(0, 8), 8, "triton") == "torch"  # nothing to compute
+
+
+# -- on a GPU: the compiled kernels ------------------------------------------------------------
+
+
+@gpu_test
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("affine", [True, False])
+@pytest.mark.parametrize("grad", [True, False])
+def test_cuda_ops_pass_opcheck(dtype: torch.dtype, affine: bool, grad: bool) -> None:
+    g = torch.Generator("cuda").manual_seed(0)
+    x = torch.randn(37, 768, device="cuda", generator=g).to(dtype).requires_grad_(grad)
+    w, b = (torch.randn(768, device="cuda", generator=g).requires_grad_(grad) if affine else None for _ in "wb")
+    torch.library.opcheck(torch.ops.torchlevers.ln_fwd.default, (x, w, b, 1e-5))
+    _, mean, rstd = torch.ops.torchlevers.ln_fwd(x.detach(), None, None, 1e-5)
+    torch.library.opcheck(torch.ops.torchlevers.ln_bwd.default, (torch.randn_like(x).detach(), x.detach(), w.detach() if w is not None else None, mean, rstd))
+
+
+@gpu_test
+def test_cuda_lever_compiles_with_inductor(fresh_checks: None) -> None:
+    # The raw launch failed here under dynamic=True ('SymNodeVariable' object has no attribute
+    # 'value'): the op keeps dynamo out of it.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), FP32StatsLayerNorm(256), nn.GELU(), nn.Linear(256, 8)).cuda()
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(model, backend=counter, fullgraph=True, dynamic=True)
+    frames = []
+    for rows in (48, 80):
+        x = torch.randn(rows, 64, device="cuda")
+        assert select_backend(x.new_empty(rows, 256), 256) == "triton"
+        results = []
+        for fn in (model, compiled):
+            model.zero_grad()
+            y = fn(x)
+            y.square().sum().backward()
+            results.append([y.detach()] + [p.grad.clone() for p in model.parameters()])  # type: ignore[union-attr]
+        for got, want in zip(*results, strict=True):
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+        frames.append(counter.frame_count)
+    assert frames[0] == frames[1]
+    assert any("torchlevers.ln_fwd" in str(n.target) for n in counter.graphs[-1].graph.nodes)
+
+
+@gpu_test
+def test_cuda_float64_falls_back_with_a_warning(fresh_checks: None) -> None:
+    x = torch.randn(4, 64, device="cuda", dtype=torch.float64)
+    with pytest.warns(UserWarning, match="dtype torch.float64"):
+        y = FP32StatsLayerNorm(64).cuda().double()(x)
+    torch.testing.assert_close(y, torch.nn.functional.layer_norm(x, (64,)))
