@@ -3,6 +3,7 @@ passing group, the command that accepts the change; from a results file, so any 
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,11 +22,12 @@ from .common import (
     devices,
     failing_tests,
     has_base,
-    md_cell,
     md_table,
+    md_text,
     move_line,
     op_of,
     ordered,
+    plain,
     summary_line,
 )
 from .markdown import ICON
@@ -42,6 +44,8 @@ _NEEDS_A_LOOK = (Outcome.ERROR, Outcome.FAIL, Outcome.INCONCLUSIVE)
 _MAX_ROWS = 25
 _MAX_GROUPS = 40
 _MAX_MOVES = 3
+MAX_COMMENT_CHARS = 60_000
+"""The longest comment written, below GitHub's 65,536 characters."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,7 +71,7 @@ def accept_command(results: Results, results_name: str, *, commit: str | None = 
     either, the command says ``--commit SHA`` for the reader to fill in.
     """
     argv = ["perfbudget", "accept", shlex.quote(results_name)]
-    budgets_dir = shown_path(results.meta.budgets_dir or "budgets")
+    budgets_dir = plain(shown_path(results.meta.budgets_dir or "budgets"))
     if budgets_dir != "budgets" and not Path(budgets_dir).is_absolute():
         argv += ["--budgets-dir", shlex.quote(budgets_dir)]
     if results.head_commit is None:
@@ -115,7 +119,26 @@ def pr_comment(results: Results, *, title: str = "perf", links: CommentLinks | N
     lines += _groups([r for r in records if r.outcome not in _NEEDS_A_LOOK])
     if any(r.outcome in (Outcome.FAIL, Outcome.STALE) for r in records):
         lines += _accept(results, links, results_name, commit)
-    return "\n".join(lines)
+    return _capped(lines)
+
+
+def _capped(lines: list[str]) -> str:
+    """The comment's lines, whole ones only, up to :data:`MAX_COMMENT_CHARS`; a cut says so (and
+    closes a ``<details>`` it left open)."""
+    text = "\n".join(lines)
+    if len(text) <= MAX_COMMENT_CHARS:
+        return text
+    kept: list[str] = []
+    size = 0
+    for line in lines:
+        if size + len(line) + 1 > MAX_COMMENT_CHARS - 500:
+            break
+        kept.append(line)
+        size += len(line) + 1
+    if kept.count("</details>") < sum(line.startswith("<details>") for line in kept):
+        kept += ["", "</details>"]
+    return "\n".join([*kept, "", f"… the comment is cut here, at {size:,} of {len(text):,} characters "
+                       "(GitHub takes 65,536): the rest is in the report."])
 
 
 def _how(results: Results, links: CommentLinks) -> str:
@@ -124,14 +147,14 @@ def _how(results: Results, links: CommentLinks) -> str:
     if ab is not None and ab.base_commit:
         how = f"Lockstep A/B against `{ab.base_commit[:12]}`"
         if ab.merge_base and ab.base_ref:
-            how += f" (merge-base with `{ab.base_ref}`)"
+            how += f" (merge-base with {md_text(ab.base_ref, code=True)})"
         if ab.pairs or ab.valid_pairs:  # pairs run, of which these were used (0 when every one was lost)
             how += f", {ab.valid_pairs} process pair{'s' if ab.valid_pairs != 1 else ''}"
     elif has_base(results.records):
         how = "Lockstep A/B against the base commit"
     else:
         how = "Against the stored budgets"
-    parts = [how + " on " + ", ".join(f"`{d}`" for d in devices(results.records))]
+    parts = [how + " on " + ", ".join(md_text(d, code=True) for d in devices(results.records))]
     same = links.report_url and links.report_url == links.results
     named = (("HTML report and results" if same else "HTML report", links.report_url),
              ("history", links.history_url), ("results", "" if same else links.results))
@@ -143,7 +166,7 @@ def _how(results: Results, links: CommentLinks) -> str:
 
 def _row(r: Record) -> list[str]:
     icon = ICON.get(r.outcome, "")
-    return [f"{icon} {r.outcome}", f"`{r.key}` `{r.metric}`", *deciding_cells(r)]
+    return [f"{icon} {r.outcome}", f"{md_text(r.key, code=True)} {md_text(r.metric, code=True)}", *deciding_cells(r)]
 
 
 def _moved(records: Sequence[Record], shown: set[tuple[str, str]]) -> list[str]:
@@ -154,7 +177,7 @@ def _moved(records: Sequence[Record], shown: set[tuple[str, str]]) -> list[str]:
         moves = [m for m in t.moves if (t.key, m.metric) not in shown]
         found = [move_line(m) for m in moves[:_MAX_MOVES]] + t.attribution[:_MAX_MOVES + 1]
         if found:
-            out.append(f"- `{t.key}` moved: " + "; ".join(md_cell(x.strip()) for x in found))
+            out.append(f"- {md_text(t.key, code=True)} moved: " + "; ".join(md_text(x.strip()) for x in found))
     return ["**What moved**", "", *out, ""] if out else []
 
 
@@ -169,13 +192,13 @@ def _groups(records: Sequence[Record]) -> list[str]:
     lines = []
     for (key, dev), group in sorted(groups.items())[:_MAX_GROUPS]:
         worst = min(group, key=lambda r: OUTCOME_ORDER.get(r.outcome, 9)).outcome
-        on = f" on `{dev}`" if several else ""
-        line = f"- {ICON.get(worst, '')} `{key}`{on}: {summary_line(group)}"
+        on = f" on {md_text(dev, code=True)}" if several else ""
+        line = f"- {ICON.get(worst, '')} {md_text(key, code=True)}{on}: {summary_line(group)}"
         moves = [(abs(d.change), r, d) for r in group
                  if (d := deciding(r)) is not None and d.change is not None]
         if moves:
             _, r, d = max(moves, key=lambda x: x[0])
-            line += f"; largest change `{r.metric}` {d.change:+.1%} vs {d.against}"
+            line += f"; largest change {md_text(r.metric, code=True)} {d.change:+.1%} vs {d.against}"
         lines.append(line)
     if len(groups) > _MAX_GROUPS:
         lines.append(f"- … {len(groups) - _MAX_GROUPS} more groups in the report")
@@ -189,9 +212,11 @@ def _accept(results: Results, links: CommentLinks, results_name: str,
             commit: str | None) -> list[str]:
     url = links.results
     where = f"[the results]({url})" if url else "the results file"
-    return [f"**Accept this change** after review: with {where} (`{results_name}`) in this "
+    command = accept_command(results, results_name, commit=commit)
+    fence = "`" * max([3, *(len(run) + 1 for run in re.findall("`+", command))])
+    return [f"**Accept this change** after review: with {where} ({md_text(results_name, code=True)}) in this "
             "branch's checkout, run", "",
-            "```sh", accept_command(results, results_name, commit=commit), "```", "",
+            f"{fence}sh", command, fence, "",
             "and commit the budget files it writes. It writes exact, memory and numeric budgets, "
             "and timing only into a budget file keyed by the machine that measured it; a timing "
             "change judged against the base is part of the base once merged.", ""]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import re
+import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -49,6 +51,7 @@ __all__ = [
     "interval_text",
     "md_cell",
     "md_table",
+    "md_text",
     "move_change_text",
     "move_line",
     "moved_operators",
@@ -57,6 +60,7 @@ __all__ = [
     "ordered",
     "outcome_counts",
     "outcome_text",
+    "plain",
     "ratio_ci_text",
     "ratio_text",
     "record_ci_text",
@@ -281,9 +285,9 @@ def deciding_cells(r: Record, *, md: bool = True) -> list[str]:
     emphasis and code spans (else plain text)."""
     d = deciding(r)
     if d is None:
-        reason = r.reason if len(r.reason) <= _MAX_REASON else r.reason[:_MAX_REASON - 1] + "…"
+        reason = md_text(r.reason, limit=_MAX_REASON) if md else plain(r.reason)[:_MAX_REASON]
         return ["-", f"{r.outcome}: {reason}" if reason else str(r.outcome), "-", "-", "-"]
-    code = (lambda x: f"`{x}`") if md else (lambda x: x)
+    code = (lambda x: md_text(x, code=True)) if md else (lambda x: x)
     if d.against == "base":
         against = f"base, {d.pairs} pair{'s' if d.pairs != 1 else ''}"
     else:
@@ -473,6 +477,40 @@ def text_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
     out = [line(header), line(["-" * w for w in widths])]
     out.extend(line(r) for r in cells)
     return "\n".join(out)
+
+
+#: The most characters one name or reason from a results file shows in Markdown (a cell, a line):
+#: a longer one is cut, ending in "…", so rows of them stay under GitHub's 65,536-character comment.
+MD_MAX_TEXT = 200
+
+#: What starts markup; an underscore inside a word (``op_share``) never does.
+_MD_PUNCTUATION = re.compile(r"([\\`*\[\]<>&~]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9]))")
+
+
+def plain(text: Any) -> str:
+    """``text`` on one line: control and format characters (newlines, ANSI escapes, right-to-left
+    overrides) each shown as a space, for a terminal, a JUnit XML file or a Markdown line."""
+    return "".join(" " if unicodedata.category(c) in ("Cc", "Cf") else c for c in str(text))
+
+
+def md_text(text: Any, *, code: bool = False, limit: int = MD_MAX_TEXT) -> str:
+    """The one door for text from a results file into Markdown (a comment, a job summary, a diff):
+    inert, on one line (:func:`plain`), cut at ``limit`` characters.
+
+    ``code``: a code span whose fence is longer than any backtick run inside it (nothing renders
+    inside a code span). Else prose with Markdown's punctuation and ``<``/``&`` backslash-escaped
+    (no emphasis, link or raw HTML) and ``@`` (a mention), ``www``/``://`` (an autolink) broken by
+    a zero-width joiner. Pipes are :func:`md_cell`'s.
+    """
+    s = plain(text)
+    if len(s) > limit:
+        s = s[:limit - 1] + "…"
+    if code:
+        fence = "`" * (max(map(len, re.findall("`+", s)), default=0) + 1)
+        pad = " " if s[:1] in ("`", " ") or s[-1:] in ("`", " ") else ""
+        return f"{fence}{pad}{s}{pad}{fence}"
+    s = _MD_PUNCTUATION.sub(r"\\\1", s)
+    return s.replace("@", "@\u200d").replace("://", ":\u200d//").replace("www", "w\u200dww")
 
 
 def md_cell(text: Any) -> str:

@@ -16,7 +16,9 @@ from .common import (
     finite,
     fmt_value,
     md_table,
+    md_text,
     op_of,
+    plain,
     text_table,
     tolerance_of,
 )
@@ -147,8 +149,11 @@ def render_diff(changes: Sequence[Change], note: str = "", *, fmt: DiffFormat = 
         show_all: also list what did not move.
     """
     md = fmt == "markdown"
+    # Names come from the results files: every cell and heading passes the one door of its format.
+    esc: Callable[[str], str] = (lambda x: md_text(x, limit=1000)) if md else plain
 
     def table(header: list[str], rows: list[list[str]]) -> list[str]:
+        rows = [[esc(c) for c in row] for row in rows]
         return md_table(header, rows) if md else [text_table(header, rows)]
 
     def head(text: str, level: int) -> str:
@@ -156,7 +161,7 @@ def render_diff(changes: Sequence[Change], note: str = "", *, fmt: DiffFormat = 
 
     lines: list[str] = []
     if note:
-        lines += [f"note: {note}", ""]
+        lines += [f"note: {esc(note)}", ""]
     counts = {s: sum(1 for c in changes if c.status == s) for s in ("worse", "better", "same", "new", "gone")}
     summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n) or "nothing to compare"
     lines.append(head(f"perf diff: {summary}", 1))
@@ -164,13 +169,13 @@ def render_diff(changes: Sequence[Change], note: str = "", *, fmt: DiffFormat = 
         mine = [c for c in changes if c.key == k]
         if not show_all and all(c.status in _QUIET for c in mine):
             continue
-        lines += ["", head(k, 2)]
+        lines += ["", head(esc(k), 2)]
         lines += _operator_rows(mine, table, show_all)
         rows = [[c.metric, _val(c.base), _val(c.new), _pct(c.rel), c.status] for c in mine
                 if op_of(c.metric) is None and (show_all or c.status not in _QUIET)]
         if rows:
             lines += ["", "metrics:", *table(["metric", "base", "new", "change", "status"], rows)]
-        lines += _extra_tables(mine, table, show_all)
+        lines += _extra_tables(mine, table, show_all, esc)
     return "\n".join(lines) + "\n"
 
 
@@ -208,7 +213,7 @@ def _table(r: Record | None) -> OpTable:
     return OpTable(rows=kept.rows if kept is not None else (), steps=1, device=device)
 
 
-def _extra_tables(changes: list[Change], table: Table, show_all: bool) -> list[str]:
+def _extra_tables(changes: list[Change], table: Table, show_all: bool, esc: Callable[[str], str]) -> list[str]:
     """Operator tables kept in records' ``extra`` (:class:`~perfbudget.extras.OperatorTable`), op by op:
     the operators that moved by the one rule (``OpDiff.moves``), at the record's threshold."""
     lines: list[str] = []
@@ -228,6 +233,6 @@ def _extra_tables(changes: list[Change], table: Table, show_all: bool) -> list[s
             calls = f"{fmt_value(None if b is None else ch.base_calls)} -> {fmt_value(None if n is None else ch.new_calls)}"
             rows.append([ch.name, f"{fmt_value(b)} -> {fmt_value(n)}", _pct(rel) if b is not None else "new", calls])
         if rows:
-            lines += ["", f"operator table of {c.metric} (extra):"]
+            lines += ["", f"operator table of {esc(c.metric)} (extra):"]
             lines += table(["operator", "self ms", "change", "calls"], rows[:25])
     return lines

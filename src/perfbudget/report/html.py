@@ -106,6 +106,8 @@ def _svg(fig: Any) -> str:
     import matplotlib
 
     buf = io.StringIO()
+    for text in fig.findobj(matplotlib.text.Text):  # names from a results file: '$x$' is no formula
+        text.set_parse_math(False)
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "perfbudget"}):
         fig.savefig(buf, format="svg", metadata={"Date": None})
     text = buf.getvalue()

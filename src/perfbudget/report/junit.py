@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 
@@ -24,6 +25,9 @@ from .common import (
 from .terminal import detail_lines, records_table
 
 __all__ = ["junit_properties", "junit_xml"]
+
+
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffe\uffff]")
 
 
 def _prop(x: float | int | str) -> str:
@@ -144,4 +148,5 @@ def junit_xml(results: Results | Iterable[Record], *, suite: str = "perfbudget")
     for attr, count in n.items():
         ts.set(attr, str(count))
     ET.indent(root)
-    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+    # XML 1.0 has no form for most control characters: a name or reason holding one is shown with a space.
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + _NOT_XML.sub(" ", ET.tostring(root, encoding="unicode")) + "\n"

@@ -20,8 +20,8 @@ from .common import (
     failing_tests,
     fmt_value,
     has_base,
-    md_cell,
     md_table,
+    md_text,
     move_change_text,
     ordered,
     outcome_counts,
@@ -61,14 +61,14 @@ def markdown_report(results: Results | Iterable[Record], *, title: str = "perf b
     lines = [f"## {head} {title}: {state}", ""]
     lines.append(" · ".join(f"{ICON.get(o, '')} **{n}** {o}" for o, n in outcome_counts(records).items()))
     lines.append("")
-    lines.append("Devices: " + ", ".join(f"`{d}`" for d in devices(records)))
+    lines.append("Devices: " + ", ".join(md_text(d, code=True) for d in devices(records)))
     lines.append("")
     steps = gpu_steps(records)
     if steps:
         lines.extend(md_table(["GPU step", "kernels/step", "GPU idle", "TFLOP/s", "bound by", "device"], (
-            [f"`{s.key}`", "-" if s.kernels is None else f"{s.kernels:.0f}", f"{s.idle_share * 100:.0f} %",
+            [md_text(s.key, code=True), "-" if s.kernels is None else f"{s.kernels:.0f}", f"{s.idle_share * 100:.0f} %",
              "-" if s.tflops_per_s is None else f"{s.tflops_per_s:.0f}", "launch" if s.launch_bound else "GPU",
-             s.device] for s in steps)))
+             md_text(s.device)] for s in steps)))
         lines.append("")
     vs_base = has_base(records)
     if vs_base:
@@ -90,8 +90,8 @@ def markdown_report(results: Results | Iterable[Record], *, title: str = "perf b
                      "or `perfbudget update results.json`.")
         lines.append("")
         lines.extend(md_table(["key", "metric", "budget", "measured", "change", "device"],
-                              ([f"`{r.key}`", f"`{r.metric}`", budget_text(r), fmt_value(r.value, r.unit),
-                                change_text(r), device_label(r)] for r in stale)))
+                              ([md_text(r.key, code=True), md_text(r.metric, code=True), budget_text(r), fmt_value(r.value, r.unit),
+                                change_text(r), md_text(device_label(r))] for r in stale)))
         lines.append("")
     inconclusive = [r for r in records if r.outcome == Outcome.INCONCLUSIVE]
     if inconclusive:
@@ -101,8 +101,8 @@ def markdown_report(results: Results | Iterable[Record], *, title: str = "perf b
                      "names the smallest change it could have resolved; more pairs (`--max-pairs`) narrow it.")
         lines.append("")
         lines.extend(md_table(["key", "metric", "head/base", "why", "test"],
-                              ([f"`{r.key}`", f"`{r.metric}`", base_cells(r)[1] if r.vs_base else "-", r.reason,
-                                f"`{r.nodeid}`"] for r in inconclusive)))
+                              ([md_text(r.key, code=True), md_text(r.metric, code=True), base_cells(r)[1] if r.vs_base else "-", md_text(r.reason),
+                                md_text(r.nodeid, code=True)] for r in inconclusive)))
         lines.append("")
     advisory = [r for r in records if r.outcome == Outcome.ADVISORY]
     if advisory:
@@ -113,16 +113,16 @@ def markdown_report(results: Results | Iterable[Record], *, title: str = "perf b
                      "machine with `perfbudget ab --base <ref>`.")
         lines.append("")
         lines.extend(md_table(["would be", "key", "metric", "budget", "measured", "change", "device"],
-                              ([r.advice or "-", f"`{r.key}`", f"`{r.metric}`", budget_text(r),
-                                fmt_value(r.value, r.unit), change_text(r), device_label(r)] for r in advisory)))
+                              ([md_text(r.advice) or "-", md_text(r.key, code=True), md_text(r.metric, code=True), budget_text(r),
+                                fmt_value(r.value, r.unit), change_text(r), md_text(device_label(r))] for r in advisory)))
         lines.append("")
     unbudgeted = [r for r in records if r.outcome in _NOT_JUDGED]
     if unbudgeted:
         lines.append("### Unbudgeted, set aside (not judged), not measured or unmeasurable")
         lines.append("")
         lines.extend(md_table(["verdict", "key", "metric", "measured", "why", "test"],
-                              ([r.outcome, f"`{r.key}`", f"`{r.metric}`", fmt_value(r.value, r.unit),
-                                r.reason, f"`{r.nodeid}`"] for r in unbudgeted)))
+                              ([r.outcome, md_text(r.key, code=True), md_text(r.metric, code=True), fmt_value(r.value, r.unit),
+                                md_text(r.reason), md_text(r.nodeid, code=True)] for r in unbudgeted)))
         lines.append("")
     lines.append(f"<details><summary>All {len(records)} records</summary>")
     lines.append("")
@@ -130,11 +130,11 @@ def markdown_report(results: Results | Iterable[Record], *, title: str = "perf b
               "device"]
     rows = []
     for r in sorted(records, key=lambda r: (device_label(r), sort_key(r)))[:_MARKDOWN_MAX_ROWS]:
-        row = [ICON.get(r.outcome, "") + " " + r.outcome, f"`{r.key}`", f"`{r.metric}`", budget_text(r),
+        row = [ICON.get(r.outcome, "") + " " + r.outcome, md_text(r.key, code=True), md_text(r.metric, code=True), budget_text(r),
                fmt_value(r.value, r.unit), ci_text(r.ci), str(r.n)]
         if vs_base:
             row += base_cells(r)[:2]
-        rows.append([*row, device_label(r)])
+        rows.append([*row, md_text(device_label(r))])
     lines.extend(md_table(header, rows))
     if len(records) > _MARKDOWN_MAX_ROWS:
         lines.append("")
@@ -144,28 +144,29 @@ def markdown_report(results: Results | Iterable[Record], *, title: str = "perf b
 
 
 def _regression(t: FailingTest) -> list[str]:
-    lines = [f"#### {ICON[t.worst]} `{t.key}` — `{t.nodeid}`", "", f"on `{t.device}`", ""]
-    rows = [[f"`{r.metric}`", r.outcome, f"**{fmt_value(r.value, r.unit)}**", *deciding_cells(r), str(r.n),
+    lines = [f"#### {ICON[t.worst]} {md_text(t.key, code=True)} — {md_text(t.nodeid, code=True)}", "",
+             f"on {md_text(t.device, code=True)}", ""]
+    rows = [[md_text(r.metric, code=True), r.outcome, f"**{fmt_value(r.value, r.unit)}**", *deciding_cells(r), str(r.n),
              cv_text(r)] for r in t.bad]
     lines.extend(md_table(["metric", "verdict", "measured", *DECIDING_COLUMNS, "n", "cv"], rows))
     lines.append("")
     for r in t.bad:
         if r.reason:
-            lines.append(f"> `{r.metric}`: {md_cell(r.reason)}  ")
+            lines.append(f"> {md_text(r.metric, code=True)}: {md_text(r.reason)}  ")
     lines.append("")
     if t.moves:
         lines.append(f"Top moved operators ({t.moves_note}):" if t.moves_note else "Top moved operators:")
         lines.append("")
         lines.extend(md_table(["operator", "metric", t.moves[0].against, "measured", "change", "verdict"],
-                              ([f"`{m.op}`", m.family, fmt_value(m.before, m.unit), fmt_value(m.after, m.unit),
+                              ([md_text(m.op, code=True), md_text(m.family), fmt_value(m.before, m.unit), fmt_value(m.after, m.unit),
                                 move_change_text(m), m.outcome or "-"] for m in t.moves)))
         lines.append("")
     if t.attribution:
         lines.append("Attribution:")
         lines.append("")
-        lines.extend(f"- `{a}`" for a in t.attribution)
+        lines.extend(f"- {md_text(a, code=True)}" for a in t.attribution)
         lines.append("")
     if t.artifacts:
-        lines.append("Artifacts: " + ", ".join(f"{k} `{v}`" for k, v in t.artifacts.items()))
+        lines.append("Artifacts: " + ", ".join(f"{md_text(k)} {md_text(v, code=True)}" for k, v in t.artifacts.items()))
         lines.append("")
     return lines

@@ -28,6 +28,7 @@ from .common import (
     move_line,
     ordered,
     outcome_text,
+    plain,
     record_ci_text,
     sort_key,
     summary_line,
@@ -173,4 +174,5 @@ def terminal_report(results: Results | Iterable[Record]) -> str:
         out.append("")
         out.append("inconclusive (not a failure; --perf-strict makes it one):")
         out.extend(f"  {r.key}.{r.metric}  {r.nodeid}: {r.reason}" for r in inconclusive)
-    return "\n".join(out)
+    # Names and reasons come from a results file: no escape sequence of theirs reaches the terminal.
+    return "\n".join(plain(line) for line in "\n".join(out).split("\n"))
