@@ -232,7 +232,7 @@ def parse_name(full: str) -> MetricName:
     """
     if not isinstance(full, str):
         raise UnknownMetricError(f"metric name must be a string, got {full!r}")
-    m = _NAME.match(full)
+    m = _NAME.fullmatch(full)  # match's $ would take a trailing newline
     base = m.group("base") if m else family_of(full)
     arg = m.group("arg") if m else None
     metric = METRICS.get(base)

@@ -18,6 +18,7 @@ from .budgets.verdict import VerdictPolicy
 from .decision_text import decision_text
 from .device import DeviceType
 from .judge import Judge, JudgeConfig
+from .metrics import lookup
 from .preflight import check as preflight_check
 from .recorder import CountedSteps, PerfRecorder
 from .results import Record
@@ -349,6 +350,7 @@ class PerfPlugin:
         if ps.is_worker or not (ps.records or ps.errors):
             return
         from .report import records_table
+        from .report.terminal import gpu_steps
 
         tr = terminalreporter
         tr.write_sep("=", "perf budgets")
@@ -357,14 +359,21 @@ class PerfPlugin:
         tr.write_line(records_table(ps.records, with_key=True))
         counts = count_outcomes(r.outcome for r in ps.records)
         tr.write_line(tally_text(counts))
+        for step in gpu_steps(ps.records):  # a launch-bound GPU step is named, with why
+            tr.write_line(step.line())
         if counts.get("stale"):
             tr.write_line("stale budgets: the code got faster or leaner; ratchet them with --update-budgets")
         advisory = [r for r in ps.records if r.outcome == Outcome.ADVISORY]
         if advisory:
             would_fail = [f"{r.key}.{r.metric}" for r in advisory if r.advice == Outcome.FAIL]
-            tr.write_line(f"advisory: {len(advisory)} timing check(s) against stored budgets, not gating "
-                          f"(gating needs a machine declared stable with {STABLE_MACHINE_ENV} and budgets keyed by "
-                          "its identity); judge timing with `perfbudget ab --base <ref>`")
+            wall = sum(1 for r in advisory if r.device is not None and r.device.type in lookup(r.metric).advisory_on)
+            if wall:
+                tr.write_line(f"advisory: {wall} wall-clock check(s) of a GPU step, never gating there: the host sets "
+                              "them, the step's device time (step_device_ms) gates instead")
+            if len(advisory) > wall:
+                tr.write_line(f"advisory: {len(advisory) - wall} timing check(s) against stored budgets, not gating "
+                              f"(gating needs a machine declared stable with {STABLE_MACHINE_ENV} and budgets keyed by "
+                              "its identity); judge timing with `perfbudget ab --base <ref>`")
             if would_fail:
                 tr.write_line(f"advisory, beyond the budget here: {', '.join(would_fail)}")
         tr.write_line(f"results: {ps.json_path}")
