@@ -228,7 +228,7 @@ def test_two_pushes_keep_one_comment_then_the_change_is_accepted_and_passes(
     steps = push(job, ab_run(repo, base=base, head=job.head, step_ms=11.0, flops=2.6e9))
     assert [s.returncode for s in steps] == [0, 0], [s.stdout + s.stderr for s in steps]
     summary = (job.home / "summary.md").read_text()
-    assert summary.startswith("## ❌ perf: 2 regressions")
+    assert summary.startswith("## ❌ perf: 2 fail, 1 pass")
     out = job.outputs()
     upload = Path(out["dir"])
     assert out["failed"] == "true" and out["results"] == str(upload / "results-ab.json")
@@ -260,7 +260,7 @@ def test_two_pushes_keep_one_comment_then_the_change_is_accepted_and_passes(
     body = ours[0]["body"]
     assert "**+12.5%** (2.7e+09 vs 2.4e+09)" in body
     assert 13 < float(re.findall(step, body)[0]) < 17  # head 11.5 ms
-    assert (job.home / "summary.md").read_text().count("## ❌ perf: 2 regressions") == 2
+    assert (job.home / "summary.md").read_text().count("## ❌ perf: 2 fail, 1 pass") == 2
 
     # The reviewer accepts it with the very command the comment shows, on the downloaded results.
     command = next(line for line in body.splitlines() if line.startswith("perfbudget accept "))

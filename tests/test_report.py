@@ -137,7 +137,7 @@ def test_terminal_report_explains_each_failing_test(regression: Results) -> None
 def test_markdown_puts_verdicts_first_then_regressions_then_the_rest(regression: Results) -> None:
     md = markdown_report(regression)
     lines = md.splitlines()
-    assert lines[0] == "## ❌ perf budgets: 3 regressions"
+    assert lines[0] == "## ❌ perf budgets: 3 fail, 1 unbudgeted, 2 stale, 1 unmeasurable, 6 pass"
     assert "❌ **3** fail" in lines[2] and "✅ **6** pass" in lines[2]
     order = [md.index(s) for s in ("### Regressions", "### Stale budgets", "### Unbudgeted", "<details>")]
     assert order == sorted(order)
@@ -155,7 +155,7 @@ def test_markdown_puts_verdicts_first_then_regressions_then_the_rest(regression:
 
 
 def test_markdown_of_a_clean_run_and_of_nothing() -> None:
-    assert markdown_report([rec("step_ms", 38.0, 38.2, "pass")]).startswith("## ✅ perf budgets: all budgets hold")
+    assert markdown_report([rec("step_ms", 38.0, 38.2, "pass")]).startswith("## ✅ perf budgets: 1 pass")
     assert markdown_report(Results()).startswith("## ⚠️ perf budgets: no perf records")
 
 
@@ -382,7 +382,7 @@ def test_planted_regression_shows_in_every_report_with_trace_and_flame_graph(pyt
         r.stdout.fnmatch_lines(["*flame graph: not written: *"])
 
     md = (out / "results.md").read_text()
-    assert md.startswith("## ❌ perf budgets: 2 regressions")
+    assert md.startswith("## ❌ perf budgets: 2 fail")
     assert re.search(r"\| `step_ms` \| fail \| \*\*[^*]+ ms\*\* \| budget `budgets/[^`]+` \| \*\*\+", md), md
     assert "| `aten::mm` | op_self_ms | 0.1 ms | 0.303 ms | +203.0% | fail |" in md
     assert "Artifacts: chrome trace `" in md and "trace.json`" in md

@@ -15,13 +15,13 @@ from ..vocabulary import Outcome
 from .common import (
     DECIDING_COLUMNS,
     OUTCOME_ORDER,
-    REGRESSION_OUTCOMES,
     deciding,
     deciding_cells,
     device_label,
     devices,
     failing_tests,
     has_base,
+    headline,
     md_table,
     md_text,
     move_line,
@@ -105,9 +105,8 @@ def pr_comment(results: Results, *, title: str = "perf", links: CommentLinks | N
     look = sorted((r for r in records if r.outcome in _NEEDS_A_LOOK),
                   key=lambda r: (OUTCOME_ORDER.get(r.outcome, 9), r.key,
                                  op_of(r.metric) is not None, r.metric))
-    bad = any(r.outcome in REGRESSION_OUTCOMES for r in look)
-    head = "❌" if bad else "❔" if look else "✅"
-    lines = [COMMENT_MARKER, f"### {head} {title}: {summary_line(records)}", "",
+    icon, words = headline(records)
+    lines = [COMMENT_MARKER, f"### {icon} {title}: {words}", "",
              _how(results, links), ""]
     if look:
         header = ["", "check", *DECIDING_COLUMNS]

@@ -48,6 +48,7 @@ __all__ = [
     "fmt_tolerance",
     "fmt_value",
     "has_base",
+    "headline",
     "interval_text",
     "md_cell",
     "md_table",
@@ -341,6 +342,20 @@ def summary_line(records: Iterable[Record]) -> str:
     """``3 fail, 1 unbudgeted, 6 pass``."""
     counts = outcome_counts(records)
     return ", ".join(f"{n} {o}" for o, n in counts.items()) if counts else "no perf records"
+
+
+def headline(records: Iterable[Record]) -> tuple[str, str]:
+    """The verdict every report leads with (job summary, comment, HTML): its icon and its words.
+
+    ❌ when a check failed or errored, ❔ when one is inconclusive, ✅ otherwise, ⚠️ without
+    records; the words are :func:`summary_line`'s counts, so no report can call a run clean
+    that another shows with open checks.
+    """
+    records = list(records)
+    seen = {r.outcome for r in records}
+    icon = ("⚠️" if not records else "❌" if seen & set(REGRESSION_OUTCOMES)
+            else "❔" if Outcome.INCONCLUSIVE in seen else "✅")
+    return icon, summary_line(records)
 
 
 def devices(records: Iterable[Record]) -> list[str]:

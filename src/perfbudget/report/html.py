@@ -25,6 +25,7 @@ from .common import (
     fmt_ratio,
     fmt_value,
     has_base,
+    headline,
     move_change_text,
     ordered,
     outcome_counts,
@@ -417,9 +418,7 @@ def render_html(results: Results | Iterable[Record], *, title: str = "perf budge
     """
     records = ordered(results.records if isinstance(results, Results) else results)
     bad = regressions(records)
-    state = f"{len(bad)} regression{'s' if len(bad) != 1 else ''}" if bad else "all budgets hold"
-    if not records:
-        state = "no perf records"
+    _, state = headline(records)
     counts = outcome_counts(records).items()
     out = [
         "<!DOCTYPE html>",

@@ -20,6 +20,7 @@ from .common import (
     failing_tests,
     fmt_value,
     has_base,
+    headline,
     md_table,
     md_text,
     move_change_text,
@@ -56,9 +57,8 @@ def markdown_report(results: Results | Iterable[Record], *, title: str = "perf b
     if not records:
         return "\n".join([f"## ⚠️ {title}: no perf records", "", "No perf records were produced.", ""])
     bad = regressions(records)
-    head = "❌" if bad else "✅"
-    state = f"{len(bad)} regression{'s' if len(bad) != 1 else ''}" if bad else "all budgets hold"
-    lines = [f"## {head} {title}: {state}", ""]
+    icon, words = headline(records)
+    lines = [f"## {icon} {title}: {words}", ""]
     lines.append(" · ".join(f"{ICON.get(o, '')} **{n}** {o}" for o, n in outcome_counts(records).items()))
     lines.append("")
     lines.append("Devices: " + ", ".join(md_text(d, code=True) for d in devices(records)))
