@@ -1,28 +1,25 @@
 """The reusable action (``action.yml``) and its scripts (``perfbudget.github``), in a scratch user
 repository under a simulated GitHub environment: an event payload, the step-summary and output
-files, and a local stand-in for the comments API on 127.0.0.1 (no network). Two pushes keep one
-comment, updated in place; the accept command the comment shows writes the budgets, and the change
-then passes."""
+files, and a local stand-in for GitHub's API (``github_fake``). Two pushes keep one comment,
+updated in place; the accept command the comment shows writes the budgets, and the change then
+passes."""
 
 from __future__ import annotations
 
 import importlib.util
-import json
 import random
 import re
 import shlex
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import yaml
+from github_fake import BOT, PR, REPO, FakeGitHub, job_environ, serve
 
 from perfbudget import github
 from perfbudget.ab.merge import PairRecords, compare_pairs
@@ -31,15 +28,12 @@ from perfbudget.budgets.loader import BudgetSet
 from perfbudget.cli import build_parser as perfbudget_parser
 from perfbudget.cli import main as perfbudget_main
 from perfbudget.device import DeviceInfo
-from perfbudget.report import COMMENT_MARKER
+from perfbudget.report import read_marker
 from perfbudget.results import ABRunInfo, Record, Results, RunInfo, load_results
 from perfbudget.vocabulary import Outcome, RunMode
 
 ROOT = Path(__file__).resolve().parents[1]
 ACTION = ROOT / "action.yml"
-TOKEN = "ghs_test-token"
-REPO = "octo/model"
-PR = 7
 
 RUNNER = DeviceInfo(type="cpu", model="Test CPU", count=2, torch="2.13.0+cpu", threads=1,
                     cpuid="6/207/2", isa_class="avx2")
@@ -53,78 +47,13 @@ BUDGETS = {
         f"schema: 1\ndevice: {{type: cpu, identity: {RUNNER.identity}, threads: 1}}\n"
         "budgets:\n  model-train:\n    step_ms: {value: 10.0, tolerance: 0.05}\n",
 }
-REFUSED = (403, {"message": "Resource not accessible by integration"})
-
-
-# --------------------------------------------------------------------------- the comments API
-
-
-@dataclass
-class CommentsApi:
-    """GitHub's issue-comments endpoints for one repository, in memory; every call is logged."""
-
-    comments: list[dict[str, Any]] = field(default_factory=list)
-    calls: list[tuple[str, str]] = field(default_factory=list)
-    refuse_writes: bool = False
-    """Answer POST/PATCH with 403, as GitHub does for a fork's read-only token."""
-
-    def add(self, body: str, login: str = "someone") -> dict[str, Any]:
-        c = {"id": 1000 + len(self.comments), "body": body, "user": {"login": login}}
-        c["html_url"] = f"https://github.test/{REPO}/pull/{PR}#issuecomment-{c['id']}"
-        self.comments.append(c)
-        return c
-
-    def handle(self, method: str, path: str, query: dict[str, list[str]], auth: str,
-               body: Any) -> tuple[int, Any]:
-        self.calls.append((method, path))
-        if auth != f"Bearer {TOKEN}":
-            return 401, {"message": "Bad credentials"}
-        if re.fullmatch(rf"/repos/{REPO}/issues/{PR}/comments", path):
-            if method == "GET":
-                per_page, page = int(query["per_page"][0]), int(query["page"][0])
-                return 200, self.comments[(page - 1) * per_page:page * per_page]
-            if method == "POST":
-                return REFUSED if self.refuse_writes else (201, self.add(body["body"], "bot"))
-        if method == "PATCH" and (m := re.fullmatch(rf"/repos/{REPO}/issues/comments/(\d+)", path)):
-            if self.refuse_writes:
-                return REFUSED
-            found = next(c for c in self.comments if c["id"] == int(m.group(1)))
-            found["body"] = body["body"]
-            return 200, found
-        return 404, {"message": "Not Found"}
 
 
 @pytest.fixture
-def api() -> Iterator[tuple[CommentsApi, str]]:
-    state = CommentsApi()
-
-    class Handler(BaseHTTPRequestHandler):
-        def _answer(self) -> None:
-            url = urlsplit(self.path)
-            size = int(self.headers.get("Content-Length") or 0)
-            body = json.loads(self.rfile.read(size)) if size else None
-            status, data = state.handle(self.command, url.path, parse_qs(url.query),
-                                        self.headers.get("Authorization", ""), body)
-            payload = json.dumps(data).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-
-        do_GET = do_POST = do_PATCH = _answer
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield state, f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+def api() -> Iterator[tuple[FakeGitHub, str]]:
+    state = FakeGitHub()
+    with serve(state) as url:
+        yield state, url
 
 
 # --------------------------------------------------------------------------- a user's repository
@@ -181,14 +110,7 @@ class Job:
     head: str
 
     def env(self) -> dict[str, str]:
-        event = self.home / "event.json"
-        pr = {"number": PR, "head": {"sha": self.head}, "base": {"sha": "b" * 40, "ref": "main"}}
-        event.write_text(json.dumps({"action": "synchronize", "number": PR, "pull_request": pr}))
-        return {"PATH": "/usr/bin:/bin", "HOME": str(self.home), "GITHUB_ACTIONS": "true",
-                "GITHUB_EVENT_NAME": "pull_request", "GITHUB_EVENT_PATH": str(event),
-                "GITHUB_REPOSITORY": REPO, "GITHUB_API_URL": self.api_url, "GITHUB_TOKEN": TOKEN,
-                "GITHUB_SHA": self.head, "GITHUB_STEP_SUMMARY": str(self.home / "summary.md"),
-                "GITHUB_OUTPUT": str(self.home / "output")}
+        return job_environ(self.home, self.api_url, self.head)
 
     def step(self, *args: str) -> subprocess.CompletedProcess[str]:
         """``python -m perfbudget.github ARGS`` as the action's step runs it."""
@@ -205,14 +127,14 @@ def push(job: Job, results: Results) -> list[subprocess.CompletedProcess[str]]:
     path = results.write(job.repo / ".perfbudget" / "results-ab.json")
     out = job.home / "upload"
     prepared = job.step("prepare", str(path), "--out", str(out), "--title", "perf")
-    commented = job.step("comment", str(out / path.name), "--title", "perf",
+    commented = job.step("comment", str(out / path.name), "--title", "perf", f"--author={BOT}",
                          "--report-url=https://github.test/artifacts/1",
                          "--history-url=https://pages.test/history")
     return [prepared, commented]
 
 
 def test_two_pushes_keep_one_comment_then_the_change_is_accepted_and_passes(
-        tmp_path: Path, api: tuple[CommentsApi, str], monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, api: tuple[FakeGitHub, str], monkeypatch: pytest.MonkeyPatch) -> None:
     state, url = api
     for i in range(120):  # the pull request's own conversation: ours lands on the second page
         state.add(f"review note {i}")
@@ -235,8 +157,8 @@ def test_two_pushes_keep_one_comment_then_the_change_is_accepted_and_passes(
     assert sorted(p.name for p in upload.iterdir()) == ["junit.xml", "report.html", "report.md",
                                                         "results-ab.json"]
     assert load_results(out["results"]).head_commit == job.head
-    ours = [c for c in state.comments if c["body"].startswith(COMMENT_MARKER)]
-    assert len(ours) == 1 and ours[0]["user"]["login"] == "bot"
+    ours = [c for c in state.comments if read_marker(c["body"]) == ("perf", job.head)]
+    assert len(ours) == 1 and ours[0]["user"]["login"] == BOT
     first = ours[0]["body"]
     step = (r"\| ❌ fail \| `model-train` `step_ms` \| base, 3 pairs \| \*\*\+(\d+\.\d)%\*\* "
             r"\| \+[\d.]+% to \+[\d.]+% \| ±[\d.]+% \| 5% \|")
@@ -245,7 +167,8 @@ def test_two_pushes_keep_one_comment_then_the_change_is_accepted_and_passes(
                      r"\| \*\*\+8\.3%\*\* \(2\.6e\+09 vs 2\.4e\+09\) \| exact \| - \| 0% \|", first)
     assert ("[HTML report and results](https://github.test/artifacts/1) · "
             "[history](https://pages.test/history)") in first
-    assert f"created the comment on pull request #{PR}: {ours[0]['html_url']}" in steps[1].stdout
+    assert (f"created the comment of check 'perf' on pull request #{PR} as {BOT}: "
+            f"{ours[0]['html_url']}") in steps[1].stdout
     assert [m for m, _ in state.calls] == ["GET", "GET", "POST"]  # two pages read, then created
 
     # The second push: the same comment, updated in place.
@@ -253,10 +176,11 @@ def test_two_pushes_keep_one_comment_then_the_change_is_accepted_and_passes(
     state.calls.clear()
     steps = push(job, ab_run(repo, base=base, head=job.head, step_ms=11.5, flops=2.7e9))
     assert [s.returncode for s in steps] == [0, 0], [s.stdout + s.stderr for s in steps]
-    ours = [c for c in state.comments if c["body"].startswith(COMMENT_MARKER)]
+    ours = [c for c in state.comments if read_marker(c["body"]) == ("perf", job.head)]
     assert len(ours) == 1 and len(state.comments) == 121
     assert state.calls[-1] == ("PATCH", f"/repos/{REPO}/issues/comments/{ours[0]['id']}")
-    assert "POST" not in [m for m, _ in state.calls] and "updated the comment" in steps[1].stdout
+    assert ("POST", f"/repos/{REPO}/issues/{PR}/comments") not in state.calls
+    assert "updated the comment" in steps[1].stdout
     body = ours[0]["body"]
     assert "**+12.5%** (2.7e+09 vs 2.4e+09)" in body
     assert 13 < float(re.findall(step, body)[0]) < 17  # head 11.5 ms
@@ -314,28 +238,6 @@ def test_the_history_step_runs_the_actions_copy_of_the_script_in_the_users_check
     assert f"perf-history: {head[:12]} kept on perf-history" in done.stdout
     assert git(remote, "ls-tree", "--name-only", "perf-history") == "history.db"
     assert "<title>perf: history</title>" in (tmp_path / "upload" / "history.html").read_text()
-
-
-def test_a_read_only_token_warns_and_the_job_goes_on(
-        tmp_path: Path, api: tuple[CommentsApi, str], capsys: pytest.CaptureFixture[str]) -> None:
-    state, url = api
-    state.refuse_writes = True
-    record = Record(nodeid=NODE, key="k", metric="flops", outcome=Outcome.PASS, value=1.0,
-                    device=RUNNER, kind="exact")
-    results = Results(records=[record]).write(tmp_path / "r.json")
-    job = Job(repo=tmp_path, home=tmp_path, api_url=url, head="a" * 40)
-    assert github.main(["comment", str(results)], environ=job.env()) == 0
-    warned = capsys.readouterr().out
-    assert "::warning::perfbudget: cannot write the pull request's comment" in warned
-    assert state.comments == []
-    # Another refusal (a wrong token) is an error, not a warning.
-    wrong = {**job.env(), "GITHUB_TOKEN": "wrong"}
-    assert github.main(["comment", str(results)], environ=wrong) == 1
-    assert "::error::perfbudget: GET" in capsys.readouterr().out
-    # Not a pull request: nothing to comment on.
-    a_push = {**job.env(), "GITHUB_EVENT_NAME": "push"}
-    assert github.main(["comment", str(results)], environ=a_push) == 0
-    assert "not a pull request: no comment" in capsys.readouterr().out
 
 
 def test_missing_results_are_said_in_the_summary_and_fail_the_step(

@@ -1,14 +1,15 @@
 """The GitHub Actions end of a pull-request check (``action.yml``): run the checks, write the job
-summary and the folder to upload, keep one sticky pull-request comment through the REST API
-(standard library only).
+summary and the folder to upload, keep one pull-request comment per check through the REST and
+GraphQL APIs (standard library only).
 
     python -m perfbudget.github run --mode ab|stored --results PATH [--base REF] [--tests ...]
     python -m perfbudget.github prepare RESULTS --out DIR [--title T]
-    python -m perfbudget.github comment RESULTS [--report-url URL] [--history-url URL]
+    python -m perfbudget.github comment RESULTS [--check-name NAME] [--author LOGIN] [--report-url URL]
 
 Exit codes: ``run`` exits as the checks do; the others 0 done (or nothing to do: not a pull
-request; a token that may not comment, with a warning), 1 the API refused otherwise, 2 usage or
-input error.
+request; a pull request from a fork, whose workflow gets a read-only token), 1 GitHub refused (a
+403 included: the token may not write), 2 usage or input error (no results: the comment of an
+earlier commit is marked stale first).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -23,7 +25,7 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,13 +33,15 @@ from typing import Any
 from .exitcodes import ExitCode
 from .fileio import atomic_write
 from .report import (
-    COMMENT_MARKER,
     CommentLinks,
+    comment_marker,
     junit_xml,
     markdown_report,
     pr_comment,
+    read_marker,
     regressions,
     render_html,
+    stale_comment,
 )
 from .results import Results, load_results
 
@@ -47,6 +51,10 @@ __all__ = ["Comments", "GitHubEnv", "GitHubError", "check_command", "main", "pre
 _PER_PAGE = 100
 #: Seconds to wait for one answer of the comments API.
 _TIMEOUT_S = 30.0
+#: The login the workflow's own token (``github.token``) writes as; that token cannot ask
+#: GraphQL's ``viewer`` (nor ``GET /user``) who it is.
+WORKFLOW_TOKEN_LOGIN = "github-actions[bot]"
+_SHA = re.compile(r"[0-9a-f]{40}")
 
 
 class GitHubError(RuntimeError):
@@ -71,7 +79,10 @@ class GitHubEnv:
     step_summary: Path | None = None
     output: Path | None = None
     sha: str = ""
-    """The commit the workflow checked out (``GITHUB_SHA``)."""
+    """The commit the workflow checked out (``GITHUB_SHA``; a pull request's merge commit)."""
+    graphql_url: str = "https://api.github.com/graphql"
+    job: str = ""
+    """The job's id (``GITHUB_JOB``): the default check name of the comment."""
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> GitHubEnv:
@@ -97,7 +108,9 @@ class GitHubEnv:
                    event_name=environ.get("GITHUB_EVENT_NAME", ""),
                    event=event if isinstance(event, dict) else None,
                    step_summary=path_of("GITHUB_STEP_SUMMARY"), output=path_of("GITHUB_OUTPUT"),
-                   sha=environ.get("GITHUB_SHA", ""))
+                   sha=environ.get("GITHUB_SHA", ""),
+                   graphql_url=environ.get("GITHUB_GRAPHQL_URL") or cls.graphql_url,
+                   job=environ.get("GITHUB_JOB", ""))
 
     @property
     def pull_request(self) -> int | None:
@@ -107,6 +120,50 @@ class GitHubEnv:
         pr = self.event.get("pull_request")
         number = pr.get("number") if isinstance(pr, dict) else self.event.get("number")
         return number if isinstance(number, int) and not isinstance(number, bool) else None
+
+    def _get(self, *keys: str) -> Any:
+        """The event payload's value at ``keys``, ``None`` where any level is missing."""
+        value: Any = self.event
+        for key in keys:
+            value = value.get(key) if isinstance(value, dict) else None
+        return value
+
+    @property
+    def from_fork(self) -> bool:
+        """A ``pull_request`` event whose head repository is not the base one (or is deleted):
+        GitHub gives its workflow a read-only token, so no comment can be written."""
+        if self.event_name != "pull_request" or self.pull_request is None:
+            return False
+        head = self._get("pull_request", "head", "repo", "full_name")
+        return head != self._get("pull_request", "base", "repo", "full_name")
+
+    @property
+    def run_head(self) -> tuple[str, str, str] | None:
+        """``(owner, branch, sha)`` of the pull request whose workflow run finished, on a
+        ``workflow_run`` event of a ``pull_request`` workflow; else ``None``."""
+        if self.event_name != "workflow_run" or self._get("workflow_run", "event") != "pull_request":
+            return None
+        got = (self._get("workflow_run", "head_repository", "owner", "login"),
+               self._get("workflow_run", "head_branch"), self._get("workflow_run", "head_sha"))
+        return got if all(isinstance(x, str) and x for x in got) else None
+
+    @property
+    def head_sha(self) -> str:
+        """The commit a reviewer sees as the pull request's head: the event's
+        ``pull_request.head.sha`` (``workflow_run.head_sha``), else ``GITHUB_SHA``.
+
+        Raises:
+            ValueError: one that is not a 40-digit hex commit (naming where it came from).
+        """
+        sha: Any = self.sha
+        key = "GITHUB_SHA"
+        if self.pull_request is not None and self._get("pull_request", "head", "sha") is not None:
+            sha, key = self._get("pull_request", "head", "sha"), "pull_request.head.sha"
+        elif self.run_head is not None:
+            sha, key = self.run_head[2], "workflow_run.head_sha"
+        if sha and not (isinstance(sha, str) and _SHA.fullmatch(sha)):
+            raise ValueError(f"{key}: expected a 40-digit hex commit, got {sha!r:.60}")
+        return str(sha)
 
     @property
     def base_sha(self) -> str:
@@ -132,18 +189,21 @@ class GitHubEnv:
 
 
 class Comments:
-    """A pull request's comments through the REST API: ours found by its marker, then updated
-    in place, or created."""
+    """A pull request's comments through GitHub's APIs: ours found by author, check and marker,
+    then updated in place, or created."""
 
-    def __init__(self, api_url: str, repository: str, token: str) -> None:
-        if urllib.parse.urlsplit(api_url).scheme not in ("http", "https"):
-            raise ValueError(f"GITHUB_API_URL: expected an http(s) URL, got {api_url!r}")
+    def __init__(self, api_url: str, repository: str, token: str,
+                 graphql_url: str = GitHubEnv.graphql_url) -> None:
+        for name, url in (("GITHUB_API_URL", api_url), ("GITHUB_GRAPHQL_URL", graphql_url)):
+            if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
+                raise ValueError(f"{name}: expected an http(s) URL, got {url!r}")
         if repository.count("/") != 1:
             raise ValueError(f"GITHUB_REPOSITORY: expected owner/name, got {repository!r}")
         if not token:
             raise ValueError("GITHUB_TOKEN: empty; pass the job's token "
                              "(token: ${{ github.token }})")
         self.base = f"{api_url.rstrip('/')}/repos/{repository}"
+        self.graphql_url = graphql_url
         self.token = token
 
     def _call(self, method: str, url: str, body: Mapping[str, Any] | None = None) -> Any:
@@ -162,25 +222,80 @@ class Comments:
         except (urllib.error.URLError, OSError) as exc:
             raise GitHubError(f"{method} {url}: no answer: {exc}") from None
 
-    def find(self, number: int) -> Mapping[str, Any] | None:
-        """The first comment of pull request ``number`` whose body starts with :data:`COMMENT_MARKER`."""
+    def _graphql(self, query: str, **variables: Any) -> Mapping[str, Any]:
+        got = self._call("POST", self.graphql_url, {"query": query, "variables": variables})
+        if not isinstance(got, dict) or got.get("errors") or not isinstance(got.get("data"), dict):
+            raise GitHubError(f"POST {self.graphql_url}: {got!r:.300}")
+        return got["data"]
+
+    def viewer(self) -> str:
+        """The login this token writes as (GraphQL ``viewer``)."""
+        login = self._graphql("query { viewer { login } }").get("viewer")
+        if not isinstance(login, dict) or not isinstance(login.get("login"), str):
+            raise GitHubError(f"POST {self.graphql_url}: no viewer login in the answer")
+        return str(login["login"])
+
+    def minimized(self, node_ids: list[str]) -> dict[str, bool]:
+        """``node_id -> isMinimized`` of comments (GraphQL), those it answered for."""
+        nodes = self._graphql("query($ids: [ID!]!) { nodes(ids: $ids) "
+                              "{ ... on IssueComment { id isMinimized } } }", ids=node_ids)
+        return {n["id"]: n["isMinimized"] is True for n in nodes.get("nodes") or []
+                if isinstance(n, dict) and "id" in n}
+
+    def pull_for(self, owner: str, branch: str, sha: str) -> int | None:
+        """The open pull request whose head is ``owner:branch`` at ``sha`` (what a
+        ``workflow_run`` event names; its own pull-request list is empty for a fork's)."""
+        query = urllib.parse.urlencode({"state": "open", "head": f"{owner}:{branch}"})
+        got = self._call("GET", f"{self.base}/pulls?{query}&per_page={_PER_PAGE}")
+        for pr in got if isinstance(got, list) else []:
+            if isinstance(pr, dict) and isinstance(pr.get("head"), dict) \
+                    and pr["head"].get("sha") == sha and isinstance(pr.get("number"), int):
+                return int(pr["number"])
+        return None
+
+    def _all(self, number: int) -> Iterator[Mapping[str, Any]]:
         url = f"{self.base}/issues/{number}/comments"
         page = 1
         while True:
             got = self._call("GET", f"{url}?per_page={_PER_PAGE}&page={page}")
             if not isinstance(got, list):
                 raise GitHubError(f"GET {url}: expected a list, got {got!r:.100}")
-            for c in got:
-                if isinstance(c, dict) and str(c.get("body") or "").startswith(COMMENT_MARKER):
-                    return c
+            yield from (c for c in got if isinstance(c, dict))
             if len(got) < _PER_PAGE:
-                return None
+                return
             page += 1
 
-    def upsert(self, number: int, body: str) -> tuple[str, str]:
-        """Update our comment on pull request ``number`` in place, or create it; returns
-        ``("updated" or "created", the comment's URL)``."""
-        found = self.find(number)
+    def find(self, number: int, *, author: str, check: str) -> Mapping[str, Any] | None:
+        """Our comment on pull request ``number``: written by ``author``, led by the marker of
+        ``check`` (else, once, by the bare marker of an older action), and not minimized.
+
+        Anyone can write a marker: a comment by another login is never ours. Whether a comment
+        is minimized only GraphQL says; where it cannot, that test is skipped (and said)."""
+        mine = [(marker[0] != check, c) for c in self._all(number)
+                if str((c.get("user") or {}).get("login", "")) == author
+                and (marker := read_marker(str(c.get("body") or ""))) is not None
+                and marker[0] in (check, "")]
+        mine = sorted(mine, key=lambda x: x[0])  # this check's own before an older bare one
+        ids = [str(c["node_id"]) for _, c in mine if c.get("node_id")]
+        hidden: dict[str, bool] = {}
+        if ids:
+            try:
+                hidden = self.minimized(ids)
+            except GitHubError as exc:
+                print(f"perfbudget: cannot tell whether our comment is minimized ({exc}): "
+                      "taken as shown")
+        for _, c in mine:
+            if hidden.get(str(c.get("node_id"))):
+                print(f"perfbudget: comment {c.get('id')} is minimized: not updated")
+                continue
+            return c
+        return None
+
+    def upsert(self, number: int, body: str, *, author: str,
+               check: str) -> tuple[str, str]:
+        """Update our comment (:meth:`find`) on pull request ``number`` in place, or create
+        one; returns ``("updated" or "created", the comment's URL)``."""
+        found = self.find(number, author=author, check=check)
         if found is not None:
             action = "updated"
             done = self._call("PATCH", f"{self.base}/issues/comments/{found['id']}", {"body": body})
@@ -188,6 +303,16 @@ class Comments:
             action = "created"
             done = self._call("POST", f"{self.base}/issues/{number}/comments", {"body": body})
         return action, str(done.get("html_url", "")) if isinstance(done, dict) else ""
+
+    def mark_stale(self, number: int, head: str, *, author: str, check: str) -> str:
+        """Mark our comment stale (:func:`~perfbudget.report.stale_comment`): the push of
+        ``head`` produced no results. Returns its URL, empty when there is none."""
+        found = self.find(number, author=author, check=check)
+        if found is None:
+            return ""
+        body = stale_comment(str(found.get("body") or ""), head)
+        done = self._call("PATCH", f"{self.base}/issues/comments/{found['id']}", {"body": body})
+        return str(done.get("html_url", "")) if isinstance(done, dict) else ""
 
 
 def check_command(*, mode: str, results: str, env: GitHubEnv, base: str = "", tests: str = "",
@@ -200,8 +325,14 @@ def check_command(*, mode: str, results: str, env: GitHubEnv, base: str = "", te
     stored budgets. ``tests``, ``pytest_args`` and ``ab_args`` are split as a shell would.
 
     Raises:
-        ValueError: an unknown mode, or arguments a shell could not split (naming them).
+        ValueError: an unknown mode, arguments a shell could not split (naming them), or a
+            ``pull_request_target`` event (it must never run a pull request's code).
     """
+    if env.event_name == "pull_request_target":
+        raise ValueError("pull_request_target: refused: that event runs with a write token and "
+                         "secrets, and this would run the pull request's code; run the checks on "
+                         "pull_request and publish with mode: report (docs: 'Pull requests from "
+                         "forks')")
     try:
         selection = [*shlex.split(tests), *shlex.split(pytest_args)]
         extra = shlex.split(ab_args)
@@ -263,29 +394,45 @@ def _prepare(args: argparse.Namespace, env: GitHubEnv) -> int:
 
 
 def _comment(args: argparse.Namespace, env: GitHubEnv) -> int:
-    number = env.pull_request
-    if number is None:
+    if env.from_fork:
+        print("::warning::perfbudget: a pull request from a fork: its workflow's token is "
+              "read-only, so no comment; the verdict is in the job summary. To comment on such "
+              "pull requests, see the docs page 'Pull requests from forks'.")
+        return ExitCode.OK
+    if env.pull_request is None and env.run_head is None:
         print(f"perfbudget: a {env.event_name or 'local'} event, not a pull request: no comment")
         return ExitCode.OK
+    check = args.check_name or env.job
+    if not check:
+        raise ValueError("--check-name: empty, and GITHUB_JOB is not set: name this check")
+    head = env.head_sha
+    api = Comments(env.api_url, env.repository, env.token, env.graphql_url)
     results_path = Path(args.results)
-    results = load_results(results_path)
-    links = CommentLinks(report_url=args.report_url, history_url=args.history_url,
-                         results_url=args.results_url)
-    body = pr_comment(results, title=args.title, links=links, results_name=results_path.name,
-                      commit=env.sha or None)
     try:
-        action, url = Comments(env.api_url, env.repository, env.token).upsert(number, body)
-    except GitHubError as exc:
-        if exc.status == 403:
-            # A pull request from a fork gets a read-only token: the verdict stays in the summary.
-            print(f"::warning::perfbudget: cannot write the pull request's comment ({exc}); a pull "
-                  "request from a fork gets a read-only token, and the job needs `permissions: "
-                  "pull-requests: write`. The verdict is in the job summary.")
+        number = env.pull_request or (api.pull_for(*env.run_head) if env.run_head else None)
+        if number is None:
+            print(f"perfbudget: no open pull request has head {head[:12]}: no comment")
             return ExitCode.OK
-        print(f"::error::perfbudget: {exc}")
+        author = args.author or api.viewer()
+        try:
+            results = load_results(results_path)
+        except ValueError:
+            if url := api.mark_stale(number, head, author=author, check=check):
+                print(f"perfbudget: no results for {head[:12]}: marked the comment stale: {url}")
+            raise
+        links = CommentLinks(report_url=args.report_url, history_url=args.history_url,
+                             results_url=args.results_url)
+        body = pr_comment(results, title=args.title, links=links, results_name=results_path.name,
+                          commit=head or None, marker=comment_marker(check, head), head=head)
+        action, url = api.upsert(number, body, author=author, check=check)
+    except GitHubError as exc:
+        why = (" (the token may not write this pull request's comments: give the job "
+               "`permissions: pull-requests: write`)") if exc.status == 403 else ""
+        print(f"::error::perfbudget: {exc}{why}")
         return ExitCode.FAILED
     env.set_outputs(comment_url=url)
-    print(f"perfbudget: {action} the comment on pull request #{number}: {url}")
+    print(f"perfbudget: {action} the comment of check {check!r} on pull request #{number} as "
+          f"{author}: {url}")
     return ExitCode.OK
 
 
@@ -318,6 +465,11 @@ def build_parser() -> argparse.ArgumentParser:
     com.add_argument("--results-url", default="",
                      help="the results file (default: the report's URL)")
     com.add_argument("--history-url", default="", help="the main branch's history page")
+    com.add_argument("--check-name", default="",
+                     help="this check's name: one comment per name (default: GITHUB_JOB)")
+    com.add_argument("--author", default="",
+                     help="the login the token writes as (the workflow's token: "
+                          f"{WORKFLOW_TOKEN_LOGIN}); default: GraphQL's viewer")
     com.set_defaults(func=_comment)
     return p
 

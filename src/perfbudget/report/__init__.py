@@ -5,7 +5,15 @@ One module per rendering; ``common`` holds what they share. Nothing here measure
 loads budgets: a results JSON file is all a report needs.
 """
 
-from .comment import COMMENT_MARKER, CommentLinks, accept_command, pr_comment
+from .comment import (
+    COMMENT_MARKER,
+    CommentLinks,
+    accept_command,
+    comment_marker,
+    pr_comment,
+    read_marker,
+    stale_comment,
+)
 from .common import (
     REGRESSION_OUTCOMES,
     FailingTest,
@@ -33,6 +41,7 @@ __all__ = [
     "FailingTest",
     "OpMove",
     "accept_command",
+    "comment_marker",
     "device_label",
     "diff_results",
     "failing_tests",
@@ -44,10 +53,12 @@ __all__ = [
     "moved_operators",
     "moves_note",
     "pr_comment",
+    "read_marker",
     "records_table",
     "regressions",
     "render_diff",
     "render_html",
+    "stale_comment",
     "terminal_report",
     "text_table",
     "write_html",

@@ -8,6 +8,7 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote, unquote
 
 from ..fileio import shown_path
 from ..results import Record, Results
@@ -32,10 +33,14 @@ from .common import (
 )
 from .markdown import ICON
 
-__all__ = ["COMMENT_MARKER", "CommentLinks", "accept_command", "pr_comment"]
+__all__ = ["COMMENT_MARKER", "CommentLinks", "accept_command", "comment_marker", "pr_comment",
+           "read_marker", "stale_comment"]
 
 COMMENT_MARKER = "<!-- perfbudget-comment -->"
-"""The comment's first line: how a poster finds its own comment again, to update it in place."""
+"""The bare first line (``perfbudget report -f comment``, and the action before check names)."""
+
+_MARKER = re.compile(r"<!-- perfbudget-comment check=(\S+) head=([0-9a-f]*) -->")
+_STALE = "> ⚠️ **Stale:** "
 
 #: Outcomes listed one check a row, before everything else.
 _NEEDS_A_LOOK = (Outcome.ERROR, Outcome.FAIL, Outcome.INCONCLUSIVE)
@@ -79,9 +84,38 @@ def accept_command(results: Results, results_name: str, *, commit: str | None = 
     return " ".join([*argv, "--reason", '"<why this change is expected>"'])
 
 
+def comment_marker(check: str, head: str) -> str:
+    """The first line of the comment of check ``check`` (one comment per job of a matrix), judging
+    commit ``head``: how a poster finds its own comment again, to update it in place."""
+    return f"<!-- perfbudget-comment check={quote(check, safe='')} head={head} -->"
+
+
+def read_marker(body: str) -> tuple[str, str] | None:
+    """``(check, head)`` of a comment led by :func:`comment_marker`, ``("", "")`` for the bare
+    :data:`COMMENT_MARKER`, ``None`` for any other comment."""
+    first = body.split("\n", 1)[0].rstrip("\r")
+    if first == COMMENT_MARKER:
+        return "", ""
+    m = _MARKER.fullmatch(first)
+    return (unquote(m.group(1)), m.group(2)) if m else None
+
+
+def stale_comment(body: str, head: str) -> str:
+    """A comment of ours, marked stale: the push of ``head`` produced no results, so its verdict
+    judged an older commit (the one its marker names). A previous stale note is replaced."""
+    first, _, rest = body.partition("\n")
+    judged = (read_marker(first) or ("", ""))[1]
+    if rest.startswith(_STALE):
+        rest = rest.partition("\n")[2].lstrip("\n")
+    old = md_text(judged[:12], code=True) if judged else "an earlier commit"
+    note = f"{_STALE}no results for {md_text(head[:12], code=True)}: this comment judged {old}."
+    return "\n".join([first, note, "", rest])
+
+
 def pr_comment(results: Results, *, title: str = "perf", links: CommentLinks | None = None,
-               results_name: str = "results.json", commit: str | None = None) -> str:
-    """Markdown for a pull request's comment, led by :data:`COMMENT_MARKER`.
+               results_name: str = "results.json", commit: str | None = None,
+               marker: str = COMMENT_MARKER, head: str = "") -> str:
+    """Markdown for a pull request's comment, led by ``marker``.
 
     Failures, errors and inconclusive checks first, one row each with the comparison that
     decided it (:func:`~perfbudget.report.common.deciding`), its interval and the smallest change
@@ -94,20 +128,22 @@ def pr_comment(results: Results, *, title: str = "perf", links: CommentLinks | N
         links: where the HTML report, history and results file are.
         results_name: the results file as the reader will have it (the accept command names it).
         commit: the measured commit, for results that do not name it (see :func:`accept_command`).
+        marker: the first line (:func:`comment_marker`).
+        head: the pull request's head commit this comment judges, named under the heading.
     """
     links = links or CommentLinks()
     records = ordered(results.records)
+    judged = f"Judged {md_text(head[:12], code=True)} · " if head else ""
     if not records:
-        return "\n".join([COMMENT_MARKER, f"### ⚠️ {title}: no perf records", "",
-                          "The run recorded no perf checks: did the selection pick any perf test?",
-                          ""])
+        return "\n".join([marker, f"### ⚠️ {title}: no perf records", "",
+                          f"{judged}The run recorded no perf checks: did the selection pick any "
+                          "perf test?", ""])
     # Worst first; within a test, the headline metrics before the per-operator ones.
     look = sorted((r for r in records if r.outcome in _NEEDS_A_LOOK),
                   key=lambda r: (OUTCOME_ORDER.get(r.outcome, 9), r.key,
                                  op_of(r.metric) is not None, r.metric))
     icon, words = headline(records)
-    lines = [COMMENT_MARKER, f"### {icon} {title}: {words}", "",
-             _how(results, links), ""]
+    lines = [marker, f"### {icon} {title}: {words}", "", judged + _how(results, links), ""]
     if look:
         header = ["", "check", *DECIDING_COLUMNS]
         lines += md_table(header, (_row(r) for r in look[:_MAX_ROWS]))
