@@ -24,8 +24,8 @@ from .measure.stats import normal_quantile, t_quantile
 from .metrics import UnknownMetricError
 from .vocabulary import RunMode, count_outcomes
 
-__all__ = ["RESULTS_SCHEMA", "ABPolicyInfo", "ABRunInfo", "BaseSide", "BudgetRef", "FieldError", "PairClocks", "Record",
-           "Results", "RunInfo", "load_results", "merge_results"]
+__all__ = ["RESULTS_SCHEMA", "ABPolicyInfo", "ABRunInfo", "BaseSide", "BudgetRef", "FieldError", "HowMeasured", "PairClocks",
+           "Record", "Results", "RunInfo", "SetAsidePair", "load_results", "merge_results"]
 
 RESULTS_SCHEMA = 3
 """Version of the results file's form. Bump it when the form changes in a way this version's reader
@@ -242,6 +242,15 @@ class BudgetRef:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SetAsidePair:
+    """A process pair whose head/base lay far from the other pairs' (a disturbed minute): not averaged in."""
+
+    pair: int
+    ratio: float
+    why: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class BaseSide:
     """A lockstep A/B run's comparison of a check with the base commit: what the base measured,
     head/base and how it was judged. ``compared`` is false for a check judged against the
@@ -280,6 +289,10 @@ class BaseSide:
     confidence: float | None = None
     """Two-sided coverage of ``ratio_ci`` (above the policy's for a test's per-operator checks,
     which share one false-alarm budget)."""
+    set_aside: tuple[SetAsidePair, ...] = ()
+    """Pairs left out of ``ratio`` as outlying (:func:`perfbudget.ab.ratios.outlying_pair`)."""
+    not_comparable: str = ""
+    """How the sides measured differently (``threads 1 vs 2``): not compared with the base."""
 
     @property
     def log_se(self) -> float | None:
@@ -444,6 +457,30 @@ class ABRunInfo:
 
 
 @dataclass(frozen=True, kw_only=True)
+class HowMeasured:
+    """How one pytest session measured (``meta.measured``): what the two sides of an A/B run must share
+    to be compared (:meth:`differences`), as pyperf checks a run's metadata before adding it."""
+
+    settings: dict[str, str] = field(default_factory=dict)
+    """The resolved settings that shape a measurement, by name (``threads``: ``"1"``)."""
+    machine: str = ""
+    """Identities of the devices measured, comma-separated."""
+    versions: dict[str, str] = field(default_factory=dict)
+    """Libraries as loaded (``torch``, ``triton``, ``numpy``, ``python``): one not loaded is absent."""
+    way: Literal["wall", "device", "callgrind"] = "wall"
+    """Host clock, CUDA events on a GPU, or instruction counts under callgrind."""
+
+    def differences(self, base: HowMeasured) -> list[str]:
+        """``threads 1 vs 2`` (the base's value first) for each field the head (``self``) and ``base`` differ in."""
+        def flat(h: HowMeasured) -> dict[str, str]:
+            return {**h.settings, "machine": h.machine, **h.versions, "way": h.way}
+
+        # A library one side never loaded (triton without a compile) is no difference.
+        head, was = flat(self), flat(base)
+        return [f"{k} {was[k]} vs {head[k]}" for k in was if k in head and str(was[k]) != str(head[k])]
+
+
+@dataclass(frozen=True, kw_only=True)
 class RunInfo:
     """What a results file says about the run that wrote it (its ``meta``)."""
 
@@ -462,6 +499,8 @@ class RunInfo:
     """A lockstep A/B run's account (:attr:`mode` ``ab``)."""
     lease: bool | None = None
     """True when the run's work was lease-sized (``perfbudget_lease``, :mod:`perfbudget.lease`)."""
+    measured: HowMeasured | None = None
+    """How the session measured (an A/B run compares sides only where theirs agree)."""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunInfo:
@@ -584,6 +623,9 @@ def _checked_meta(meta: RunInfo) -> RunInfo:
     commits handed to git (:func:`check_commit`)."""
     if meta.budgets_dir is not None:
         _check_name("meta.budgets_dir", meta.budgets_dir)
+    if (m := meta.measured) is not None:
+        for key, value in {**m.settings, **m.versions, "machine": m.machine}.items():
+            _check_name(f"meta.measured.{_cut(str(key))}", f"{key}={value}")
     if meta.ab is not None:
         _check_name("meta.ab.base_ref", meta.ab.base_ref)
         for name in ("head_commit", "base_commit"):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import platform
 import shlex
+import sys
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
@@ -21,7 +23,7 @@ from .judging import Judging, judging_for
 from .measure.instructions import running_under_valgrind
 from .measure.machine import describe
 from .metrics import lookup
-from .results import BudgetRef, Record, Results, RunInfo
+from .results import BudgetRef, HowMeasured, Record, Results, RunInfo
 from .settings import Settings, run_spec
 from .vocabulary import Outcome
 
@@ -29,6 +31,8 @@ __all__ = ["PerfSession", "add_options", "settings_of"]
 
 #: The settings an ini key may set (:class:`perfbudget.settings.Settings`).
 _INI_FIELDS = tuple(f for f in fields(Settings) if f.metadata.get("ini"))
+#: The settings that shape a measurement: an A/B run compares sides only where these agree.
+_MEASURING_SETTINGS = ("threads", "burst_ms", "lease")
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -197,7 +201,18 @@ class PerfSession:
 
     def _meta(self, *, unfinished: str | None = None) -> RunInfo:
         return RunInfo(budgets_dir=str(self.settings.budgets_dir), errors=tuple(self.errors), mode=self.judging.mode,
-                       unfinished=unfinished, lease=self.settings.lease or None)
+                       unfinished=unfinished, lease=self.settings.lease or None, measured=self.how_measured())
+
+    def how_measured(self) -> HowMeasured:
+        """How this session measured: its measuring settings, host, libraries as loaded, way of measuring."""
+        versions: dict[str, str] = {name: str(getattr(sys.modules[name], "__version__", "?"))
+                                    for name in ("torch", "triton", "numpy") if name in sys.modules}
+        cpu = self.device("cpu") if "torch" in sys.modules else None
+        return HowMeasured(settings={k: str(getattr(self.settings, k)) for k in _MEASURING_SETTINGS},
+                           machine=(cpu.identity or cpu.label) if cpu is not None else "",
+                           versions={**versions, "python": platform.python_version()},
+                           way="callgrind" if self.counts_instructions else "device" if "cuda" in self._devices
+                           else "wall")
 
     def checkpoint(self) -> None:
         """Write the records so far to :attr:`json_path`, marked unfinished (:attr:`perfbudget.results.RunInfo.unfinished`), when any

@@ -15,6 +15,12 @@ compared in pair k", with that reason. A pair whose sides' GPUs ran at SM clocks
 :data:`MAX_CLOCK_OFFSET` apart (median or mean over each side's busy samples) compares no GPU
 statistical check: their time moves with the clock, so the ratio would carry it; a check no pair
 could compare is ``not_judged``, naming both sides' clocks.
+
+Comparability first: a pair whose sides measured differently (their ``meta.measured``: threads,
+measuring settings, host, library versions as loaded, way of measuring) compares nothing; a check no
+pair could compare is an error, "not comparable: threads 1 vs 2". With 4 pairs or more, a pair far
+from the others (:func:`~perfbudget.ab.ratios.outlying_pair`) is set aside, as an invalid pair is:
+the check wants another pair while the run has one to give, and the record names it.
 """
 
 from __future__ import annotations
@@ -38,8 +44,8 @@ from ..metrics import (
     op_family_sizes,
     parse_name,
 )
-from ..results import BaseSide, BudgetRef, Record, Results, is_unrecorded_budget
-from .ratios import ABPolicy, can_decide, describe_change, judge_ratios, pair_ratio
+from ..results import BaseSide, BudgetRef, Record, Results, SetAsidePair, is_unrecorded_budget
+from .ratios import ABPolicy, can_decide, describe_change, judge_ratios, outlying_pair, pair_ratio
 
 __all__ = ["MAX_CLOCK_OFFSET", "CheckId", "Comparison", "PairRecords", "clock_refusal", "compare_pairs"]
 
@@ -108,6 +114,12 @@ class PairRecords:
         """Why this pair's GPU timing is not compared (:func:`clock_refusal`), empty when it is."""
         return clock_refusal(self.clocks)
 
+    @property
+    def unlike(self) -> str:
+        """How the sides measured differently (``threads 1 vs 2``, base first); empty when alike or unknown."""
+        head, base = (None if r is None else r.meta.measured for r in (self.head, self.base))
+        return "; ".join(head.differences(base)) if head is not None and base is not None else ""
+
 
 @dataclass(frozen=True, kw_only=True)
 class Comparison:
@@ -127,6 +139,8 @@ class Comparison:
     measured spread (``verdict.can_decide``): no further pair is spent on them."""
     base_only: tuple[CheckId, ...] = field(default=())
     """Checks the base has and the head does not (shown, not judged)."""
+    not_comparable: tuple[CheckId, ...] = ()
+    """Checks no pair could compare: the sides measured differently (an error)."""
 
 
 def _id(r: Record) -> CheckId:
@@ -200,6 +214,7 @@ def compare_pairs(
     beyond: list[CheckId] = []
     inconclusive: list[CheckId] = []
     not_compared: list[CheckId] = []
+    unlike: list[CheckId] = []
     for cid in order:
         used = [_Used(pair=p, head=h[cid], base=b.get(cid)) for p, h, b in zip(numbered, heads, bases, strict=True)
                 if cid in h]
@@ -215,12 +230,14 @@ def compare_pairs(
             inconclusive.append(cid)
         elif state == "not compared":
             not_compared.append(cid)
+        elif state == "not comparable":
+            unlike.append(cid)
     # A check of a base whose head was stopped first is one the head did not reach, not one it lacks.
     base_only = tuple(dict.fromkeys(c for p, b in zip(numbered, bases, strict=True) if "head" not in p.stopped
                                     for c in b if c not in order and c not in moot))
     return Comparison(records=_with_moved_operators(records), undecided=tuple(undecided), inconclusive=tuple(inconclusive),
-                      beyond_reach=tuple(beyond),
-                      not_compared=tuple(not_compared), base_only=base_only)
+                      beyond_reach=tuple(beyond), not_compared=tuple(not_compared), base_only=base_only,
+                      not_comparable=tuple(unlike))
 
 
 def _with_moved_operators(records: list[Record]) -> list[Record]:
@@ -276,6 +293,16 @@ class _Context:
     """Pairs the run may still start (``None``: unknown, every straddling check wants another)."""
 
 
+@dataclass(frozen=True)
+class _Taken:
+    """One pair's head/base of a statistical check, with the sides' samples behind it."""
+
+    pair: int
+    ratio: float
+    head: list[float]
+    base: list[float]
+
+
 @dataclass(frozen=True, kw_only=True)
 class _Used:
     """One pair in which the head recorded the check."""
@@ -302,15 +329,12 @@ def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_
             return head0.with_(outcome=Outcome.ERROR, reason=f"budgets: {errors[0]}"), "kept"
     if not info.statistical:
         return _merge_exact(head0, used, ctx, base_has_it=base_has_it), "kept"
-    ratios: list[float] = []
-    head_stats: list[float] = []
-    base_stats: list[float] = []
-    head_xs: list[float] = []
-    base_xs: list[float] = []
+    taken: list[_Taken] = []
     problems: list[str] = []  # what was wrong with a side's record (the base's error, ...)
     skipped: list[str] = []  # "pair 2 (the base did not record it there)"
     on_gpu = head0.device is not None and head0.device.type == "cuda"
     refused: list[str] = []
+    unlike: list[str] = []
     for u in used:
         head, base, k = u.head, u.base, u.pair.index
         if not _usable(head):
@@ -331,6 +355,10 @@ def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_
             problems.append(f"base {base.outcome}: {base.reason}" if base.reason else f"base {base.outcome}")
             skipped.append(f"pair {k} ({problems[-1]})")
             continue
+        if u.pair.unlike:
+            unlike.append(u.pair.unlike)
+            skipped.append(f"pair {k} (not comparable: {u.pair.unlike})")
+            continue
         if on_gpu and u.pair.refused:
             refused.append(f"pair {k}: {u.pair.refused}")
             skipped.append(f"pair {k} ({u.pair.refused})")
@@ -340,21 +368,21 @@ def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_
             # Paired only with every sample finite on both sides: positions still match request
             # for request.
             paired = info.paired and len(head.samples) == len(hx) and len(base.samples) == len(bx)
-            ratios.append(pair_ratio(hx, bx, quantile=info.quantile, paired=paired))
+            taken.append(_Taken(pair=k, ratio=pair_ratio(hx, bx, quantile=info.quantile, paired=paired),
+                                head=hx, base=bx))
         except ValueError as exc:
             problems.append(str(exc))
             skipped.append(f"pair {k} ({exc})")
-            continue
-        head_stats.append(stats.quantile(hx, info.quantile))
-        base_stats.append(stats.quantile(bx, info.quantile))
-        head_xs.extend(hx)
-        base_xs.extend(bx)
-    if not ratios and refused:
+    if not taken and unlike:
+        return head0.with_(outcome=Outcome.ERROR, reason=_unlike_reason(unlike[0]),
+                           base=BaseSide(value=None, compared=False, note=f"not comparable: {unlike[0]}",
+                                         not_comparable=unlike[0])), "not comparable"
+    if not taken and refused:
         # Not judged against the budgets either: on this machine the clocks were not the sides' to compare.
         rec = head0.with_(outcome=Outcome.NOT_JUDGED, reason=f"not judged: {'; '.join(refused)}",
                           base=_not_with_base(refused[0]))
         return rec, "kept" if ctx.final else "undecided"
-    if not ratios:
+    if not taken:
         why = _why_not(ctx, problems, base_has_it=base_has_it)
         if ctx.require_base and not ctx.base_ran:
             return head0.with_(
@@ -372,6 +400,17 @@ def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_
         tolerance, source = info.default_tolerance, f"default for {info.kind}"
     identity = head0.device.identity if head0.device is not None else None
     prior = ctx.policy.prior_for(identity, head0.key, head0.metric, info.kind)
+    set_aside: list[SetAsidePair] = []
+    if (out := outlying_pair([t.ratio for t in taken], floor_sd=prior.sd)) is not None:
+        i, why = out
+        set_aside.append(SetAsidePair(pair=taken[i].pair, ratio=taken[i].ratio, why=why))
+        skipped.append(f"pair {taken[i].pair} (set aside: {why})")
+        del taken[i]
+    ratios = [t.ratio for t in taken]
+    head_stats = [stats.quantile(t.head, info.quantile) for t in taken]
+    base_stats = [stats.quantile(t.base, info.quantile) for t in taken]
+    head_xs = [x for t in taken for x in t.head]
+    base_xs = [x for t in taken for x in t.base]
     rv = judge_ratios(ratios, tolerance=tolerance, direction=info.direction, prior_sd=prior.sd,
                       prior_df=prior.df, prior_test=ctx.policy.prior_test, confidence=confidence,
                       final=ctx.final)
@@ -405,9 +444,14 @@ def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_
         base=BaseSide(value=base_value, samples=tuple(base_xs), ratio=rv.ratio, ratio_ci=rv.ci, pairs=rv.pairs,
                       pair_ratios=tuple(ratios), detectable=rv.mde, tolerance=tolerance, tolerance_from=source,
                       sd=rv.sd, df=rv.df, prior="set aside" if rv.prior_set_aside else prior.source,
-                      confidence=rv.confidence),
+                      confidence=rv.confidence, set_aside=tuple(set_aside)),
     )
     return rec, state
+
+
+def _unlike_reason(unlike: str) -> str:
+    return (f"not comparable: {unlike} (base vs head): the sides measured differently, so head/base would carry "
+            "the difference; measure both sides with the base's settings, or accept the change with a reason")
 
 
 def _not_with_base(why: str) -> BaseSide:
@@ -446,10 +490,15 @@ def _with_verdict(rec: Record, v: Verdict) -> Record:
 def _merge_exact(head0: Record, used: list[_Used], ctx: _Context, *, base_has_it: bool) -> Record:
     """Keep the head's verdict (its first pair's) against the budgets; say how the value differs from the base's."""
     head_values = _distinct(u.head.value for u in used)
-    base_values = _distinct(u.base.value for u in used if u.base is not None and _usable(u.base))
+    base_values = _distinct(u.base.value for u in used if u.base is not None and _usable(u.base) and not u.pair.unlike)
     reason = head0.reason
     if head0.value is None:
         return head0
+    unlike = next((u.pair.unlike for u in used if u.pair.unlike), "")
+    if not base_values and unlike:
+        return head0.with_(reason=f"{reason}; not compared with the base: not comparable: {unlike} (base vs head)",
+                           base=BaseSide(value=None, compared=False, note=f"not comparable: {unlike}",
+                                         not_comparable=unlike))
     if not base_values:
         why = _why_not(ctx, [*(f"base {u.base.outcome}: {u.base.reason}" for u in used
                                if u.base is not None and not _usable(u.base)),
@@ -463,7 +512,7 @@ def _merge_exact(head0: Record, used: list[_Used], ctx: _Context, *, base_has_it
     if len(base_values) > 1:
         change += f"; the base varies across pairs: {', '.join(f'{x:g}' for x in base_values)}"
     ratio = head0.value / base_value if base_value != 0 else None
-    pairs_with_base = sum(1 for u in used if _usable(u.base))
+    pairs_with_base = sum(1 for u in used if _usable(u.base) and not u.pair.unlike)
     outcome = head0.outcome
     info = _metric(head0)
     tolerance = None

@@ -72,6 +72,7 @@ __all__ = [
     "describe_change",
     "detectable_effect",
     "judge_ratios",
+    "outlying_pair",
     "pair_ratio",
     "resolvable_lines",
     "t_quantile",
@@ -337,6 +338,46 @@ def judge_ratios(
     return verdict("inconclusive", f"straddles the tolerance {bound} after the last pair: inconclusive, "
                                    f"not decided on the estimate; this run {resolves} "
                                    "(more pairs or a quieter machine resolve smaller ones)")
+
+
+#: With this many pairs or more, one pair far from the others is set aside (:func:`outlying_pair`).
+OUTLIER_MIN_PAIRS = 4
+#: How far, in robust SDs (MAD x 1.4826) of the other pairs' ln ratios, a set-aside pair lies from their median.
+OUTLIER_SDS = 4.0
+#: Coverage of the other pairs' prediction interval a set-aside pair also lies outside, shared by the pairs.
+OUTLIER_COVERAGE = 0.99
+
+
+def outlying_pair(pair_ratios: Sequence[float], *, floor_sd: float) -> tuple[int, str] | None:
+    """The pair to set aside as outlying (a minute another process took), and why; ``None`` for none.
+
+    With :data:`OUTLIER_MIN_PAIRS` pairs or more, the pair whose ln ratio lies furthest from the
+    median of the others, when it lies more than :data:`OUTLIER_SDS` robust SDs from it (MAD x 1.4826
+    of the others, at least ``floor_sd``, the check's prior per-pair sd) and outside the others'
+    :data:`OUTLIER_COVERAGE` prediction interval (Bonferroni over the pairs; sd at least ``floor_sd``).
+    The second test holds the rule to its rate where the check's own spread is wide: the MAD of 3-5
+    pairs is itself noisy, and alone it set a pair aside in a third of simulated A/A runs of a check with
+    10 % per-pair sd, narrowing its interval into false failures. At most one pair per call.
+    """
+    n = len(pair_ratios)
+    if n < OUTLIER_MIN_PAIRS:
+        return None
+    ys = [math.log(r) for r in pair_ratios]
+
+    def robust_sds(i: int) -> tuple[float, float]:
+        others = ys[:i] + ys[i + 1:]
+        mid = stats.median(others)
+        return abs(ys[i] - mid) / max(1.4826 * stats.median([abs(y - mid) for y in others]), floor_sd), mid
+
+    far, i = max((robust_sds(i)[0], i) for i in range(n))
+    others = ys[:i] + ys[i + 1:]
+    mean = sum(others) / len(others)
+    sd = max(math.sqrt(sum((y - mean) ** 2 for y in others) / (len(others) - 1)), floor_sd)
+    reach = t_quantile(1 - (1 - OUTLIER_COVERAGE) / (2 * n), len(others) - 1) * sd * math.sqrt(1 + 1 / len(others))
+    if far <= OUTLIER_SDS or abs(ys[i] - mean) <= reach:
+        return None
+    return i, (f"head/base {pair_ratios[i]:.3g} lies {far:.0f} robust SDs from the other pairs' median "
+               f"{math.exp(robust_sds(i)[1]):.3g}, outside their {OUTLIER_COVERAGE:.0%} prediction interval")
 
 
 def can_decide(rv: RatioVerdict, pairs_left: int) -> bool:
