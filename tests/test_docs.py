@@ -46,6 +46,7 @@ def test_every_python_example_names_the_file_it_is() -> None:
         assert re.match(r"# [\w./-]+\.py\b", first), f"{page.name}: a Python example starts '# path/to/file.py': {first!r}"
 
 
+@pytest.mark.integration  # two whole sessions
 def test_the_quickstart_writes_its_budgets_then_passes(pytester: pytest.Pytester) -> None:
     readme, *docs = example("tests/perf/test_quickstart.py")
     assert docs == [readme], "README.md and docs/getting-started.md show the same quickstart"
@@ -61,6 +62,7 @@ def test_the_quickstart_writes_its_budgets_then_passes(pytester: pytest.Pytester
     assert second.ret in (0, 1)  # timing may read stale or fail on a loaded 2-core machine
 
 
+@pytest.mark.integration  # two whole sessions with torch.compile: more than a minute
 def test_the_full_example_writes_its_budgets_then_passes(pytester: pytest.Pytester) -> None:
     [code] = example("tests/perf/test_my_model.py")
     pytester.makepyfile(test_my_model=code)

@@ -133,6 +133,7 @@ def outcomes(p: pytest.Pytester) -> dict[str, str]:
     return {f"{r['key']}.{r['metric']}": r["outcome"] for r in records}
 
 
+@pytest.mark.integration  # three whole sessions with torch.compile: a minute
 def test_update_then_pass_then_wider_model_fails_the_right_checks(repo: pytest.Pytester, stable_machine: str) -> None:
     run(repo, "--update-budgets").assert_outcomes(passed=5)
     written = outcomes(repo)
@@ -143,8 +144,8 @@ def test_update_then_pass_then_wider_model_fails_the_right_checks(repo: pytest.P
     for metric in ("graph_breaks", "unique_graphs", "recompiles"):
         assert f"mlp-compiled.{metric}" in written, (metric, sorted(written))
 
-    # Timing in a unit test on a shared 2-core machine: widen the timing budgets the updater
-    # wrote, so this test judges the loop, not the machine's noise.
+    # Timing on a shared machine: +100 % on the timing budgets the updater wrote, so this test
+    # judges the loop, not the machine's noise.
     for path in (repo.path / "budgets").glob("cpu-*.yaml"):
         doc = yaml.safe_load(path.read_text())
         for entry in doc["budgets"].values():
@@ -240,6 +241,7 @@ def counted_run(p: pytest.Pytester, out: str, *args: str) -> pytest.RunResult:
                  timeout=900)
 
 
+@pytest.mark.integration
 @pytest.mark.valgrind
 def test_a_marked_step_is_timed_in_a_plain_session_and_counted_under_callgrind(repo: pytest.Pytester) -> None:
     if shutil.which("valgrind") is None:

@@ -5,8 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from perfbudget.ab.run import ABConfig, run_ab
 from perfbudget.results import load_results
+
+# Real pytest sides: seconds each, timing for real.
+pytestmark = pytest.mark.integration
 
 LIB = """\
 FACTOR = {factor}
@@ -51,8 +56,8 @@ def test_a_planted_slowdown_in_the_library_fails_through_real_pytest_sides(make_
                              pytest_args=("perf", "-q")), say=lambda line: None)
     logs = "\n".join(p for p in result.problems)
     (step,) = [r for r in result.results.records if r.metric == "step_ms"]
-    assert step.outcome == "fail" and step.base is not None, (step.reason, logs)
-    assert step.base.ratio is not None and step.base.ratio > 1.3 and step.base.pairs >= 2, (result.stopped, logs)
+    # +100 % against a tolerance of +10 %: a margin no load closes.
+    assert step.outcome == "fail" and step.base is not None and step.base.pairs >= 2, (step.reason, logs)
     assert "[tolerance from" in step.reason and "cpu.yaml:6]" in step.reason
     assert result.exit_code == 1
     # The timers took turns: each side was granted the machine several times per pair.
@@ -61,13 +66,12 @@ def test_a_planted_slowdown_in_the_library_fails_through_real_pytest_sides(make_
         assert pair.sides["base"].returncode == 0 and pair.sides["head"].returncode == 0
 
 
-# A planted per-process offset far above the tolerance: the head runs 50 % slower in odd pairs
-# and the base in even ones, so the pairs' ratios disagree by far more than the noise of a
-# loaded machine and their CI cannot close at --max-pairs 3.
+# Samples fixed by construction, so that what the driver decides does not depend on the machine:
+# the noisy steps' head reads 50 % slower in odd pairs and the base in even ones, so the pairs'
+# ratios (1.5, then 1/1.5) cannot close at --max-pairs 3; the quiet step reads the same on both sides.
 STEPS_LIB = """\
 import re
 import sys
-import time
 
 from perfbudget.settings import run_spec
 
@@ -80,21 +84,8 @@ def _pair():
 
 
 SLOW = 1.5 if (run_spec().side == "head") == (_pair() % 2 == 1) else 1.0
-
-
-def spin(n):
-    x = 0
-    for i in range(n):
-        x += i
-    return x
-
-
-def noisy():
-    return spin(int(3000 * SLOW))
-
-
-def quiet():
-    time.sleep(0.004)
+NOISY_MS = [0.3 * SLOW + 0.001 * (i % 7) for i in range(20)]
+QUIET_MS = [4.0 + 0.01 * (i % 5) for i in range(20)]
 """
 
 # Written in this order: the head's order is the file's, not the alphabet's.
@@ -107,7 +98,7 @@ import mylib
 @pytest.mark.budget("noisy-step")
 @pytest.mark.parametrize("batch", ["big batch"])
 def test_noisy(perf, batch):
-    perf.time("step_ms", mylib.noisy, warmup_ms=10, min_samples=20, max_ms=150)
+    perf.record("step_ms", mylib.NOISY_MS)
 
 
 @pytest.mark.budget("counts")
@@ -117,12 +108,12 @@ def test_exact_only(perf):
 
 @pytest.mark.budget("quiet-step")
 def test_quiet(perf):
-    perf.time("step_ms", mylib.quiet, warmup_ms=10, min_samples=20, max_ms=150)
+    perf.record("step_ms", mylib.QUIET_MS)
 
 
 @pytest.mark.budget("noisy-step")
 def test_also_noisy(perf):
-    perf.time("step_ms", mylib.noisy, warmup_ms=10, min_samples=20, max_ms=150)
+    perf.record("step_ms", mylib.NOISY_MS)
 """
 
 STEPS_BUDGETS = """\
@@ -149,10 +140,6 @@ budgets:
 
 def test_later_pairs_rerun_only_undecided_tests_and_an_unresolvable_check_is_inconclusive(
         make_repo: Callable[..., Path]) -> None:
-    # The quiet check is timed for real, beside the other unit tests: its step sleeps, so its time
-    # is the clock's, not the CPU's, and two pairs decide it under any load (a 0.1 ms spin loop
-    # read a per-pair sd of 17.5-33 % there, which the verdict rightly would not decide on two
-    # pairs); the noisy ones swing 1.5x by construction, every pair.
     files = {"src/mylib/__init__.py": STEPS_LIB, "perf/test_steps.py": STEPS_TEST, "budgets/cpu.yaml": STEPS_BUDGETS}
     repo = make_repo(files, {"src/mylib/__init__.py": STEPS_LIB + "\n# the head's change\n"})
     result = run_ab(ABConfig(root=repo, base="HEAD", min_pairs=2, max_pairs=3, burst_ms=30,

@@ -125,7 +125,7 @@ def test_any_bytes_load_or_fail_naming_the_file(data: bytes) -> None:
     check_bytes(data)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(edits)
 def test_edited_budget_files_load_or_fail_naming_the_file(ops: list[tuple[float, str, bytes, int]]) -> None:
     check_bytes(apply_edits(VALID, ops))
@@ -136,7 +136,7 @@ def test_the_edited_file_is_the_real_one_and_valid() -> None:
     assert bs.files[0].usable and not bs.files[0].errors and bs.files[0].entries
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(docs)
 def test_any_structure_gives_budgets_or_named_errors(doc: dict) -> None:
     check(yaml.safe_dump(doc, allow_unicode=True))

@@ -204,6 +204,7 @@ def probe(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return data
 
 
+@pytest.mark.integration
 @pytest.mark.valgrind
 def test_same_step_counts_the_same_and_a_plant_adds_its_cost(probe: dict[str, Any]) -> None:
     assert probe["under_valgrind"] is True
@@ -221,6 +222,7 @@ def test_same_step_counts_the_same_and_a_plant_adds_its_cost(probe: dict[str, An
     assert abs(added / alone["per_step"] - 1) < 0.15  # the plant adds about what it costs alone
 
 
+@pytest.mark.integration
 @pytest.mark.valgrind
 def test_each_count_has_its_own_dump_and_the_plant_names_what_moved(probe: dict[str, Any]) -> None:
     run = probe["_run"]
@@ -236,6 +238,7 @@ def test_each_count_has_its_own_dump_and_the_plant_names_what_moved(probe: dict[
     assert not any(f.straddles for f in ins.read_dump(dumps[0]).functions.values() if "matmul" in f.function)
 
 
+@pytest.mark.integration
 @pytest.mark.valgrind
 def test_torch_toggles_without_instrumentation_are_unmeasurable(probe: dict[str, Any]) -> None:
     reason = probe["without_helper"]["unmeasurable"]
