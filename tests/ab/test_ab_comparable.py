@@ -13,6 +13,7 @@ from perfbudget.ab.ratios import judge_ratios, outlying_pair
 from perfbudget.budgets.loader import BudgetSet
 from perfbudget.device import DeviceInfo
 from perfbudget.judging import Stored
+from perfbudget.report.comment import pr_comment
 from perfbudget.results import HowMeasured, Record, Results, RunInfo, load_results
 from perfbudget.session import PerfSession
 from perfbudget.settings import Settings
@@ -124,3 +125,11 @@ def test_a_set_aside_pair_is_run_again_while_the_run_has_pairs() -> None:
     c = compare_pairs(pairs, budgets=BudgetSet(root=Path("budgets")), final=False, min_pairs=4)
     assert c.undecided == (("t.py::test", "enc", "step_ms"),)
     assert c.records[0].base is not None and [p.pair for p in c.records[0].base.set_aside] == [3]
+
+
+def test_the_comment_says_what_was_not_comparable_and_what_to_do() -> None:
+    threads2 = replace(ALIKE, settings={**ALIKE.settings, "threads": "2"})
+    text = pr_comment(Results(records=compare([sides(10.0, 10.0, head=threads2)]).records))
+    assert ("**Not comparable with the base**: the sides measured differently (threads 1 vs 2, base vs head). "
+            "Measure both sides with the base's settings to compare them, or accept the change with a reason.") in text
+    assert "Not comparable" not in pr_comment(Results(records=compare([sides(10.0, 10.0)]).records))

@@ -144,6 +144,11 @@ def pr_comment(results: Results, *, title: str = "perf", links: CommentLinks | N
                                  op_of(r.metric) is not None, r.metric))
     icon, words = headline(records)
     lines = [marker, f"### {icon} {title}: {words}", "", judged + _how(results, links), ""]
+    unlike = sorted({b.not_comparable for r in records if (b := r.base) is not None and b.not_comparable})
+    if unlike:
+        lines += [f"**Not comparable with the base**: the sides measured differently ({md_text('; '.join(unlike))}, "
+                  "base vs head). Measure both sides with the base's settings to compare them, or accept the "
+                  "change with a reason.", ""]
     if look:
         header = ["", "check", *DECIDING_COLUMNS]
         lines += md_table(header, (_row(r) for r in look[:_MAX_ROWS]))
