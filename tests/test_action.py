@@ -339,13 +339,23 @@ def test_action_steps_take_inputs_from_the_environment_and_run_what_parses(
     assert "--index-url https://download.pytorch.org/whl/cpu \"torch==$TORCH+cpu\"" in setup
 
 
-def test_this_repositorys_workflow_uses_the_action_with_declared_inputs(
+def test_this_repositorys_workflows_use_the_action_with_declared_inputs(
         action: dict[str, Any]) -> None:
-    wf = yaml.safe_load((ROOT / ".github" / "workflows" / "perf.yml").read_text())
-    uses = [(job, s) for job, j in wf["jobs"].items() for s in j["steps"]
-            if s.get("uses") == "./"]
-    assert [job for job, _ in uses] == ["report"]
-    step = uses[0][1]
-    assert set(step["with"]) <= set(action["inputs"]) and step["with"]["mode"] == "report"
-    assert step["with"]["results"] == "perf-report/results.json"
-    assert wf["jobs"]["report"]["permissions"]["pull-requests"] == "write"
+    """``perf.yml`` publishes the merged results read-only; ``perf-comment.yml`` comments from its
+    artifact in a job that runs none of the pull request's code."""
+    flows = {name: yaml.safe_load((ROOT / ".github" / "workflows" / name).read_text())
+             for name in ("perf.yml", "perf-comment.yml")}
+    uses = [(name, job, s["with"]) for name, wf in flows.items() for job, j in wf["jobs"].items()
+            for s in j["steps"] if s.get("uses") == "./"]
+    assert [(name, job) for name, job, _ in uses] == [("perf.yml", "report"),
+                                                      ("perf-comment.yml", "comment")]
+    for _, _, given in uses:
+        assert set(given) <= set(action["inputs"]) and given["mode"] == "report"
+        assert given["results"] == "perf-report/results.json"
+    assert uses[0][2]["comment"] is False and uses[0][2]["artifact"] == "perf-report"
+    assert flows["perf.yml"]["jobs"]["report"]["permissions"] == {"contents": "read"}
+    comment = flows["perf-comment.yml"]["jobs"]["comment"]
+    assert comment["permissions"]["pull-requests"] == "write"
+    assert flows["perf-comment.yml"][True]["workflow_run"]["workflows"] == [flows["perf.yml"]["name"]]
+    download = next(s for s in comment["steps"] if "download-artifact" in s.get("uses", ""))
+    assert download["with"]["name"] == "perf-report" and download["continue-on-error"] is True
