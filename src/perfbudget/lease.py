@@ -4,10 +4,13 @@ A lease is 15 minutes of device time, the machine's start (1-2 minutes) included
 command. The check (set-up, update pass, check pass, A/A) is planned to end within :data:`LIMIT_S`, so
 that a lease keeps at least 4 minutes for a second command. Its work is lease-sized when the run's
 ``perfbudget_lease`` setting is on: :data:`LEASE_SERVE_ROUNDS` serving rounds, :data:`LEASE_OP_ROUNDS`
-profiled operator rounds, :data:`AA_PAIRS` A/A pairs; and the plugin runs the tests in :data:`ORDER`.
+profiled operator rounds, :data:`LEASE_OCC_ROUNDS` occupancy rounds, :data:`AA_PAIRS` A/A pairs (both sides
+told the setting by the driver); and the plugin runs the tests in :data:`ORDER`.
 
 Each estimate is a cost measured on the lent H200 (:data:`H200_S`), scaled by the work this plan runs
-instead of the work measured; what was not measured is an estimate and says so. Stdlib only: the
+instead of the work measured; what was not measured is an estimate and says so. The encoder's costs were
+measured at 64x128 tokens; the suite's CUDA encoder step is now :data:`ASSUMED`'s batch x sequence, so each
+is scaled by the step's estimated time there over its measured time then (:data:`STEP_RATIO`). Stdlib only: the
 script runs this file with any ``python3`` (``python3 src/perfbudget/lease.py plan``).
 """
 
@@ -17,8 +20,8 @@ import math
 import sys
 from dataclasses import dataclass
 
-__all__ = ["AA_PAIRS", "ASSUMED", "H200_S", "LEASE_OP_ROUNDS", "LEASE_SERVE_ROUNDS", "LIMIT_S", "ORDER", "PARTS",
-           "Part", "Planned", "plan_text", "position", "total_s"]
+__all__ = ["AA_PAIRS", "ASSUMED", "H200_S", "LEASE_OCC_ROUNDS", "LEASE_OP_ROUNDS", "LEASE_SERVE_ROUNDS", "LIMIT_S",
+           "ORDER", "PARTS", "PROBE_MS", "STEP_MS", "STEP_RATIO", "Part", "Planned", "plan_text", "position", "total_s"]
 
 LIMIT_S = 420
 """Seconds the whole check may take: one command of a lease, leaving >= 4 minutes for a second."""
@@ -28,6 +31,9 @@ LEASE_OP_ROUNDS = 6
 """Profiled rounds behind a per-operator sample set under the lease: the fewest whose distribution-free
 95 % interval of the median lies between two of them (1 - 2 * 0.5**6 = 0.97); per-operator device time
 varies by 0.1-0.6 % on the GPU, so more rounds buy little there."""
+LEASE_OCC_ROUNDS = 3
+"""Profiled rounds behind ``sm_occupancy`` under the lease: a median with a round on each side; it is computed
+from launch resources and repeated within 0.2 % on the GPU (cv of 5 rounds), so more rounds buy little."""
 AA_PAIRS = 2
 """Process pairs of the A/A (``perfbudget ab --base HEAD``): the fewest that show a spread between pairs."""
 
@@ -43,15 +49,23 @@ H200_S = {
     "segmentation set-up": 1.6, "segmentation step": 6.1, "segmentation operators": 17.4, "segmentation memory": 0.7,
     "a/a pair": 151.0,          # the first pair of an A/A of the encoder step and operators, both sides
 }
-#: The work behind :data:`H200_S`: operator rounds, serving rounds.
-MEASURED_AT = {"op rounds": 32, "serve rounds": 1}
+#: The work behind :data:`H200_S` (the encoder's at 64x128 tokens): operator rounds, serving rounds, occupancy
+#: rounds, encoder steps in the GPM windows.
+MEASURED_AT = {"op rounds": 32, "serve rounds": 1, "occupancy rounds": 5, "gpm steps": 5 * 50}
+#: The encoder step on the lent H200 (benchmarks/gpu-step-probe-h200.md, same day): its wall time per step at
+#: 64x128 (as :data:`H200_S` ran it) and the device's busy time per step at 64x512 (fused AdamW), in ms.
+PROBE_MS = {"step 64x128": 65.5, "device busy 64x512": 58.7}
 
 #: The suite's constants the estimates are computed for, as they were measured; tests/test_lease_plan.py
 #: holds each to the code, so changing one without the plan fails there.
 ASSUMED = {
     "OP_ROUND_STEPS": 1,                      # perfbudget.recorder.operators
+    "DEVICE_STEPS": 10,                       # perfbudget.recorder.gpu: a CUDA perf.step's profiled pass
+    "encoder batch": 128,                     # EncoderConfig.for_size("large").batch_size
+    "encoder sequence": 512,                  # EncoderConfig.for_size("large").seq_len
     "occupancy rounds": 5,                    # Gpu.occupancy default
     "gpm windows": 5,                         # Gpu.gpm default
+    "gpm steps": 10,                          # perf_tests/test_gpu.py: encoder steps a GPM window
     "energy windows": 5,                      # Energy.energy default, each >= 1 s
     "decoder requests": 128,                  # DecoderConfig.for_size("large").n_requests: one serving round
     "energy requests": 8,                     # perf_tests/test_energy.py: requests per energy call
@@ -113,18 +127,49 @@ def _ops(what: str, name: str) -> Planned:
     return _scaled(what, f"{name} operators", LEASE_OP_ROUNDS, MEASURED_AT["op rounds"], "rounds")
 
 
+_B, _L = ASSUMED["encoder batch"], ASSUMED["encoder sequence"]
+STEP_MS = PROBE_MS["device busy 64x512"] * _B * _L / (64 * 512)
+"""The encoder step's estimated time at :data:`ASSUMED` tokens: the device's work sets it there (busy 81 % of
+the step at 64x512), and it grows with the tokens from the 64x512 row."""
+STEP_RATIO = STEP_MS / PROBE_MS["step 64x128"]
+"""The estimated step time over the one the encoder's costs in :data:`H200_S` were measured at."""
+_RATIO_HOW = (f"x {STEP_RATIO:.3f} = {STEP_MS:.1f} ms a step at {_B}x{_L} ({PROBE_MS['device busy 64x512']:g} ms "
+              f"device busy at 64x512 x {_B * _L / (64 * 512):g}) / {PROBE_MS['step 64x128']:g} ms at 64x128")
+
+
+def _encoder(what: str, seconds: float, how: str) -> Planned:
+    """An encoder cost of ``seconds`` at 64x128 (``how``: from what), at the step's size now: an estimate."""
+    return Planned(what=what, seconds=seconds * STEP_RATIO, measured=False, how=f"{how}, x {STEP_RATIO:.3f}")
+
+
+#: Seconds a profiled encoder step costs at 64x128: the operator rounds' (a warm-up and one step each, no
+#: shapes or FLOPs, as the device-time pass), measured; the device-time pass adds a written and read trace.
+_PROFILED_STEP_S = H200_S["encoder operators"] / (MEASURED_AT["op rounds"] * (ASSUMED["OP_ROUND_STEPS"] + 1))
+_DEVICE_PASS = f"+ {ASSUMED['DEVICE_STEPS'] + 1} profiled steps x {_PROFILED_STEP_S:.3f} s (the device-time pass)"
+
+
 _T, _E, _S, _G = "perf_tests/test_encoder.py::", "perf_tests/test_energy.py::", "perf_tests/test_segmentation.py::", \
     "perf_tests/test_gpu.py::"
 _START = Planned(what="pytest start and collection", seconds=H200_S["pytest start"], how="measured")
 _FIRST = H200_S["first CUDA fixture"]
-_ENCODER_OPS = _ops(f"{_T}test_operators[cuda]", "encoder")
+_ENCODER_OPS = _encoder(f"{_T}test_operators[cuda]", _ops("", "encoder").seconds,
+                        f"{H200_S['encoder operators']:g} s measured at {MEASURED_AT['op rounds']} rounds x "
+                        f"{LEASE_OP_ROUNDS}/{MEASURED_AT['op rounds']}")
+_ENCODER_STEP = _encoder(f"{_T}test_step_latency_and_throughput[cuda]",
+                         H200_S["encoder step"] + (ASSUMED["DEVICE_STEPS"] + 1) * _PROFILED_STEP_S,
+                         f"{H200_S['encoder step']:g} measured {_DEVICE_PASS}")
 _ENERGY_CALL_S = H200_S["serving round"] * ASSUMED["energy requests"] / ASSUMED["decoder requests"]
 
 _UPDATE = (
     _START,
-    Planned(what=f"{_G}test_sm_occupancy_and_kernels[cuda]", seconds=_FIRST + H200_S["occupancy"],
-            how=f"measured: {_FIRST:g} first CUDA fixture + {H200_S['occupancy']:g}"),
-    Planned(what=f"{_G}test_gpm_utilisation[cuda]", seconds=H200_S["gpm"], how="measured"),
+    Planned(what=f"{_G}test_sm_occupancy_and_kernels[cuda]", measured=False,
+            seconds=_FIRST + H200_S["occupancy"] * LEASE_OCC_ROUNDS / MEASURED_AT["occupancy rounds"] * STEP_RATIO,
+            how=f"{_FIRST:g} first CUDA fixture + {H200_S['occupancy']:g} measured x {LEASE_OCC_ROUNDS}/"
+                f"{MEASURED_AT['occupancy rounds']} rounds x {STEP_RATIO:.3f}"),
+    Planned(what=f"{_G}test_gpm_utilisation[cuda]", measured=False,
+            seconds=H200_S["gpm"] * ASSUMED["gpm windows"] * ASSUMED["gpm steps"] / MEASURED_AT["gpm steps"] * STEP_RATIO,
+            how=f"{H200_S['gpm']:g} s measured at {MEASURED_AT['gpm steps']} steps, x "
+                f"{ASSUMED['gpm windows'] * ASSUMED['gpm steps']}/{MEASURED_AT['gpm steps']} x {STEP_RATIO:.3f}"),
     Planned(what=f"{_E}test_energy_per_sample[cuda]", seconds=ASSUMED["energy windows"] * 1.2, measured=False,
             how=f"{ASSUMED['energy windows']} windows of >= 1 s, a step over each"),
     Planned(what=f"{_E}test_energy_per_token[cuda]",
@@ -133,12 +178,16 @@ _UPDATE = (
                 f"{ASSUMED['energy requests']}/{ASSUMED['decoder requests']} of a {H200_S['serving round']:g} s round"),
     _scaled("perf_tests/test_decoder.py::test_serving_latency[cuda]", "serving round", LEASE_SERVE_ROUNDS,
             MEASURED_AT["serve rounds"], "round"),
-    Planned(what=f"{_T}test_step_latency_and_throughput[cuda]", seconds=H200_S["encoder step"], how="measured"),
+    _ENCODER_STEP,
     _ENCODER_OPS,
-    Planned(what=f"{_T}test_peak_memory_per_phase[cuda]", seconds=H200_S["encoder memory"], how="measured"),
-    Planned(what=f"{_T}test_numerical_health[cuda]", seconds=H200_S["numerics"], how="measured"),
-    Planned(what=f"{_S}test_step_latency_and_throughput[cuda]",
-            seconds=H200_S["segmentation set-up"] + H200_S["segmentation step"], how="measured, set-up included"),
+    _encoder(f"{_T}test_peak_memory_per_phase[cuda]", H200_S["encoder memory"], f"{H200_S['encoder memory']:g} measured"),
+    _encoder(f"{_T}test_numerical_health[cuda]", H200_S["numerics"], f"{H200_S['numerics']:g} measured"),
+    Planned(what=f"{_S}test_step_latency_and_throughput[cuda]", measured=False,
+            seconds=H200_S["segmentation set-up"] + H200_S["segmentation step"]
+            + (ASSUMED["DEVICE_STEPS"] + 1) * H200_S["segmentation operators"] / (2 * MEASURED_AT["op rounds"]),
+            how=f"{H200_S['segmentation set-up'] + H200_S['segmentation step']:g} measured, set-up included, + "
+                f"{ASSUMED['DEVICE_STEPS'] + 1} profiled steps at its operator rounds' "
+                f"{H200_S['segmentation operators'] / (2 * MEASURED_AT['op rounds']):.3f} s"),
     _ops(f"{_S}test_operators[cuda]", "segmentation"),
     Planned(what=f"{_S}test_peak_memory_per_phase[cuda]", seconds=H200_S["segmentation memory"], how="measured"),
     Planned(what="perf_tests/test_levers.py::test_bucketing_speedup[cuda]", seconds=8.0, measured=False,
@@ -146,8 +195,10 @@ _UPDATE = (
     Planned(what="perf_tests/test_levers.py::test_precision_memory_saving[cuda]", seconds=8.0, measured=False,
             how="4 encoders built, one step each"),
 )
-_AA_SIDE_S = H200_S["encoder step"] + _ENCODER_OPS.seconds
-_AA_PAIR_OVERHEAD_S = H200_S["a/a pair"] - 2 * (H200_S["encoder step"] + H200_S["encoder operators"])
+_AA_SIDE_S = _ENCODER_STEP.seconds + _ENCODER_OPS.seconds
+# Beyond its measuring, the measured pair spent each side's start, collection and encoder set-up one after the
+# other; the sides now join at their first test, so one side's first CUDA fixture overlaps the other's.
+_AA_PAIR_OVERHEAD_S = H200_S["a/a pair"] - 2 * (H200_S["encoder step"] + H200_S["encoder operators"]) - _FIRST
 
 #: The check's parts in the order the script runs them.
 PARTS = (
@@ -164,16 +215,16 @@ PARTS = (
     # device time. Extra rounds of a straddling check are what the margin is for.
     Part(name="check", steps=(
         _START,
-        Planned(what=f"{_T}test_step_latency_and_throughput[cuda]", seconds=_FIRST + H200_S["encoder step"],
-                how=f"measured: {_FIRST:g} first CUDA fixture + {H200_S['encoder step']:g}"),
+        Planned(what=_ENCODER_STEP.what, seconds=_FIRST + _ENCODER_STEP.seconds, measured=False,
+                how=f"{_FIRST:g} first CUDA fixture + {_ENCODER_STEP.seconds:.1f} as above"),
         _ENCODER_OPS,
     ), margin=1.5),
     Part(name="a/a", steps=(
         Planned(what=f"{AA_PAIRS} pairs of the encoder step and operators",
                 seconds=AA_PAIRS * (_AA_PAIR_OVERHEAD_S + 2 * _AA_SIDE_S), measured=False,
                 how=f"{AA_PAIRS} x ({_AA_PAIR_OVERHEAD_S:.1f} s a pair beyond its measuring + 2 sides x "
-                    f"{_AA_SIDE_S:.1f} s), from a measured {H200_S['a/a pair']:g} s pair at "
-                    f"{MEASURED_AT['op rounds']} rounds"),
+                    f"{_AA_SIDE_S:.1f} s as above), the first from a measured {H200_S['a/a pair']:g} s pair at "
+                    f"{MEASURED_AT['op rounds']} rounds less {_FIRST:g} s of set-up now overlapped"),
     ), runs=(f"{_T}test_step_latency_and_throughput[cuda]", _ENCODER_OPS.what)),
     Part(name="finish", steps=(Planned(what="pack and summary", seconds=3.0, measured=False, how="tar and report"),),
          margin=1.0),
@@ -196,13 +247,16 @@ def position(nodeid: str) -> int:
 
 
 def plan_text() -> str:
-    """The plan as ``scripts/gpu-check.sh --plan`` prints it, ending ``total N s``."""
+    """The plan as ``scripts/gpu-check.sh --plan`` prints it, ending ``total N s`` (and by how much it is over
+    :data:`LIMIT_S`, if it is)."""
     lines = [f"The GPU check on the lent H200 under the lease (perfbudget_lease = true): tests in the order they "
-             f"run, estimated seconds ('~': not measured; the others scale costs measured there); limit {LIMIT_S} s"]
+             f"run, estimated seconds ('~': not measured; the others scale costs measured there); limit {LIMIT_S} s",
+             f"encoder costs measured at 64x128 scale by the step ratio: ~{_RATIO_HOW}"]
     for part in PARTS:
         lines.append(f"{part.name:<8} {part.seconds:6.0f} s   bound {part.bound_s} s")
         lines += [f"  {'~' if not s.measured else ' '}{s.seconds:6.1f}  {s.what}  ({s.how})" for s in part.steps]
-    lines.append(f"total {total_s():.0f} s")
+    over = round(total_s()) - LIMIT_S
+    lines.append(f"total {total_s():.0f} s" + (f": {over} s over the limit" if over > 0 else ""))
     return "\n".join(lines)
 
 

@@ -70,9 +70,10 @@ DEFAULT_WAIT_S = 1800.0
 DEFAULT_MAX_LOAD_PER_CORE = 1.5
 
 
-def _from(*, ini: str = "", env: str = "", help: str = "", positive: bool = False) -> dict[str, Any]:
-    """Where a field may come from besides the command line (``help``: the ini key's)."""
-    return {"ini": ini, "env": env, "help": help, "positive": positive}
+def _from(*, ini: str = "", env: str = "", help: str = "", positive: bool = False, spec: bool = False) -> dict[str, Any]:
+    """Where a field may come from besides the command line (``help``: the ini key's; ``spec``: an A/B
+    side's run spec, which then wins over the environment and the ini file)."""
+    return {"ini": ini, "env": env, "help": help, "positive": positive, "spec": spec}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,9 +110,16 @@ class Settings:
                                             "when tests marked `compiles` run, so a second run is warm; empty: "
                                             "leave them"))
     lease: bool = field(default=False, metadata=_from(
-        ini="perfbudget_lease", help="lease-sized work for a lent GPU (scripts/gpu-check.sh): fewer serving and "
-                                     "profiled operator rounds, tests in the lease plan's order (perfbudget.lease)"))
-    """Lease-sized work: the rounds and test order of :mod:`perfbudget.lease`, recorded in the results' meta."""
+        ini="perfbudget_lease", spec=True,
+        help="lease-sized work for a lent GPU (scripts/gpu-check.sh): fewer serving, profiled operator and "
+             "occupancy rounds, tests in the lease plan's order (perfbudget.lease)"))
+    """Lease-sized work: the rounds and test order of :mod:`perfbudget.lease`, recorded in the results' meta. An
+    A/B side takes the driver's (its run spec's), whatever its own commit's ini file says."""
+    benchmark: bool = field(default=False, metadata=_from(
+        ini="perfbudget_benchmark", help="perfbudget measures pytest-benchmark suites: the `benchmark` fixture and the "
+                                         "benchmark/codspeed_benchmark markers record timing checks, and pytest-benchmark "
+                                         "stands aside (always so in `perfbudget ab` sides)"))
+    """Tests of the ``benchmark`` fixture or markers are perfbudget's checks (:mod:`perfbudget.benchmark`)."""
     keep_tmpdir: bool = field(default=False, metadata=_from(env="PERFBUDGET_KEEP_TMPDIR"))
     """Leave TMPDIR alone when inductor's folders move under :attr:`inductor_dir`."""
     helper_cache_dir: Path = field(default=Path("~/.cache/perfbudget"), metadata=_from(env=HELPER_CACHE_ENV))
@@ -126,7 +134,8 @@ class Settings:
     @classmethod
     def resolve(cls, *, cli: Mapping[str, object] | None = None, ini: Mapping[str, object] | None = None,
                 ini_file: str = "ini", root: Path | None = None, env: Mapping[str, str] | None = None) -> Settings:
-        """Each field from the first source that sets it: command line > environment > ini file > default.
+        """Each field from the first source that sets it: command line > an A/B side's run spec (the fields
+        it carries) > environment > ini file > default.
 
         Args:
             cli: command-line values by field name (``None``: not given).
@@ -134,17 +143,20 @@ class Settings:
             ini_file: where ``ini`` was read, for errors.
             root: the rootdir, which folders from the ini file or a default are relative to (default:
                 the working folder, as folders from the command line and the environment are).
-            env: the environment (default: this process's); an empty variable is not set.
+            env: the environment (default: this process's); an empty variable is not set. It names the
+                run spec (:data:`SPEC_ENV`).
 
         Raises:
-            ValueError: naming the option, variable or ini file and key, and the bad value.
+            ValueError: naming the option, variable, run spec or ini file and key, and the bad value.
         """
         cli, ini = cli or {}, ini or {}
         env = os.environ if env is None else env
+        spec = run_spec(env)
         values: dict[str, object] = {}
         for f in fields(cls):
             key, var = f.metadata.get("ini", ""), f.metadata.get("env", "")
             given = ((f"--{f.name.replace('_', '-')}", cli.get(f.name), None),  # (where, value, relative to)
+                     (f"{SPEC_ENV}: {f.name}", getattr(spec, f.name) if spec and f.metadata.get("spec") else None, None),
                      (var, env.get(var, "").strip() or None if var else None, None),
                      (f"{ini_file}: {key}", ini.get(key) if key else None, root),
                      ("default", f.default, root))
@@ -232,8 +244,8 @@ def _pytest_options(path: Path) -> dict[str, object] | None:
 def pytest_cli(args: Sequence[str]) -> dict[str, object]:
     """The settings among a pytest command line (``--budgets-dir DIR``, ``--perf-strict``), for a
     ``perfbudget`` command that runs pytest with it and must read it as pytest does. Only the
-    arguments given: ``-o``/``-c`` overrides and ``addopts``/``PYTEST_ADDOPTS`` are not read (the
-    ini file the command finds is, through :func:`for_folder`)."""
+    arguments given: ``-o`` overrides are :func:`pytest_overrides`'; ``-c`` and ``addopts``/``PYTEST_ADDOPTS``
+    are not read (the ini file the command finds is, through :func:`for_folder`)."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--budgets-dir", dest="budgets_dir", default=None)
     parser.add_argument("--perf-strict", dest="strict", action="store_const", const=True, default=None)
@@ -241,15 +253,34 @@ def pytest_cli(args: Sequence[str]) -> dict[str, object]:
     return {k: v for k, v in vars(known).items() if v is not None}
 
 
-def for_folder(folder: Path, *, cli: Mapping[str, object] | None = None,
+def pytest_overrides(args: Sequence[str]) -> dict[str, str]:
+    """The ini values a pytest command line overrides (``-o KEY=VALUE``, ``-oKEY=VALUE``,
+    ``--override-ini[=]KEY=VALUE``), by key, the last one winning as in pytest."""
+    out: dict[str, str] = {}
+    for i, arg in enumerate(args):
+        if arg in ("-o", "--override-ini"):
+            given = args[i + 1] if i + 1 < len(args) else ""
+        elif arg.startswith(("--override-ini=", "-o")) and arg != "--override-ini":
+            given = arg.partition("=")[2] if arg.startswith("--") else arg[2:]
+        else:
+            continue
+        key, eq, text = given.partition("=")
+        if eq and key.strip():
+            out[key.strip()] = text
+    return out
+
+
+def for_folder(folder: Path, *, cli: Mapping[str, object] | None = None, overrides: Mapping[str, str] | None = None,
                env: Mapping[str, str] | None = None) -> Settings:
-    """The settings of a ``perfbudget`` command run in ``folder``: those of a pytest run there.
+    """The settings of a ``perfbudget`` command run in ``folder``: those of a pytest run there, its ini
+    values ``overrides`` (:func:`pytest_overrides`) replaced.
 
     Raises:
         ValueError: a bad value or an unreadable ini file (see :meth:`Settings.resolve`).
     """
     root, path, ini = find_ini(folder)
-    return Settings.resolve(cli=cli, ini=ini, ini_file=str(path), root=root, env=env)
+    return Settings.resolve(cli=cli, ini={**ini, **(overrides or {})}, root=root, env=env,
+                            ini_file=f"-o or {path}" if overrides else str(path))
 
 
 # --------------------------------------------------------------------------- an A/B side's run spec
@@ -274,6 +305,8 @@ class RunSpec:
     """Half-width each statistical check's within-pair ratio samples to (``None``: one fixed sample set)."""
     operators_file: str = ""
     """The driver's JSON ``{nodeid: {key: [operator, ...]}}`` of pinned operators (absent before it writes one)."""
+    lease: bool = False
+    """Lease-sized work (:attr:`Settings.lease`), the same on both sides: the driver's setting."""
 
     def __post_init__(self) -> None:
         def number(x: object) -> bool:
@@ -283,6 +316,7 @@ class RunSpec:
                   *((k, isinstance(getattr(self, k), str), "a path") for k in ("socket", "report", "operators_file")),
                   *((k, number(getattr(self, k)) and getattr(self, k) > 0, "a positive number")
                     for k in ("burst_ms", "wait_s")),
+                  ("lease", isinstance(self.lease, bool), "true or false"),
                   ("precision", self.precision is None or (number(self.precision) and 0 < self.precision < 1),
                    "a fraction in (0, 1) such as 0.01, or null for one fixed sample set")]
         for key, ok, expected in checks:

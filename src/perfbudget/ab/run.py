@@ -40,7 +40,7 @@ from ..measure.unmeasurable import Unmeasurable
 from ..metrics import STATISTICAL_KINDS, op_metric
 from ..pinning import nvml_gpu_count
 from ..results import ABPolicyInfo, ABRunInfo, PairClocks, Results, RunInfo, load_results
-from ..settings import RunSpec, for_folder, pytest_cli
+from ..settings import RunSpec, for_folder, pytest_cli, pytest_overrides
 from ..vocabulary import Outcome, RunMode, StrEnum
 from .merge import Comparison, PairRecords, compare_pairs
 from .pairs import (
@@ -225,12 +225,12 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
     t0 = time.monotonic()
     deadline = t0 + config.max_minutes * 60.0
     root = config.root.resolve()
-    try:  # resolved once, as the sides' pytest would (its args' options too); both sides get the burst length,
-        # and the results keep it (a calibration holds for it)
+    try:  # resolved once, as the sides' pytest would (its args' options and -o overrides too); both sides get
+        # the burst length and the lease, and the results keep them (a calibration holds for a burst length)
         cli = {**pytest_cli(config.pytest_args), "burst_ms": config.burst_ms}
         if config.strict:
             cli["strict"] = True
-        settings = for_folder(root, cli=cli)
+        settings = for_folder(root, cli=cli, overrides=pytest_overrides(config.pytest_args))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     burst_ms = settings.burst_ms
@@ -259,7 +259,7 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
     operators_file = workdir / "operators.json"
     operators_file.unlink(missing_ok=True)
     spec = RunSpec(side="head", burst_ms=burst_ms, wait_s=settings.wait_s, precision=config.precision or None,
-                   operators_file=str(operators_file))  # each side's, with its side, socket and report
+                   operators_file=str(operators_file), lease=settings.lease)  # each side's, with its side, socket and report
     plan = _Plan(config=config, budgets_dir=settings.budgets_dir, deadline=deadline, operators_file=operators_file,
                  policy=_with_noise(config, settings.budgets_dir, say, burst_ms=burst_ms), say=say)
     while (index := plan.next_pair()) is not None:
@@ -307,7 +307,7 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
         policy=ABPolicyInfo(confidence=config.policy.confidence, prior_sd=dict(config.policy.prior_sd),
                             prior_df=config.policy.prior_df, family_alpha=config.policy.family_alpha,
                             noise=tuple(sorted(t.where for t in policy.noise.values()))),
-        runs=tuple(r.as_dict() for r in runs), problems=tuple(problems))))
+        runs=tuple(r.as_dict() for r in runs), problems=tuple(problems)), lease=settings.lease or None))
     path = results.write(config.results_path)
     bad = any(r.outcome in (Outcome.FAIL, Outcome.ERROR) for r in comparison.records)
     first_head = runs[0].sides["head"].returncode if runs else None

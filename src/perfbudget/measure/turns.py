@@ -66,6 +66,8 @@ class _Client:
     pid: int
     """The process that joined; a forked child inherits the object but must not use it."""
     buffer: bytes = b""
+    granted: bool = False
+    """Whether the coordinator has granted this process a turn yet."""
 
 
 _lock = threading.RLock()
@@ -96,8 +98,10 @@ def burst_ms() -> float:
 def join() -> None:
     """Connect to the coordinator and block until this process holds the machine.
 
-    Idempotent, and a no-op outside an A/B run. Call it early (before set-up work), so that
-    the set-up of one side does not run during the other side's timed bursts.
+    Idempotent, and a no-op outside an A/B run. Call it before the first measurement, after set-up
+    work: the coordinator's first grant waits until both sides have joined, so the two sides'
+    starts, collections and first set-ups run at the same time while neither measures (the plugin
+    joins at a side's first test call).
     """
     with _lock:
         if active() and _client is None:
@@ -180,12 +184,16 @@ def _await_turn(client: _Client) -> None:
         client.sock.settimeout(wait_s)
         line = _readline(client)
     except TimeoutError:
-        _stop(f"waited {wait_s:g} s for the turn (the run spec's wait_s); the other side seems stuck")
+        _stop(f"waited {wait_s:g} s for the turn (the run spec's wait_s); the other side seems stuck" if client.granted
+              else f"waited {wait_s:g} s for the first turn (the run spec's wait_s): the other side never joined "
+                   "(its start, collection or set-up before its first test hung or took longer) or held its "
+                   "first turn as long")
         return
     except OSError as exc:
         _stop(f"lost the coordinator while waiting for the turn: {exc}")
         return
     if line == "GO":
+        client.granted = True
         return
     if line == "SOLO":
         _stop(None)  # the other side finished or failed: the normal end of turn-taking

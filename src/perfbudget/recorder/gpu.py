@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..budgets.verdict import Verdict
+from ..lease import LEASE_OCC_ROUNDS
 from ..measure import nvml, occupancy
 from ..measure.measurement import Explanation, Measurement, Passes
 from ..measure.occupancy import StepDeviceTime
@@ -18,12 +19,15 @@ from ..measure.operators import profile_steps
 from ..measure.unmeasurable import Unmeasurable
 from .core import RecorderCore, Timed
 
-__all__ = ["DEVICE_STEPS", "Gpu"]
+__all__ = ["DEVICE_STEPS", "OCC_ROUNDS", "Gpu"]
 
 #: Profiled steps in one pass of a GPU step's device time, one ``step_device_ms`` sample each:
 #: ten give a 95 % interval of the median (2nd to 9th of them), and the device time repeats
 #: within 0.1 % where the wall time does not (docs/gpu-runners.md).
 DEVICE_STEPS = 10
+#: Profiled rounds behind ``sm_occupancy`` (one sample each; under the lease
+#: :data:`~perfbudget.lease.LEASE_OCC_ROUNDS`).
+OCC_ROUNDS = 5
 
 
 class Gpu(RecorderCore):
@@ -56,13 +60,15 @@ class Gpu(RecorderCore):
                                                                   attribution=(line,))),
                 self._record("idle_share", wall.measurement(lambda t: [1 - busy / x for x in t.samples_ms])))
 
-    def occupancy(self, step: Callable[[], Any], *, rounds: int = 5, steps: int = 2) -> None:
+    def occupancy(self, step: Callable[[], Any], *, rounds: int | None = None, steps: int = 2) -> None:
         """Record ``kernel_count`` (per step) and ``sm_occupancy``: the duration-weighted
         occupancy each kernel's launch resources (registers, shared memory, block, grid) allow on
         the profiled GPU, one sample per profiled round; the kernel time it leaves out (kernels
         without those resources in the trace) is kept as attribution. Unmeasurable where no
-        kernel's occupancy can be computed (CPU, or a trace without launch resources)."""
-        passes = Passes(lambda: self._occupancy_pass(step, rounds=rounds, steps=steps))
+        kernel's occupancy can be computed (CPU, or a trace without launch resources). ``rounds``: default
+        :data:`OCC_ROUNDS`, under the lease :data:`~perfbudget.lease.LEASE_OCC_ROUNDS`."""
+        n = rounds if rounds is not None else LEASE_OCC_ROUNDS if self.lease else OCC_ROUNDS
+        passes = Passes(lambda: self._occupancy_pass(step, rounds=n, steps=steps))
         occ, kernels, left_out = passes.first
         self._record("kernel_count", Measurement(samples=kernels))
         if not occ:
