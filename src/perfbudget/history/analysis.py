@@ -77,7 +77,8 @@ def analyze(points: Sequence[Point], *, config: ChangeConfig | None = None, conf
     machines = sorted({p.run.machine for p in points})
     shifts: list[Shift] = []
     if not links and len(machines) == 1:
-        shifts = level_shifts([p.check.value or 0.0 for p in valued], config=config)
+        shifts = level_shifts([p.check.value or 0.0 for p in valued], se=[p.check.value_se for p in valued],
+                              config=config)
     elif not links:
         gaps = [*gaps, f"values from {len(machines)} machines and no head/parent intervals: not searched"]
     drifts = chained_drifts([link.log_ratio for link in links], [link.log_se for link in links],

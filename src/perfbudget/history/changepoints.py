@@ -1,6 +1,7 @@
 """Change points on a check's history: level shifts in a series of absolute values (a stable machine),
 and drifts in a chain of head/parent log-ratios (lockstep A/B), found by a penalised
-piecewise-constant fit (``ruptures``' PELT) and kept only when significant.
+piecewise-constant fit (``ruptures``' PELT, each point weighted by its run's standard error) and kept only when
+significant.
 
 Why two models: an absolute series is ``level + noise``, so its change points are where the level
 moves. A chain of A/B ratios measures each merge's *change*: ``ln(head/parent)`` is the step of the
@@ -18,6 +19,8 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 from ..measure.stats import normal_quantile, t_quantile
 
@@ -56,6 +59,9 @@ class ChangeConfig:
     simulated no-op histories of 5-10 merges had a drift (``benchmarks/history-sim.md``)."""
     min_points: int = 6
     """Shorter series have no change points (too few points to tell a level from noise)."""
+    min_size: int = 2
+    """Fewest runs of a level between two others: a shorter one that the next runs undo is a blip, not a
+    finding (asv's ``step_detect.detect_regressions``, ``min_size=2``)."""
 
     def __post_init__(self) -> None:
         for name in ("level_penalty", "chain_penalty", "min_change"):
@@ -64,8 +70,10 @@ class ChangeConfig:
                 raise ValueError(f"{name}: expected a number >= 0, got {value!r}")
         if not 0.5 <= self.chain_confidence < 1.0:
             raise ValueError(f"chain_confidence: expected a number in [0.5, 1), got {self.chain_confidence!r}")
-        if isinstance(self.min_points, bool) or not isinstance(self.min_points, int) or self.min_points < 3:
-            raise ValueError(f"min_points: expected an integer >= 3, got {self.min_points!r}")
+        for name, least in (("min_points", 3), ("min_size", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name}: expected an integer >= {least}, got {value!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,12 +121,13 @@ class MissingPackageError(ImportError):
     """A package that only change-point detection needs does not import here; the message says how to install it."""
 
 
-def pelt_breakpoints(series: Sequence[float], penalty: float) -> list[int]:
+def pelt_breakpoints(series: Sequence[float], penalty: float, weights: Sequence[float] | None = None) -> list[int]:
     """Segment ends of the least-squares piecewise-constant fit with ``penalty`` per change point, one-point
-    segments allowed: PELT, exact.
+    segments allowed: PELT, exact; ``weights`` (relative, one per point) weigh each point's squared error.
 
-    ``ruptures.KernelCPD`` with the linear kernel has the least-squares cost of ``Pelt(model="l2")``
-    and gives the same segments, from its C implementation (~1000x faster on 60 points).
+    Unweighted, ``ruptures.KernelCPD`` with the linear kernel has the least-squares cost of
+    ``Pelt(model="l2")`` and gives the same segments, from its C implementation (~1000x faster on 60
+    points); weighted, ruptures' own PELT on the weighted cost (:func:`_weighted_l2`).
     """
     import numpy as np
 
@@ -131,8 +140,31 @@ def pelt_breakpoints(series: Sequence[float], penalty: float) -> list[int]:
                           "install it with: pip install 'ruptures>=1.1.9'") from exc
 
     x = np.asarray(series, dtype=float).reshape(-1, 1)
-    ends = ruptures.KernelCPD(kernel="linear", min_size=1).fit(x).predict(pen=max(penalty, 1e-12))
-    return [int(e) for e in ends]
+    fit = ruptures.KernelCPD(kernel="linear", min_size=1) if weights is None else \
+        ruptures.Pelt(custom_cost=_weighted_l2(ruptures.base.BaseCost, weights), min_size=1, jump=1)
+    return [int(e) for e in fit.fit(x).predict(pen=max(penalty, 1e-12))]
+
+
+def _weighted_l2(base: type, weights: Sequence[float]) -> Any:
+    """A ruptures cost: ``sum w_i (x_i - m)^2`` over a segment, ``m`` its weighted mean, from prefix sums."""
+    import numpy as np
+
+    class WeightedL2(base):
+        model = "weighted_l2"
+        min_size = 1
+
+        def fit(self, signal: Any) -> WeightedL2:
+            self.signal = signal
+            w = np.asarray(weights, dtype=float)
+            x = signal[:, 0]
+            self.sums = [np.concatenate([[0.0], np.cumsum(v)]) for v in (w, w * x, w * x * x)]
+            return self
+
+        def error(self, start: int, end: int) -> float:
+            sw, swx, swxx = (c[end] - c[start] for c in self.sums)
+            return float(swxx - swx * swx / sw)
+
+    return WeightedL2()
 
 
 def robust_sd(values: Sequence[float]) -> float:
@@ -145,18 +177,24 @@ def robust_sd(values: Sequence[float]) -> float:
     return 1.4826 * statistics.median(abs(d - mid) for d in diffs) / math.sqrt(2)
 
 
-def level_shifts(values: Sequence[float], *, config: ChangeConfig | None = None,
-                 breakpoints: Breakpoints = pelt_breakpoints) -> list[Shift]:
+def level_shifts(values: Sequence[float], *, se: Sequence[float | None] | None = None,
+                 config: ChangeConfig | None = None, breakpoints: Breakpoints | None = None) -> list[Shift]:
     """Change points of a series of absolute values (times, rates, counts), oldest first.
 
     Positive series are fitted on ln(value), so a shift is relative and noise proportional to the
     level is constant; a series with zeros (``graph_breaks``, ``nonfinite_grads``) on the values
     themselves. The penalty is ``level_penalty * sd^2 * ln(n)`` with the noise sd from :func:`robust_sd`.
+    Where every run kept its standard error of ln(value) (``se``), a point weighs ``median(se^2) / se^2``:
+    a run that measured itself less precisely moves the fit less, and equal errors fit as unweighted.
+    A level of fewer than ``config.min_size`` runs that the next runs undo (the levels either side would
+    be one at this penalty) is not a finding.
 
     Args:
         values: the series; negative or non-finite values are refused.
+        se: each value's standard error of ln(value) (``Check.value_se``), ``None`` where unknown.
         config: penalties and thresholds.
-        breakpoints: the segmentation (:func:`pelt_breakpoints`; another library in the benchmark).
+        breakpoints: the segmentation (default: :func:`pelt_breakpoints`, weighted; another library
+            in the benchmark, unweighted).
 
     Raises:
         ValueError: a value that is not a finite number >= 0.
@@ -171,14 +209,26 @@ def level_shifts(values: Sequence[float], *, config: ChangeConfig | None = None,
     relative = all(v > 0 for v in values)
     fitted = [math.log(v) for v in values] if relative else [float(v) for v in values]
     sd = max(robust_sd(fitted), 1e-9)  # an exact metric: any change is one
-    ends = breakpoints(fitted, config.level_penalty * sd * sd * math.log(n))
+    ses = [s for s in se or () if s is not None and math.isfinite(s) and s > 0]
+    scale = statistics.median(s * s for s in ses) if relative and len(ses) == n else 0.0
+    w = [scale / (s * s) for s in ses] if scale else [1.0] * n
+    penalty = config.level_penalty * sd * sd * math.log(n)
+    ends = (breakpoints or partial(pelt_breakpoints, weights=w if scale else None))(fitted, penalty)
     starts = [0, *ends[:-1]]
-    means = [statistics.fmean(fitted[s:e]) for s, e in zip(starts, ends, strict=True)]
+    sums = [(math.fsum(w[s:e]), math.fsum(wi * x for wi, x in zip(w[s:e], fitted[s:e], strict=True)))
+            for s, e in zip(starts, ends, strict=True)]
+    means = [sx / sw for sw, sx in sums]
     levels = [math.exp(m) for m in means] if relative else means
+    kept = [True] * len(starts)  # the shift into segment i is reported
+    for i in range(1, len(starts) - 1):
+        (wb, _), (wa, _) = sums[i - 1], sums[i + 1]
+        undone = wb * wa / (wb + wa) * (means[i - 1] - means[i + 1]) ** 2 < penalty
+        if ends[i] - starts[i] < config.min_size and undone:
+            kept[i] = kept[i + 1] = False
     shifts = []
     for i in range(1, len(starts)):
         shift = Shift(index=starts[i], before=levels[i - 1], after=levels[i])
-        if abs(shift.change) >= config.min_change:
+        if kept[i] and abs(shift.change) >= config.min_change:
             shifts.append(shift)
     return shifts
 
@@ -212,11 +262,14 @@ def segment_sum(log_ratios: Sequence[float], log_se: Sequence[float], dfs: Seque
 
 
 def chained_drifts(log_ratios: Sequence[float], log_se: Sequence[float], dfs: Sequence[float] | None = None, *,
-                   config: ChangeConfig | None = None, breakpoints: Breakpoints = pelt_breakpoints,
+                   config: ChangeConfig | None = None, breakpoints: Breakpoints | None = None,
                    sources: Sequence[str] | None = None) -> list[Drift]:
     """Runs of consecutive merges that changed the level, from each merge's ln(head/parent) and its se.
 
-    A penalised fit proposes segments of one mean step (penalty ``chain_penalty * median(se^2) * ln(n)``);
+    A penalised fit, each merge weighing ``median(se^2) / se^2``, proposes segments of one mean step
+    (penalty ``chain_penalty * median(se^2) * ln(n)``; ``breakpoints`` as in :func:`level_shifts`). A
+    segment of one merge is a finding here: the chain holds each merge's change, not a level, so a
+    merge that the next one undoes is two changes, each measured against its own parent;
     a segment is kept when the interval of its summed log-ratio (:func:`segment_sum`, at
     ``chain_confidence``; ``sources`` as there) excludes zero and its change is at least ``min_change``.
 
@@ -233,7 +286,8 @@ def chained_drifts(log_ratios: Sequence[float], log_se: Sequence[float], dfs: Se
     if n == 0:
         return []
     scale = statistics.median(s * s for s in log_se)
-    ends = breakpoints(list(log_ratios), config.chain_penalty * scale * math.log(max(n, 2))) if n > 1 else [1]
+    fit = breakpoints or partial(pelt_breakpoints, weights=[scale / (s * s) for s in log_se])
+    ends = fit(list(log_ratios), config.chain_penalty * scale * math.log(max(n, 2))) if n > 1 else [1]
     drifts = []
     for start, end in zip([0, *ends[:-1]], ends, strict=True):
         ratio, (lo, hi) = segment_sum(log_ratios[start:end], log_se[start:end],
