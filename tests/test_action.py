@@ -7,6 +7,7 @@ passes."""
 from __future__ import annotations
 
 import importlib.util
+import io
 import random
 import re
 import shlex
@@ -192,7 +193,16 @@ def test_two_pushes_keep_one_comment_then_the_change_is_accepted_and_passes(
     (repo / "results-ab.json").write_bytes((upload / "results-ab.json").read_bytes())
     monkeypatch.chdir(repo)
     argv = shlex.split(command.replace("<why this change is expected>", "a deeper model, reviewed"))
-    assert perfbudget_main(argv[1:]) == 0
+    # The results claim the stable runner measured step_ms: no file proves it, so the timing is
+    # refused here (not that machine) and written once the reviewer trusts the claim.
+    said = io.StringIO()
+    assert perfbudget_main(argv[1:], out=said) == 1
+    assert (f"refused  {RUNNER.identity}.yaml  model-train.step_ms: the results claim "
+            f"{RUNNER.identity}, which a results file cannot prove") in said.getvalue()
+    said = io.StringIO()
+    assert perfbudget_main([*argv[1:], "--trust-identity"], out=said) == 0
+    assert said.getvalue().startswith(
+        f"trusted machine identity {RUNNER.identity} (--trust-identity: the results' claim)\n")
     budgets = load_dir(repo / "budgets")
     for metric, value in (("flops", 2.7e9), ("step_ms", None)):
         b = budgets.resolve("model-train", metric, RUNNER)

@@ -7,6 +7,7 @@ ratchet (``update``); 2 usage or input error (unreadable results, broken budget 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import sys
 import tempfile
@@ -19,6 +20,7 @@ from .ab.calibration import register as register_calibrate
 from .ab.cli import register as register_ab
 from .budgets.loader import BudgetSet, load_dir
 from .budgets.update import (
+    Measured,
     UpdateReport,
     accept_results,
     apply_updates,
@@ -32,6 +34,7 @@ from .fileio import atomic_write, shown_path
 from .history.cli import register as register_history
 from .instructions_run import run_instructions
 from .judge import stable_identity
+from .metrics import parse_name
 from .report import (
     CommentLinks,
     device_label,
@@ -280,6 +283,28 @@ def _measured_commit(parts: Sequence[tuple[str, Results]], given: str | None) ->
     return str(commits.pop())
 
 
+def _trusted_identities(measured: Sequence[Measured], trust_claims: bool,
+                        out: TextIO) -> frozenset[str]:
+    """The machine identities whose timing and noise ``accept`` may write, each printed: what
+    the results claim under ``--trust-identity``, else only this machine's own (``perfbudget show
+    --identity``), where the results claim it: then they can come from this runner's own job."""
+    claimed = {m.device.identity: m.device.type for m in measured
+               if m.device.identity and parse_name(m.metric).metric.statistical}
+    if trust_claims:
+        trusted, how = set(claimed), "--trust-identity: the results' claim"
+    else:
+        from .measure.machine import describe
+
+        own = set()
+        for device_type in set(claimed.values()):
+            with contextlib.suppress(RuntimeError):  # no such device here: none of its claims
+                own.add(describe(device_type).identity)
+        trusted, how = set(claimed) & own, "this machine's own identity"
+    for identity in sorted(trusted):
+        out.write(f"trusted machine identity {identity} ({how})\n")
+    return frozenset(trusted)
+
+
 def cmd_accept(args: argparse.Namespace, out: TextIO) -> int:
     results, parts = _load(args.results)
     if not args.reason.strip():
@@ -287,8 +312,9 @@ def cmd_accept(args: argparse.Namespace, out: TextIO) -> int:
                          f"provenance), got {args.reason!r}")
     commit = _measured_commit(parts, args.commit)
     measured = results.measured()
+    trusted = _trusted_identities(measured, args.trust_identity, out)
     return _write_budgets(_settings(args).budgets_dir, args.dry_run, lambda budgets: accept_results(
-        measured, budgets, reason=args.reason, commit=commit), out)
+        measured, budgets, reason=args.reason, commit=commit, trusted=trusted), out)
 
 
 def _render_update(report: UpdateReport) -> str:
@@ -390,6 +416,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the commit measured, for results that do not name it (a pytest run); "
                         "default: the A/B run's head")
     a.add_argument("--dry-run", action="store_true", help="print the diff, write nothing")
+    a.add_argument("--trust-identity", action="store_true",
+                   help="write timing and noise values whose results claim another machine's "
+                        "identity than this one's (perfbudget show --identity). A results file "
+                        "cannot prove where it ran (anyone can write an identity into one): pass "
+                        "it only for results the trusted runner's own job produced")
     a.set_defaults(func=cmd_accept)
     i = sub.add_parser("instructions", help="run pytest under callgrind, so perf instruction counts are measured",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_EPILOG)

@@ -9,7 +9,7 @@ import math
 import os
 import re
 import subprocess
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -501,6 +501,7 @@ def accept_results(
     reason: str,
     commit: str,
     date: str | None = None,
+    trusted: Collection[str] | None = None,
 ) -> UpdateReport:
     """Accept a reviewed change from a run's own results (a pull request's A/B run): write its
     values with the reviewer's reason and the results' commit in provenance.
@@ -508,7 +509,9 @@ def accept_results(
     A timing, rate or energy value is written only where a budget file keyed by the identity
     of the machine that measured it holds it or would take it (a hosted runner is another
     machine every time: its timing says nothing of a stored budget's machine); it is reported
-    ``skipped`` elsewhere. Every other value goes where :func:`apply_updates` files it. The
+    ``skipped`` elsewhere, and ``refused`` when its identity is not in ``trusted``: a results
+    file cannot prove where it ran (``None``: the caller vouches for every claim). Every other
+    value goes where :func:`apply_updates` files it. The
     ratchet's rules hold (noise within a third of the tolerance is kept; values derived from
     several machines are kept), with worse values allowed: the reason is the reviewer's licence.
 
@@ -535,6 +538,12 @@ def accept_results(
                     path=path, key=m.key, metric=m.metric, action="skipped", old=None, new=m.value,
                     why=f"timing measured on {where}: no budget file here is keyed by that "
                         "identity"))
+                continue
+            if trusted is not None and identity not in trusted:
+                skipped.append(Change(
+                    path=path, key=m.key, metric=m.metric, action="refused", old=None, new=m.value,
+                    why=f"the results claim {identity}, which a results file cannot prove: accept "
+                        "on that machine, or trust the claim (--trust-identity)"))
                 continue
         keep.append(m)
     report = apply_updates(keep, budgets, allow_loosen=True, commit=commit, date=date,

@@ -258,5 +258,6 @@ def _accept(results: Results, links: CommentLinks, results_name: str,
             "branch's checkout, run", "",
             f"{fence}sh", command, fence, "",
             "and commit the budget files it writes. It writes exact, memory and numeric budgets, "
-            "and timing only into a budget file keyed by the machine that measured it; a timing "
-            "change judged against the base is part of the base once merged.", ""]
+            "and timing only into a budget file keyed by the machine that measured it, run on "
+            "that machine (or with `--trust-identity`: a results file cannot prove where it ran); "
+            "a timing change judged against the base is part of the base once merged.", ""]
