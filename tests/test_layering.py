@@ -26,6 +26,7 @@ FLOORS: dict[str, int] = {
     "decision_text": 5, "show": 5, "ab": 5,
     "session": 6, "history": 6,  # history reads results and the A/B run's statistics
     "xdist": 7, "cli": 7, "hookspec": 7, "instructions_run": 4,
+    "benchmark": 7,  # pytest-benchmark's fixture and markers over the recorder, registered by the plugin
     "github": 7,  # the pull-request comment and job summary on GitHub Actions (action.yml)
     "plugin": 8,
     ROOT: 9,

@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 
 import pytest
 
-from . import hookspec, lease, xdist
+from . import benchmark, hookspec, lease, xdist
 from .artifacts import artifact_dir, describe_artifacts, write_failure_artifacts
 from .budgets.verdict import VerdictPolicy
 from .decision_text import decision_text
@@ -78,8 +78,10 @@ class BudgetSpec:
         counted = _counted_steps(item)
         if mark is None:
             name = getattr(item, "originalname", item.name)
-            return cls(key=name.removeprefix("test_").replace("_", "-"), device=device, uses_perf=uses_perf,
-                       counted=counted)
+            key = name.removeprefix("test_").replace("_", "-")
+            if benchmark.benchmarked(item):  # one key per benchmark: its parameters too (``sort-list[1000]``)
+                key += item.name[len(name):]
+            return cls(key=key, device=device, uses_perf=uses_perf, counted=counted)
         if len(mark.args) != 1 or not isinstance(mark.args[0], str) or mark.kwargs:
             raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.budget takes one key string, got {mark.args!r}")
         params = getattr(getattr(item, "callspec", None), "params", {})
@@ -141,12 +143,13 @@ def pytest_configure(config: pytest.Config) -> None:
     if gpu is not None:
         xdist.pin_worker(session, gpu)
     config.pluginmanager.register(PerfPlugin(session), PLUGIN_NAME)
+    benchmark.configure(config, session)
     if config.pluginmanager.hasplugin("xdist") and not session.is_worker:
         config.pluginmanager.register(xdist.ControllerHooks(session), _XDIST_NAME)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    for name in (_XDIST_NAME, PLUGIN_NAME):
+    for name in (benchmark.PLUGIN_NAME, _XDIST_NAME, PLUGIN_NAME):
         plugin = config.pluginmanager.get_plugin(name)
         if plugin is not None:
             config.pluginmanager.unregister(plugin, name)

@@ -15,7 +15,8 @@ from perfbudget.device import DeviceType
 from perfbudget.measure import stats, turns
 from perfbudget.measure.sync import device_sync
 
-__all__ = ["Bursts", "Samples", "StreamTiming", "bench", "bench_paired", "pinned_threads", "time_stream", "time_streams"]
+__all__ = ["Bursts", "Samples", "StreamTiming", "bench", "bench_paired", "calls_per_sample", "pinned_threads", "time_stream",
+           "time_streams"]
 
 Device = DeviceType
 _DEVICES: tuple[str, ...] = ("cpu", "cuda")
@@ -42,7 +43,7 @@ class Samples:
     l2_flushed: bool = False
     """Whether L2 was flushed before every timed call (cold-cache numbers)."""
     calls_per_sample: int = 1
-    """Calls averaged into one sample (> 1 only for CUDA-graph replay)."""
+    """Calls averaged into one sample (> 1 for CUDA-graph replay and a CPU bench batched to ``min_sample_ms``)."""
 
     def __post_init__(self) -> None:
         if not self.samples_ms:
@@ -145,6 +146,8 @@ def bench(
     max_samples: int = 100_000,
     flush_l2: bool = False,
     cuda_graph: bool = False,
+    min_sample_ms: float = 0.0,
+    setup: Callable[[], Any] | None = None,
 ) -> Samples:
     """Time ``fn()`` repeatedly and return every per-call time.
 
@@ -177,6 +180,11 @@ def bench(
             functions filling memory).
         flush_l2: CUDA only, flush L2 before every timed call.
         cuda_graph: CUDA only, time CUDA-graph replays.
+        min_sample_ms: CPU only: time batches of calls lasting at least this long, the calls per
+            batch found by timing after warm-up (:func:`calls_per_sample`); each sample is a
+            batch's time per call. A microsecond call timed alone is mostly the clock's overhead.
+        setup: CPU only: called untimed before every call (fresh inputs for a call that consumes
+            them); excludes batching.
 
     Returns:
         ``Samples`` with the raw per-call times in milliseconds.
@@ -190,6 +198,10 @@ def bench(
         raise ValueError(
             "flush_l2 cannot be combined with cuda_graph (the flush would be replayed)"
         )
+    if device != "cpu" and (min_sample_ms or setup is not None):
+        raise ValueError("min_sample_ms and setup need device='cpu'")
+    if setup is not None and min_sample_ms:
+        raise ValueError("setup runs before every call, so calls cannot be batched: pass min_sample_ms=0")
 
     common = dict(
         warmup_ms=warmup_ms,
@@ -201,7 +213,7 @@ def bench(
     )
     with pinned_threads(threads):
         if device == "cpu":
-            return _bench_cpu(fn, **common)  # type: ignore[arg-type]
+            return _bench_cpu(fn, min_sample_ms=min_sample_ms, setup=setup, **common)  # type: ignore[arg-type]
         if cuda_graph:
             return _bench_cuda_graph(fn, **common)  # type: ignore[arg-type]
         return _bench_cuda(fn, flush_l2=flush_l2, **common)  # type: ignore[arg-type]
@@ -228,23 +240,30 @@ def _bench_cpu(
     threads: int | None,
     min_warmup_calls: int,
     max_samples: int,
+    min_sample_ms: float,
+    setup: Callable[[], Any] | None,
 ) -> Samples:
     clock = time.perf_counter
+    untimed = fn if setup is None else lambda: (setup(), fn())
     warmup_calls = 0
     start = clock()
     while warmup_calls < min_warmup_calls or (clock() - start) * 1e3 < warmup_ms:
-        fn()
+        untimed()
         warmup_calls += 1
+    calls = calls_per_sample(fn, min_sample_ms, clock=clock) if min_sample_ms > 0 else 1
+    timed = fn if calls == 1 else _repeat(fn, calls)
     # A collection triggered by warm-up garbage would otherwise land in some timed call.
     gc.collect()
     samples: list[float] = []
-    bursts = Bursts(rewarm=fn)
+    bursts = Bursts(rewarm=untimed)
     start = clock()
     while len(samples) < max_samples:
+        if setup is not None:
+            setup()
         t0 = clock()
-        fn()
+        timed()
         t1 = clock()
-        samples.append((t1 - t0) * 1e3)
+        samples.append((t1 - t0) * 1e3 / calls)
         if len(samples) >= min_samples and bursts.elapsed_ms(start) >= max_ms:
             break
         bursts.tick()
@@ -254,7 +273,36 @@ def _bench_cpu(
         threads=threads,
         device="cpu",
         timer="perf_counter",
+        calls_per_sample=calls,
     )
+
+
+def _repeat(fn: Callable[[], Any], calls: int) -> Callable[[], None]:
+    """One batch: ``calls`` calls of ``fn``."""
+    def batch() -> None:
+        for _ in range(calls):
+            fn()
+
+    return batch
+
+
+def calls_per_sample(fn: Callable[[], Any], min_sample_ms: float, *, clock: Callable[[], float] = time.perf_counter,
+                     max_calls: int = 10_000_000) -> int:
+    """Calls of ``fn`` that together last at least ``min_sample_ms``, found by timing batches.
+
+    As pytest-benchmark calibrates its rounds: a batch too short is scaled up by the measured
+    shortfall (at least doubled) and timed again, until one lasts long enough or reaches ``max_calls``.
+    """
+    calls = 1
+    while True:
+        t0 = clock()
+        for _ in range(calls):
+            fn()
+        took_ms = (clock() - t0) * 1e3
+        if took_ms >= min_sample_ms or calls >= max_calls:
+            return calls
+        grown = math.ceil(calls * min_sample_ms / took_ms) if took_ms > 0 else calls * 10
+        calls = min(max_calls, max(2 * calls, grown))
 
 
 def _counts_from_estimate(
