@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +19,12 @@ ACTION = "OWNER/perfbudget@v1"
 
 
 def workflows(page: str) -> dict[str, dict[str, Any]]:
-    """``path -> workflow`` of the page's fenced YAML blocks that begin ``# .github/workflows/``."""
-    text = (ROOT / "docs" / page).read_text(encoding="utf-8")
+    """``path -> workflow`` of the page's fenced YAML blocks that begin ``# .github/workflows/``
+    (``page`` relative to the repository; a block indented inside a list item is dedented)."""
+    text = (ROOT / page).read_text(encoding="utf-8")
     out = {}
-    for code in re.findall(r"^```yaml\n(.*?)^```", text, flags=re.S | re.M):
+    for _indent, block in re.findall(r"^( *)```yaml\n(.*?)^\1```", text, flags=re.S | re.M):
+        code = textwrap.dedent(block)
         if m := re.match(r"# (\.github/workflows/[\w.-]+\.yml)", code):
             wf = yaml.safe_load(code)
             wf["on"] = wf.pop(True, wf.get("on"))  # YAML 1.1 reads the key `on` as true
@@ -29,14 +32,16 @@ def workflows(page: str) -> dict[str, dict[str, Any]]:
     return out
 
 
-FORKS = workflows("forks.md")
-EXAMPLES = {f"{page}: {path}": wf for page in ("forks.md", "pr-checks.md")
+FORKS = workflows("docs/forks.md")
+EXAMPLES = {f"{page}: {path}": wf for page in ("docs/forks.md", "docs/pr-checks.md", "docs/getting-started.md",
+                                               "README.md")
             for path, wf in workflows(page).items()}
 
 
 def test_the_docs_show_their_workflows() -> None:
     assert list(FORKS) == [".github/workflows/perf.yml", ".github/workflows/perf-comment.yml"]
-    assert list(EXAMPLES)[-1] == "pr-checks.md: .github/workflows/perf.yml"
+    assert list(EXAMPLES)[2:] == [f"{page}: .github/workflows/perf.yml"
+                                  for page in ("docs/pr-checks.md", "docs/getting-started.md", "README.md")]
 
 
 @pytest.mark.parametrize("name", list(EXAMPLES))
