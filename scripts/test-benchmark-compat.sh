@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# perfbudget beside pytest-benchmark: runs the benchmark tests in .venv-bench, the main
+# perfbudget beside pytest-benchmark: runs the benchmark tests (fast and integration tiers) in .venv-bench, the main
 # environment (.venv, from scripts/setup.sh) plus pytest-benchmark, which the main one lacks.
 #   scripts/test-benchmark-compat.sh [pytest args]
 # .venv-bench holds pytest-benchmark alone and reads every other package from .venv's
@@ -15,4 +15,4 @@ bench=$(.venv-bench/bin/python -c 'import sysconfig; print(sysconfig.get_path("p
 # A .pth line that imports runs at start-up: addsitedir reads main's own .pth files too (the editable perfbudget).
 echo "import site; site.addsitedir('$main')" > "$bench/perfbudget-main-venv.pth"
 .venv-bench/bin/python -m pip --disable-pip-version-check -q install pytest-benchmark
-exec .venv-bench/bin/python -m pytest tests/test_benchmark_fixture.py tests/test_benchmark_suite.py "$@"
+exec .venv-bench/bin/python -m pytest tests/test_benchmark_fixture.py tests/ab/test_ab_benchmark_suite.py "$@"

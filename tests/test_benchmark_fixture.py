@@ -275,3 +275,10 @@ def test_twice(benchmark):
         records(pytester))
     errors = json.loads((pytester.path / ".perfbudget" / "results.json").read_text())["meta"]["errors"]
     assert [e["nodeid"] for e in errors] == ["test_suite.py::test_raises", "test_suite.py::test_twice"]
+
+
+def test_the_docs_show_the_example_suite_as_it_is() -> None:
+    root = Path(__file__).resolve().parents[1]
+    block = (root / "docs" / "benchmark-suites.md").read_text().split("```python\n", 1)[1].split("```", 1)[0]
+    suite = "".join(p.read_text() for p in (root / "examples" / "pytest-benchmark-suite" / "benchmarks").glob("*.py"))
+    assert [line for line in block.splitlines() if line.strip() and not line.startswith("#") and line not in suite] == []

@@ -1,5 +1,6 @@
 """perfbudget: performance budgets for PyTorch models, checked by pytest on every pull request."""
 
+from .benchmark import BenchmarkFixture
 from .budgets import (
     Budget,
     BudgetError,
@@ -29,6 +30,7 @@ __all__ = [
     "OUTCOMES",
     "ABSide",
     "BaseSide",
+    "BenchmarkFixture",
     "Budget",
     "BudgetError",
     "BudgetRef",
