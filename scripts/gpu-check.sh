@@ -21,6 +21,8 @@
 #
 # Usage:
 #   scripts/gpu-check.sh [--commit SHA] OUT        on the GPU machine (OUT empty or absent)
+#   scripts/gpu-check.sh --compile [--commit SHA] OUT   the lease's second command: set-up, then the
+#                                                  compiling GPU tests with --update-budgets (planned too)
 #   scripts/gpu-check.sh --plan                    the plan: tests in order, estimated seconds, total
 #   scripts/gpu-check.sh --rehearse OUT            here, on the CPU: the same script, see below
 #   PYTHON=/path/to/python3                        the Python that holds torch (default python3)
@@ -62,12 +64,13 @@ REHEARSAL_PACKAGES=("triton==3.6.0" pytest pytest-xdist pyyaml numpy scipy matpl
 usage() { sed -n '/^# Usage:/,/^# and the budgets/p' "$0" | sed 's/^# \{0,1\}//'; }
 plan() { "${PYTHON:-python3}" "$LEASE" "$@"; }
 
-mode=device device=cuda commit="" out=""
+mode=device device=cuda commit="" out="" compile=""
 while [ $# -gt 0 ]; do
     case $1 in
         --commit) commit=${2:-}; shift 2 || { usage >&2; exit 2; } ;;
         --commit=*) commit=${1#--commit=}; shift ;;
         --rehearse) mode=rehearse; shift ;;
+        --compile) compile=1; shift ;;
         --plan) plan plan; exit $? ;;
         --cpu) device=cpu; shift ;;   # the rehearsal's inner run: the [cpu] variants, no GPU needed
         -h|--help) usage; exit 0 ;;
@@ -76,6 +79,10 @@ while [ $# -gt 0 ]; do
     esac
 done
 out=${out:-gpu-check-out}
+if [ -n "$compile" ] && { [ "$mode" = rehearse ] || [ "$device" = cpu ]; }; then
+    echo "gpu-check: --compile runs on the GPU only (a cold compile on this CPU takes the rehearsal's time)" >&2
+    exit 2
+fi
 if [ -n "$commit" ] && ! [[ $commit =~ ^[0-9a-fA-F]{4,40}(-dirty)?$ ]]; then
     echo "gpu-check: --commit: expected a commit hash (4 to 40 hex digits, '-dirty' allowed), got '$commit'" >&2
     exit 2
@@ -153,6 +160,7 @@ START=$SECONDS
 PY=${PYTHON:-python3}
 if [ "$device" = cuda ]; then
     LIMIT_S=$(plan limit) UPDATE_S=$(plan bound update) CHECK_S=$(plan bound check) AA_MAX_S=$(plan bound a/a) \
+        COMPILE_S=$(plan bound compile) \
         || { echo "gpu-check: the lease plan ($LEASE) did not run with $PY" >&2; exit 2; }
     DEADLINE_S=$((LIMIT_S - FINISH_S)) CHECK_MIN_S=30 AA_MIN_S=$(((AA_MAX_S + 1) / 2))
     # Every GPU test but those that compile (not planned: a cold compile would take the A/A's time)
@@ -294,6 +302,23 @@ note_part set-up ok "$((SECONDS - t0))" - "perfbudget installed with no registry
 head -n 3 "$R/environment.txt"
 pack
 
+keep_budgets() {  # the budget files a pass wrote, and their diff, into what is packed
+    mkdir -p "$R/budgets"
+    for f in "$WORK"/budgets/*.yaml; do
+        [ -f "$f" ] || continue
+        cmp -s "$f" "$WORK/budgets-before/$(basename "$f")" || cp "$f" "$R/budgets/"
+    done
+    (cd "$WORK" && diff -ruN budgets-before budgets > "$R/budgets.diff" 2>/dev/null)
+}
+
+# -- compile (--compile: the lease's second command) ---------------------------------------
+if [ -n "$compile" ]; then
+    rc=0
+    run_pass compile "$COMPILE_S" perf_tests -m "gpu and compiles" --update-budgets "${commit_args[@]}" || rc=1
+    keep_budgets
+    finish "$rc"
+fi
+
 # -- update: the GPU's budgets, written by the updater ------------------------------------
 rc=0
 run_pass update "$UPDATE_S" "${update_tests[@]}" --update-budgets "${commit_args[@]}" || rc=1
@@ -313,12 +338,7 @@ print(report.render())
 sys.exit(1 if report.errors else 0)
 PY
 fi
-mkdir -p "$R/budgets"
-for f in "$WORK"/budgets/*.yaml; do
-    [ -f "$f" ] || continue
-    cmp -s "$f" "$WORK/budgets-before/$(basename "$f")" || cp "$f" "$R/budgets/"
-done
-(cd "$WORK" && diff -ruN budgets-before budgets > "$R/budgets.diff" 2>/dev/null)
+keep_budgets
 pack
 
 # -- check: against them ----------------------------------------------------------------

@@ -86,7 +86,9 @@ def test_the_plans_command_line_gives_the_script_its_tests_bounds_and_rows() -> 
     assert run("bound", "update").strip() == str(lease.PARTS[1].bound_s)
     assert (run("limit").strip(), run("pairs").strip()) == (str(lease.LIMIT_S), str(lease.AA_PAIRS))
     rows = [r.split("\t") for r in run("tsv").splitlines()]
-    assert rows[0] == ["set-up", "pip install", "2.0"] and len(rows) == sum(len(p.steps) for p in lease.PARTS)
+    assert rows[0] == ["set-up", "pip install", "2.0"]
+    assert len(rows) == sum(len(p.steps) for p in (*lease.PARTS, lease.COMPILE))
+    assert run("tests", "compile").split() == list(lease.COMPILE.tests)
     assert subprocess.run([sys.executable, str(ROOT / "src" / "perfbudget" / "lease.py"), "bound", "nope"],
                           capture_output=True).returncode == 2
 
