@@ -4,8 +4,7 @@ keyed by a model name several kinds share."""
 from __future__ import annotations
 
 import importlib.util
-import subprocess
-import sys
+import io
 from pathlib import Path
 from types import ModuleType
 
@@ -13,6 +12,7 @@ import pytest
 
 from perfbudget.budgets import load_dir
 from perfbudget.budgets.verdict import VerdictPolicy
+from perfbudget.cli import main
 from perfbudget.device import (
     DeviceInfo,
     Selector,
@@ -130,15 +130,20 @@ def test_gpu_memory_in_the_identity_is_the_reported_total_rounded_up_to_whole_gi
     assert info.identity == identity
 
 
-def test_this_machine_has_an_identity_and_show_prints_it() -> None:
+def show(*args: str) -> tuple[int, str]:
+    """``perfbudget show ARGS`` in this repository: its exit code and what it printed."""
+    out = io.StringIO()
+    return main(["show", *args], out=out), out.getvalue()
+
+
+def test_this_machine_has_an_identity_and_show_prints_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+    monkeypatch.delenv("PERFBUDGET_STABLE_MACHINE", raising=False)
     me = describe("cpu")
     assert me.identity and me.cpuid and me.isa_class
-    out = subprocess.run([sys.executable, "-m", "perfbudget.cli", "show", "--identity"], capture_output=True,
-                         text=True, check=True, cwd=ROOT).stdout
-    assert out.strip() == me.identity
-    out = subprocess.run([sys.executable, "-m", "perfbudget.cli", "show"], capture_output=True, text=True,
-                         check=True, cwd=ROOT).stdout
-    assert f"identity: {me.identity}" in out and "not declared stable" in out
+    assert show("--identity") == (0, f"{me.identity}\n")
+    code, out = show()
+    assert code == 0 and f"identity: {me.identity}" in out and "not declared stable" in out
 
 
 BUDGETS = """schema: 1
@@ -251,7 +256,8 @@ def test_the_repository_has_no_budget_file_keyed_by_a_model_name_alone() -> None
         assert not ("model" in sel and not {"identity", "cpuid"} & set(sel)), f"{f.path.name}: {sel}"
 
 
-def test_one_reading_of_the_stable_declaration_for_the_plugin_and_show() -> None:
+def test_one_reading_of_the_stable_declaration_for_the_plugin_and_show(monkeypatch: pytest.MonkeyPatch,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
     from perfbudget.judge import stable_identity
 
     me = xeon("6/207/2", CAPS_AMX)
@@ -259,6 +265,6 @@ def test_one_reading_of_the_stable_declaration_for_the_plugin_and_show() -> None
     assert stable_identity("yes", me) == me.identity == stable_identity(me.identity.upper(), me)  # type: ignore[union-attr]
     with pytest.raises(ValueError, match="declares a stable machine, but this cpu device is cpu-intel"):
         stable_identity("cpu-amd-epyc-25-1-1-avx2", me)
-    done = subprocess.run([sys.executable, "-m", "perfbudget.cli", "show"], capture_output=True, text=True, cwd=ROOT,
-                          env={**__import__("os").environ, "PERFBUDGET_STABLE_MACHINE": "cpu-not-this-one-1-1-1-avx2"})
-    assert done.returncode == 2 and "declares a stable machine" in done.stderr
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("PERFBUDGET_STABLE_MACHINE", "cpu-not-this-one-1-1-1-avx2")
+    assert show()[0] == 2 and "declares a stable machine" in capsys.readouterr().err
