@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..budgets.verdict import Verdict
-from ..lease import LEASE_OCC_ROUNDS
+from ..lease import LEASE_DEVICE_STEPS, LEASE_GPM_WINDOWS, LEASE_OCC_ROUNDS
 from ..measure import nvml, occupancy
 from ..measure.measurement import Explanation, Measurement, Passes
 from ..measure.occupancy import StepDeviceTime
@@ -19,15 +19,18 @@ from ..measure.operators import profile_steps
 from ..measure.unmeasurable import Unmeasurable
 from .core import RecorderCore, Timed
 
-__all__ = ["DEVICE_STEPS", "OCC_ROUNDS", "Gpu"]
+__all__ = ["DEVICE_STEPS", "GPM_WINDOWS", "OCC_ROUNDS", "Gpu"]
 
 #: Profiled steps in one pass of a GPU step's device time, one ``step_device_ms`` sample each:
 #: ten give a 95 % interval of the median (2nd to 9th of them), and the device time repeats
-#: within 0.1 % where the wall time does not (docs/gpu-runners.md).
+#: within 0.1 % where the wall time does not (docs/gpu-runners.md); under the lease
+#: :data:`~perfbudget.lease.LEASE_DEVICE_STEPS`.
 DEVICE_STEPS = 10
 #: Profiled rounds behind ``sm_occupancy`` (one sample each; under the lease
 #: :data:`~perfbudget.lease.LEASE_OCC_ROUNDS`).
 OCC_ROUNDS = 5
+#: NVML GPM windows, one sample each (under the lease :data:`~perfbudget.lease.LEASE_GPM_WINDOWS`).
+GPM_WINDOWS = 5
 
 
 class Gpu(RecorderCore):
@@ -46,7 +49,8 @@ class Gpu(RecorderCore):
         profiled pass's own wall time is inflated, so it is never the denominator). A trace with
         no device work makes the two timing metrics unmeasurable, with the reason.
         """
-        device = Passes(lambda: _device_pass(step, device=self._dev, threads=self._timing_threads()),
+        steps = LEASE_DEVICE_STEPS if self.lease else DEVICE_STEPS
+        device = Passes(lambda: _device_pass(step, steps=steps, device=self._dev, threads=self._timing_threads()),
                         what="the step's device time")
         if device.unmeasurable is not None:
             why = device.unmeasurable.reason
@@ -97,9 +101,11 @@ class Gpu(RecorderCore):
                 kernels = got.kernels // steps
         return occ, kernels, left_out
 
-    def gpm(self, window: Callable[[], Any], *, windows: int = 5) -> None:
+    def gpm(self, window: Callable[[], Any], *, windows: int | None = None) -> None:
         """Record NVML GPM's measured ``gpm_sm_occupancy`` and ``tensor_util``, one sample per
-        ``window()`` (which should keep the GPU busy for a second or so and synchronise)."""
+        ``window()`` (which should keep the GPU busy for a second or so and synchronise). ``windows``:
+        default :data:`GPM_WINDOWS`, under the lease :data:`~perfbudget.lease.LEASE_GPM_WINDOWS`."""
+        windows = windows if windows is not None else LEASE_GPM_WINDOWS if self.lease else GPM_WINDOWS
         read = {"gpm_sm_occupancy": "sm_occupancy", "tensor_util": "tensor_util"}
         passes = Passes(lambda: _gpm_pass(window, windows=windows, metrics=tuple(read.values())), what="NVML GPM")
         for metric, gpm_name in read.items():
@@ -109,11 +115,12 @@ class Gpu(RecorderCore):
                 self._record(metric, passes.measurement(itemgetter(gpm_name)))
 
 
-def _device_pass(step: Callable[[], Any], *, device: Any, threads: int | None) -> list[StepDeviceTime] | Unmeasurable:
-    """Device time of :data:`DEVICE_STEPS` profiled steps (after one warm-up), or why there is none."""
+def _device_pass(step: Callable[[], Any], *, steps: int, device: Any,
+                 threads: int | None) -> list[StepDeviceTime] | Unmeasurable:
+    """Device time of ``steps`` profiled steps (after one warm-up), or why there is none."""
     with tempfile.TemporaryDirectory(prefix="perfbudget-device-") as tmp:
         path = Path(tmp) / "trace.json"
-        profile_steps(step, steps=DEVICE_STEPS, warmup=1, device=device, threads=threads, trace_path=path,
+        profile_steps(step, steps=steps, warmup=1, device=device, threads=threads, trace_path=path,
                       record_shapes=False, with_flops=False, peaks=None)
         times = occupancy.step_device_times(path)
     if not any(t.kernels + t.copies for t in times):
