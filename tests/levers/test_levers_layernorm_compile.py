@@ -11,9 +11,6 @@ they replace the kernel objects with recording fakes or never reach a launch.
 from __future__ import annotations
 
 import inspect
-import json
-import os
-import subprocess
 import sys
 import textwrap
 from typing import Any
@@ -25,6 +22,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from tests.levers.support import run_interpreted
 from tests.measure.support import gpu_test
 from torchlevers import layernorm
 from torchlevers.layernorm import FP32StatsLayerNorm, select_backend
@@ -96,14 +94,7 @@ CHILD = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def child_result() -> dict[str, Any]:
-    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
-    proc = subprocess.run(
-        [sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=300, check=False
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))
-    result: dict[str, Any] = json.loads(line[len("RESULT") :])
-    return result
+    return run_interpreted(CHILD)
 
 
 def test_opcheck_passes_on_both_ops(child_result: dict[str, Any]) -> None:

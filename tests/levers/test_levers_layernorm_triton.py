@@ -8,13 +8,11 @@ scripts/test-triton-newest.sh on the newest.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from tests.levers.support import run_interpreted
 
 pytest.importorskip("triton")
 pytest.importorskip("numpy")  # the interpreter runs on numpy
@@ -72,13 +70,7 @@ CHILD = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def child_result() -> dict[str, object]:
-    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
-    proc = subprocess.run(
-        [sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=300, check=False
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))
-    return json.loads(line[len("RESULT") :])
+    return run_interpreted(CHILD)
 
 
 def test_triton_kernels_run_under_the_interpreter(child_result: dict[str, object]) -> None:
