@@ -7,11 +7,10 @@ ratchet (``update``); 2 usage or input error (unreadable results, broken budget 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
@@ -20,14 +19,13 @@ from .ab.calibration import register as register_calibrate
 from .ab.cli import register as register_ab
 from .budgets.loader import BudgetSet, load_dir
 from .budgets.update import (
-    Measured,
     UpdateReport,
     accept_results,
     apply_updates,
     check_commit,
     provenance_commit,
 )
-from .device import DeviceInfo
+from .device import DeviceInfo, DeviceType
 from .exitcodes import ExitCode
 from .extras import ExtraError
 from .fileio import atomic_write, shown_path
@@ -283,26 +281,14 @@ def _measured_commit(parts: Sequence[tuple[str, Results]], given: str | None) ->
     return str(commits.pop())
 
 
-def _trusted_identities(measured: Sequence[Measured], trust_claims: bool,
-                        out: TextIO) -> frozenset[str]:
-    """The machine identities whose timing and noise ``accept`` may write, each printed: what
-    the results claim under ``--trust-identity``, else only this machine's own (``perfbudget show
-    --identity``), where the results claim it: then they can come from this runner's own job."""
-    claimed = {m.device.identity: m.device.type for m in measured
-               if m.device.identity and parse_name(m.metric).metric.statistical}
-    if trust_claims:
-        trusted, how = set(claimed), "--trust-identity: the results' claim"
-    else:
-        from .measure.machine import describe
+def _trusted(claimed: Mapping[str, DeviceType], trust_claims: bool, out: TextIO) -> frozenset[str]:
+    """:func:`~perfbudget.measure.machine.trusted_identities`, each trusted identity printed."""
+    from .measure.machine import trusted_identities
 
-        own = set()
-        for device_type in set(claimed.values()):
-            with contextlib.suppress(RuntimeError):  # no such device here: none of its claims
-                own.add(describe(device_type).identity)
-        trusted, how = set(claimed) & own, "this machine's own identity"
+    trusted, how = trusted_identities(claimed, trust_claims=trust_claims)
     for identity in sorted(trusted):
         out.write(f"trusted machine identity {identity} ({how})\n")
-    return frozenset(trusted)
+    return trusted
 
 
 def cmd_accept(args: argparse.Namespace, out: TextIO) -> int:
@@ -312,7 +298,9 @@ def cmd_accept(args: argparse.Namespace, out: TextIO) -> int:
                          f"provenance), got {args.reason!r}")
     commit = _measured_commit(parts, args.commit)
     measured = results.measured()
-    trusted = _trusted_identities(measured, args.trust_identity, out)
+    claimed = {m.device.identity: m.device.type for m in measured
+               if m.device.identity and parse_name(m.metric).metric.statistical}
+    trusted = _trusted(claimed, args.trust_identity, out)
     return _write_budgets(_settings(args).budgets_dir, args.dry_run, lambda budgets: accept_results(
         measured, budgets, reason=args.reason, commit=commit, trusted=trusted), out)
 

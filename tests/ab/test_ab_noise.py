@@ -196,15 +196,34 @@ def test_the_calibrate_command_writes_the_file_beside_the_budgets(tmp_path: Path
     import io
 
     out = io.StringIO()
-    assert main(["calibrate", str(path), "--budgets-dir", str(budgets)], out=out) == 0
+    assert main(["calibrate", str(path), "--budgets-dir", str(budgets), "--trust-identity"], out=out) == 0
     assert f"{budgets}/noise/{ID}.yaml: 1 check(s) from 1 run(s)" in out.getvalue()
-    assert main(["calibrate", str(path), "--budgets-dir", str(budgets)], out=io.StringIO()) == 0
+    assert main(["calibrate", str(path), "--budgets-dir", str(budgets), "--trust-identity"], out=io.StringIO()) == 0
     assert load_noise(budgets)[ID].get("enc", "step_ms") == CheckNoise(
         ss=pytest.approx(2 * load_noise(budgets)[ID].checks[("enc", "step_ms")].ss / 2), df=4, runs=2)
     plain = tmp_path / "plain.json"
     Results(records=[]).write(plain)
     assert main(["calibrate", str(plain), "--budgets-dir", str(budgets)], out=io.StringIO()) == 2
     assert "not the results of `perfbudget ab`" in capsys.readouterr().err
+
+
+def test_calibrate_writes_only_this_machines_noise_unless_told_to_trust_the_claim(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A results file can claim any machine: a forged one must not rewrite a stable machine's priors.
+    from perfbudget.measure.machine import describe
+
+    path = tmp_path / "ab.json"
+    ab_results({"step_ms": (1.02, 0.98, 1.00)}).write(path)
+    budgets = tmp_path / "budgets"
+    import io
+
+    assert describe("cpu").identity != ID
+    assert main(["calibrate", str(path), "--budgets-dir", str(budgets)], out=io.StringIO()) == 1
+    assert f"refused: the results claim machine identity {ID}" in capsys.readouterr().err
+    assert not noise_path(budgets, ID).exists()
+    out = io.StringIO()
+    assert main(["calibrate", str(path), "--budgets-dir", str(budgets), "--trust-identity"], out=out) == 0
+    assert f"trusted machine identity {ID} (--trust-identity" in out.getvalue() and noise_path(budgets, ID).exists()
 
 
 def test_the_verdicts_degrees_of_freedom_and_prior_are_kept_and_history_reads_them() -> None:
@@ -245,12 +264,12 @@ def test_noise_measured_in_turns_of_another_length_is_neither_pooled_nor_used(tm
 def test_calibrate_refuses_to_pool_runs_of_another_turn_length(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     res = ab_results({"step_ms": (1.01, 0.98, 1.02)})
     res.write(tmp_path / "a.json")
-    assert main(["calibrate", "--budgets-dir", str(tmp_path / "budgets"), str(tmp_path / "a.json")]) == 0
+    assert main(["calibrate", "--trust-identity", "--budgets-dir", str(tmp_path / "budgets"), str(tmp_path / "a.json")]) == 0
     before = noise_path(tmp_path / "budgets", ID).read_text()
     assert res.meta.ab is not None
     res.meta = replace(res.meta, ab=replace(res.meta.ab, burst_ms=400.0))
     res.write(tmp_path / "b.json")
-    assert main(["calibrate", "--budgets-dir", str(tmp_path / "budgets"), str(tmp_path / "b.json")]) == 2
+    assert main(["calibrate", "--trust-identity", "--budgets-dir", str(tmp_path / "budgets"), str(tmp_path / "b.json")]) == 2
     assert "turns of 100 ms, the new runs in turns of 400 ms" in capsys.readouterr().err
     assert noise_path(tmp_path / "budgets", ID).read_text() == before
-    assert main(["calibrate", "--replace", "--budgets-dir", str(tmp_path / "budgets"), str(tmp_path / "b.json")]) == 0
+    assert main(["calibrate", "--trust-identity", "--replace", "--budgets-dir", str(tmp_path / "budgets"), str(tmp_path / "b.json")]) == 0

@@ -90,12 +90,17 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                    help="start the machine's noise file over instead of pooling into it")
     p.add_argument("--pairs", type=int, default=4,
                    help="say the change each check resolves with this many pairs (default 4)")
+    p.add_argument("--trust-identity", action="store_true",
+                   help="write the noise of machine identities other than this one's (perfbudget show "
+                        "--identity) that the results claim. A results file cannot prove where it ran: pass "
+                        "it only for results the trusted runner's own job produced")
     p.set_defaults(func=cmd_calibrate)
     return p
 
 
 def cmd_calibrate(args: argparse.Namespace, out: TextIO) -> int:
     from ..exitcodes import ExitCode
+    from ..measure.machine import trusted_identities
     from ..results import load_results
     from .ratios import ABPolicy, resolvable_lines
 
@@ -118,7 +123,19 @@ def cmd_calibrate(args: argparse.Namespace, out: TextIO) -> int:
         print("perfbudget calibrate: error: no check with two pairs or more (or an A/A count) in "
               f"{', '.join(args.results)}: nothing to measure the noise from", file=sys.stderr)
         return ExitCode.USAGE
+    claimed = {r.device.identity: r.device.type for _, res in named for r in res.records
+               if r.device is not None and r.device.identity in new}
+    trusted, how = trusted_identities(claimed, trust_claims=args.trust_identity)
+    for identity in sorted(trusted):
+        out.write(f"trusted machine identity {identity} ({how})\n")
+    refused = sorted(set(new) - trusted)
+    for identity in refused:
+        print(f"perfbudget calibrate: refused: the results claim machine identity {identity}, not this "
+              "machine's: noise not written (--trust-identity for results the trusted runner's own job "
+              "produced)", file=sys.stderr)
     for identity, merged in pooled.items():
+        if identity in refused:
+            continue
         table = new[identity]
         path = merged.write(budgets_dir)
         merged = replace(merged, path=path)
@@ -131,4 +148,4 @@ def cmd_calibrate(args: argparse.Namespace, out: TextIO) -> int:
             tol = n.count_tolerance()
             out.write(f"  {key}.{metric}: sd {n.sd:.4%} over {n.runs} A/A run(s); tolerance vs base "
                       + (f"{tol:.3%}\n" if tol is not None else "stays the default (needs 2 A/A runs or more)\n"))
-    return ExitCode.OK
+    return ExitCode.FAILED if refused else ExitCode.OK

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Mapping
 
 from perfbudget.device import (
     DeviceInfo,
@@ -15,7 +17,7 @@ from perfbudget.device import (
 )
 from perfbudget.measure import nvml
 
-__all__ = ["describe"]
+__all__ = ["describe", "trusted_identities"]
 
 
 def _torch_isa() -> str | None:
@@ -99,3 +101,18 @@ def describe(type: DeviceType = "cpu", *, threads: int | None = 1) -> DeviceInfo
         memory_gib=gpu_memory_gib(props.total_memory),
         sm_clock_mhz=_nvml_max_sm_clock(),
     )
+
+
+def trusted_identities(claimed: Mapping[str, DeviceType], *, trust_claims: bool) -> tuple[frozenset[str], str]:
+    """Of the machine identities results claim (``identity -> device type``), those whose timing and noise
+    may be written (``perfbudget accept``, ``calibrate``), and on what grounds: every claim under
+    ``trust_claims`` (``--trust-identity``), else only this machine's own (``perfbudget show --identity``)
+    where the results claim it, since a results file cannot prove where it ran (anyone can write an
+    identity into one) but results this runner's own job produced carry its identity."""
+    if trust_claims:
+        return frozenset(claimed), "--trust-identity: the results' claim"
+    own = set()
+    for device_type in set(claimed.values()):
+        with contextlib.suppress(RuntimeError):  # no such device here: none of its claims
+            own.add(describe(device_type).identity)
+    return frozenset(set(claimed) & own), "this machine's own identity"
