@@ -172,7 +172,10 @@ def test_tox_environments_match_the_readme_and_ci() -> None:
     tox.read(ROOT / "tox.ini")
     envs = {s.removeprefix("testenv:"): tox[s] for s in tox.sections() if s.startswith("testenv:")}
     assert {"unit", "perf", "gpu", "lint", "type"} <= set(envs)
-    assert "pytest tests" in envs["unit"]["commands"] and "pytest perf_tests" in envs["perf"]["commands"]
+    # The tiers as the README's test command runs them: the fast one, and the integration one beside it.
+    assert envs["unit"]["commands"].strip() == "{toxinidir}/scripts/test.sh {posargs}"
+    assert envs["integration"]["commands"].strip() == "{toxinidir}/scripts/test.sh --integration {posargs}"
+    assert "pytest perf_tests" in envs["perf"]["commands"]
     assert "-m gpu -n auto" in envs["gpu"]["commands"]
     assert "ruff check" in envs["lint"]["commands"] and "mypy" in envs["type"]["commands"]
     readme = docs_text()
