@@ -44,15 +44,15 @@ def test_op_metric_splits_operator_metrics_only() -> None:
 
 
 def test_a_gpu_step_gates_on_device_time_and_its_wall_clock_metrics_are_advisory_there() -> None:
-    assert {n for n, m in METRICS.items() if m.advisory_on} == {"step_ms", "throughput_samples_per_s", "idle_share"}
+    assert {n for n, m in METRICS.items() if m.advisory_on} == {"step_ms", "throughput_samples_per_s"}
     assert all(m.advisory_on == ("cuda",) for m in METRICS.values() if m.advisory_on)
     device = METRICS["step_device_ms"]
     assert (device.unit, device.kind, device.direction, device.default_tolerance) == ("ms", "timing", "lower", 0.02)
     assert DEVICE_TIME_TOLERANCE == 0.02 and not device.advisory_on and not device.paired
-    # Each new check fails on a bad value: device time 3 % over a 2 % tolerance; an idle share
-    # that grew from 0.40 to 0.45 (shown on a GPU as an advisory that would fail).
-    for metric, budget, samples in (("step_device_ms", 10.0, [10.3 + 0.001 * i for i in range(10)]),
-                                    ("idle_share", 0.40, [0.45 + 0.001 * i for i in range(30)])):
+    # The new check fails on a bad value: device time 3 % over a 2 % tolerance. The idle share is no
+    # metric: it rises when the GPU's work gets faster, so the reports say it and nothing judges it.
+    assert "idle_share" not in METRICS
+    for metric, budget, samples in (("step_device_ms", 10.0, [10.3 + 0.001 * i for i in range(10)]),):
         b = Budget(key="k", metric=metric, value=budget, tolerance=METRICS[metric].default_tolerance,
                    source="budgets/nvidia-h200.yaml")
         assert decide("k", metric, samples, b).outcome == "fail", metric

@@ -173,8 +173,6 @@ _REGISTRY: tuple[Metric, ...] = (
     # A GPU step's device work from a profiled pass: stable where its wall time is not.
     _m("step_device_ms", "ms", "lower", "timing", "GPU busy time of one step: kernels, copies and fills, "
        "overlapping streams counted once (profiled pass)", tolerance=DEVICE_TIME_TOLERANCE),
-    _m("idle_share", "1", "lower", "timing", "share of a GPU step's (unprofiled) wall time the GPU did no work",
-       advisory_on=("cuda",)),
     _m("latency_ms", "ms", "lower", "timing", "latency of a named call", arg="what"),
     # One sample per profiled round; an A/B run's sides profile their rounds in turns, round i
     # beside round i (benchmarks/op-pairing-cpu.md).

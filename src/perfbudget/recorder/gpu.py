@@ -37,7 +37,7 @@ class Gpu(RecorderCore):
     """``perf.occupancy``, ``perf.gpm``, and a GPU step's device side (recorded by ``perf.step``)."""
 
     METRICS: ClassVar[tuple[str, ...]] = ("kernel_count", "sm_occupancy", "gpm_sm_occupancy", "tensor_util",
-                                          "step_device_ms", "idle_share")
+                                          "step_device_ms")
 
     def _device_time(self, step: Callable[[], Any], wall: Passes[Timed], *,
                      explain: Callable[[], Explanation] | None) -> tuple[Verdict, ...]:
@@ -45,24 +45,26 @@ class Gpu(RecorderCore):
 
         ``step_device_ms``: the GPU's busy time per step (kernels, copies and fills, overlapping
         streams counted once), one sample per step of a separate profiled pass; ``kernel_count``
-        per step; ``idle_share``: ``1 - busy / wall`` for each unprofiled wall sample (the
-        profiled pass's own wall time is inflated, so it is never the denominator). A trace with
-        no device work makes the two timing metrics unmeasurable, with the reason.
+        per step. The share of the step the GPU idles, ``1 - busy / wall`` against the unprofiled
+        wall time (the profiled pass's own is inflated), is said in the attribution and by the
+        reports (from ``step_device_ms`` and ``step_ms``), never judged: it moves up when the GPU's
+        work gets faster. A trace with no device work makes ``step_device_ms`` unmeasurable, with the
+        reason.
         """
         steps = LEASE_DEVICE_STEPS if self.lease else DEVICE_STEPS
         device = Passes(lambda: _device_pass(step, steps=steps, device=self._dev, threads=self._timing_threads()),
                         what="the step's device time")
         if device.unmeasurable is not None:
             why = device.unmeasurable.reason
-            return self.unmeasurable("step_device_ms", why), self.unmeasurable("idle_share", why)
+            return (self.unmeasurable("step_device_ms", why),)
         first = device.first
         busy = statistics.median(s.busy_ms for s in first)
         line = (f"per step: {busy:.3f} ms busy, {statistics.median(s.summed_ms for s in first):.3f} ms summed over "
-                f"streams, {first[0].kernels} kernels, {first[0].copies} copies and fills")
+                f"streams, {first[0].kernels} kernels, {first[0].copies} copies and fills; the GPU idle "
+                f"{max(0.0, 1 - busy / statistics.median(wall.first.samples_ms)):.0%} of the unprofiled step")
         return (self._record("kernel_count", Measurement(samples=[s.kernels for s in first])),
                 self._record("step_device_ms", device.measurement(lambda p: [s.busy_ms for s in p], explain=explain,
-                                                                  attribution=(line,))),
-                self._record("idle_share", wall.measurement(lambda t: [1 - busy / x for x in t.samples_ms])))
+                                                                  attribution=(line,))))
 
     def occupancy(self, step: Callable[[], Any], *, rounds: int | None = None, steps: int = 2) -> None:
         """Record ``kernel_count`` (per step) and ``sm_occupancy``: the duration-weighted

@@ -99,7 +99,7 @@ class Timing(Operators, Instructions, Gpu):
         On a GPU the step's wall time follows the host as much as the device (a launch-bound
         step's GPU idles most of it), so a separate profiled pass also records the device side:
         ``step_device_ms`` (the GPU's busy time per step, the metric a stored GPU budget gates),
-        ``kernel_count`` and ``idle_share`` (see :meth:`~perfbudget.recorder.gpu.Gpu._device_time`);
+        and ``kernel_count`` (see :meth:`~perfbudget.recorder.gpu.Gpu._device_time`);
         stored budgets of ``step_ms`` and ``throughput_samples_per_s`` are advisory there.
         On a CPU the wall time is the device's time: none of these is recorded.
 
@@ -128,8 +128,8 @@ class Timing(Operators, Instructions, Gpu):
 
         Returns:
             The ``(step_ms, throughput_samples_per_s)`` verdicts; both read the same timed batches.
-            On a GPU followed by ``kernel_count``, ``step_device_ms`` and ``idle_share`` (or, when
-            the trace holds no device work, ``step_device_ms`` and ``idle_share`` unmeasurable).
+            On a GPU followed by ``kernel_count`` and ``step_device_ms`` (or, when the trace holds
+            no device work, ``step_device_ms`` unmeasurable).
             When the step is counted instead: the one ``instructions[callgrind]`` verdict.
         """
         if samples_per_step < 1:

@@ -45,12 +45,13 @@ LAUNCH_BOUND_IDLE = 0.5
 
 @dataclass(frozen=True, kw_only=True)
 class GpuStep:
-    """How one workload's step used the GPU, from its records (``idle_share`` and, when recorded,
-    ``kernel_count``, ``flops`` and ``step_ms``)."""
+    """How one workload's step used the GPU, from its records (``step_device_ms`` and ``step_ms``,
+    and when recorded ``kernel_count`` and ``flops``)."""
 
     key: str
     device: str
     idle_share: float
+    """``1 - step_device_ms / step_ms``: the share of the (unprofiled) wall step the GPU did no work."""
     kernels: float | None
     tflops_per_s: float | None
     """Counted FLOPs per step over the median wall step time: what the step achieves end to end."""
@@ -69,16 +70,17 @@ class GpuStep:
 
 
 def gpu_steps(records: Iterable[Record]) -> list[GpuStep]:
-    """One :class:`GpuStep` per (device, key) whose step recorded an idle share, in that order."""
+    """One :class:`GpuStep` per (device, key) whose step recorded its device and wall time, in that order."""
     by: dict[tuple[str, str], dict[str, float]] = {}
     for r in records:
         if r.device is not None and r.device.type == "cuda" and r.value is not None and math.isfinite(r.value):
             by.setdefault((device_label(r), r.key), {})[r.metric] = r.value
     out = []
     for (dev, key), got in sorted(by.items()):
-        if "idle_share" in got:
-            flops, step_ms = got.get("flops"), got.get("step_ms")
-            out.append(GpuStep(key=key, device=dev, idle_share=got["idle_share"], kernels=got.get("kernel_count"),
+        flops, step_ms, busy_ms = got.get("flops"), got.get("step_ms"), got.get("step_device_ms")
+        if step_ms and busy_ms is not None:
+            out.append(GpuStep(key=key, device=dev, idle_share=max(0.0, 1 - busy_ms / step_ms),
+                               kernels=got.get("kernel_count"),
                                tflops_per_s=flops / step_ms / 1e9 if flops and step_ms else None))
     return out
 
