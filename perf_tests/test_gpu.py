@@ -1,4 +1,4 @@
-"""GPU-only budgets of the encoder step: SM occupancy (profiler estimate and NVML GPM), tensor use, kernel count."""
+"""GPU-only budgets of the encoder step: SM occupancy (from launch resources and NVML GPM), tensor use."""
 
 from __future__ import annotations
 

@@ -67,21 +67,23 @@ class Gpu(RecorderCore):
                                                                   attribution=(line,))))
 
     def occupancy(self, step: Callable[[], Any], *, rounds: int | None = None, steps: int = 2) -> None:
-        """Record ``kernel_count`` (per step) and ``sm_occupancy``: the duration-weighted
+        """Record ``sm_occupancy``: the duration-weighted
         occupancy each kernel's launch resources (registers, shared memory, block, grid) allow on
         the profiled GPU, one sample per profiled round; the kernel time it leaves out (kernels
         without those resources in the trace) is kept as attribution. Unmeasurable where no
-        kernel's occupancy can be computed (CPU, or a trace without launch resources). ``rounds``: default
+        kernel's occupancy can be computed (CPU, or a trace without launch resources). Kernels per
+        step are ``kernel_count``, which :meth:`perf.step <perfbudget.recorder.timing.Timing.step>`
+        records on a GPU (one owner: two counts of one key would fail each other). ``rounds``: default
         :data:`OCC_ROUNDS`, under the lease :data:`~perfbudget.lease.LEASE_OCC_ROUNDS`."""
         n = rounds if rounds is not None else LEASE_OCC_ROUNDS if self.lease else OCC_ROUNDS
         passes = Passes(lambda: self._occupancy_pass(step, rounds=n, steps=steps))
         occ, kernels, left_out = passes.first
-        self._record("kernel_count", Measurement(samples=kernels))
         if not occ:
             self.unmeasurable("sm_occupancy", "no kernel in the profiler trace carries the launch resources "
                                               "(registers, shared memory, block, grid) occupancy is computed from")
         else:
-            self._record("sm_occupancy", passes.measurement(lambda p: p[0], attribution=left_out))
+            self._record("sm_occupancy", passes.measurement(
+                lambda p: p[0], attribution=(*left_out, f"{kernels} kernels a profiled step")))
 
     def _occupancy_pass(self, step: Callable[[], Any], *, rounds: int,
                         steps: int) -> tuple[list[float], int, tuple[str, ...]]:
