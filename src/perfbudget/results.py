@@ -468,7 +468,8 @@ class HowMeasured:
     versions: dict[str, str] = field(default_factory=dict)
     """Libraries as loaded (``torch``, ``triton``, ``numpy``, ``python``): one not loaded is absent."""
     way: Literal["wall", "device", "callgrind"] = "wall"
-    """Host clock, CUDA events on a GPU, or instruction counts under callgrind."""
+    """Timed (``wall``: the host clock, or CUDA events for a GPU's records) or instruction counts under
+    callgrind; ``device`` is accepted when read, no longer written."""
 
     def differences(self, base: HowMeasured) -> list[str]:
         """``threads 1 vs 2`` (the base's value first) for each field the head (``self``) and ``base`` differ in."""

@@ -211,8 +211,9 @@ class PerfSession:
         return HowMeasured(settings={k: str(getattr(self.settings, k)) for k in _MEASURING_SETTINGS},
                            machine=(cpu.identity or cpu.label) if cpu is not None else "",
                            versions={**versions, "python": platform.python_version()},
-                           way="callgrind" if self.counts_instructions else "device" if "cuda" in self._devices
-                           else "wall")
+                           # Not from the devices touched so far: a side stopped before its first
+                           # CUDA test would read unlike the other. Each record names its device.
+                           way="callgrind" if self.counts_instructions else "wall")
 
     def checkpoint(self) -> None:
         """Write the records so far to :attr:`json_path`, marked unfinished (:attr:`perfbudget.results.RunInfo.unfinished`), when any
