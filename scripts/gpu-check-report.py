@@ -34,7 +34,8 @@ SHOWN_FAILURES = 5
 """Failing tests named per pass: the summary stays one screen."""
 
 #: The parts in the order the script runs them, with the folder each keeps its files in.
-PARTS = (("set-up", None), ("update", "update"), ("check", "check"), ("a/a", "aa"))
+PARTS = (("set-up", None), ("update", "update"), ("check", "check"), ("a/a", "aa"), ("compile", "compile"))
+"""The check's parts and their folders; ``--compile`` (the second command) runs set-up and compile alone."""
 
 
 def select(collected: Path, planned: Path) -> list[str]:
@@ -166,7 +167,10 @@ def summary(run: Path, out: Path) -> str:
             name, status, wall, bound, note = (row.split("\t") + [""] * 5)[:5]
             parts[name] = (status, wall, bound, note)
     estimates = plan(run)
+    second = "compile" in parts
     for name, folder in PARTS:
+        if name != "set-up" and (name == "compile") != second:
+            continue
         if name in parts:
             lines += part_line(name, *parts[name], folder=run / folder if folder else None,
                                planned=estimates.get(name))

@@ -119,6 +119,12 @@ def test_fewer_than_four_pairs_set_nothing_aside() -> None:
     assert outlying_pair([0.80, 0.31, 0.80], floor_sd=0.025) is None
 
 
+def test_pairs_without_spread_or_with_a_non_positive_ratio_set_nothing_aside() -> None:
+    # Identical others and no prior spread: no distance to measure (no division by zero either).
+    assert outlying_pair([1.0, 1.0, 1.0, 1.2], floor_sd=0.0) is None
+    assert outlying_pair([1.0, 1.01, 0.99, -0.5], floor_sd=0.025) is None
+
+
 def test_a_set_aside_pair_is_run_again_while_the_run_has_pairs() -> None:
     # 3 ordinary pairs remain of 4 and 4 are the minimum: the check wants another pair, as after an invalid one.
     pairs = [sides(10.0 * r, 10.0) for r in (1.0, 1.01, 0.31, 0.99)]

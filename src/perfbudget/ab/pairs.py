@@ -322,7 +322,7 @@ def run_pair(
     sockdir = Path(tempfile.mkdtemp(prefix="perfbudget-ab-"))
     sockpath = sockdir / "turns.sock"
     coordinator = Coordinator(sockpath, first=first).start() if lockstep else None
-    sampler = ClockSampler(lambda: coordinator.running).start() if coordinator is not None else None
+    sampler = ClockSampler(lambda: coordinator.running) if coordinator is not None else None
     procs: dict[str, subprocess.Popen[bytes]] = {}
     started: dict[str, float] = {}
     ended: dict[str, float] = {}
@@ -334,6 +334,8 @@ def run_pair(
     timed_out = False
     stopped: set[str] = set()
     try:
+        if sampler is not None:
+            sampler.start()  # inside the try: the coordinator and its folder are closed if NVML fails
         for side in (first, *(s for s in SIDES if s != first)):
             told = replace(spec or RunSpec(side=side), side=side, report=str(reports[side]),
                            socket=str(sockpath) if coordinator is not None else "")

@@ -360,14 +360,16 @@ def outlying_pair(pair_ratios: Sequence[float], *, floor_sd: float) -> tuple[int
     10 % per-pair sd, narrowing its interval into false failures. At most one pair per call.
     """
     n = len(pair_ratios)
-    if n < OUTLIER_MIN_PAIRS:
+    if n < OUTLIER_MIN_PAIRS or min(pair_ratios) <= 0:
         return None
     ys = [math.log(r) for r in pair_ratios]
 
     def robust_sds(i: int) -> tuple[float, float]:
         others = ys[:i] + ys[i + 1:]
         mid = stats.median(others)
-        return abs(ys[i] - mid) / max(1.4826 * stats.median([abs(y - mid) for y in others]), floor_sd), mid
+        spread = max(1.4826 * stats.median([abs(y - mid) for y in others]), floor_sd)
+        # Others that agree to the last digit and no prior spread: nothing to measure a distance in.
+        return (abs(ys[i] - mid) / spread if spread > 0 else 0.0), mid
 
     far, i = max((robust_sds(i)[0], i) for i in range(n))
     others = ys[:i] + ys[i + 1:]
