@@ -87,6 +87,7 @@ DEVICE = {"type": "cpu", "model": "Test CPU", "count": 2}
     ({"metric": "flops\n"}, None, "records[0].metric: expected no control characters, got 'flops\\n'"),
     ({"metric": "flops[a]b"}, None, "records[0].metric: expected [a-z][a-z0-9_]*"),
     ({"nodeid": "t.py::test_\x1b[31mred"}, None, "records[0].nodeid: expected no control characters"),
+    ({"unit": "<img src=x onerror=alert(1)> <!--"}, None, "records[0].unit: expected [A-Za-z0-9/]{0,16}"),
     ({"key": "enc\u202egnp.exe"}, None, "records[0].key: expected no control characters"),
     ({"ci": [1, "inf"]}, None, "records[0].ci: expected two finite numbers, low to high, got [1.0, inf]"),
     ({"ci": [2, 1]}, None, "records[0].ci: expected two finite numbers, low to high, got [2.0, 1.0]"),

@@ -585,7 +585,9 @@ MAX_TEXT = 20_000
 MAX_NAME = 1_000
 _METRIC_NAME = re.compile(r"[a-z][a-z0-9_]*(?:\[[^\[\]]+\])?")
 _NAME_PATTERNS = {"device.isa_class": re.compile(r"[a-z0-9_]{1,40}"),
-                  "device.cpuid": re.compile(r"[0-9]{1,6}/[0-9]{1,6}/[0-9]{1,6}"), "metric": _METRIC_NAME}
+                  "device.cpuid": re.compile(r"[0-9]{1,6}/[0-9]{1,6}/[0-9]{1,6}"), "metric": _METRIC_NAME,
+                  # Units are rendered as they are: letters, digits and a slash (``ms``, ``samples/s``).
+                  "unit": re.compile(r"[A-Za-z0-9/]{0,16}")}
 
 
 def _cut(text: str) -> str:
@@ -607,7 +609,7 @@ def _check_name(where: str, text: str) -> None:
 def _checked(r: Record) -> Record:
     """The trust boundary for one record read from a file (which a pull request's code may have
     written): its names (:func:`_check_name`) and interval; the types were read by the codec."""
-    names = {"nodeid": r.nodeid, "key": r.key, "metric": r.metric}
+    names = {"nodeid": r.nodeid, "key": r.key, "metric": r.metric, "unit": r.unit}
     if r.device is not None:
         names.update({f"device.{f.name}": v for f in fields(r.device) if isinstance(v := getattr(r.device, f.name), str)})
     for where, text in names.items():
