@@ -87,6 +87,15 @@ def test_no_job_that_runs_a_pull_requests_code_holds_a_write_scope(name: str) ->
             assert not any("ref" in (s.get("with") or {}) for s in job["steps"])  # no PR head
 
 
+@pytest.mark.parametrize("name", list(EXAMPLES))
+def test_each_run_of_the_action_in_a_workflow_uploads_under_its_own_name(name: str) -> None:
+    # upload-artifact refuses a name already used in the workflow run: a second run of the action
+    # (the publish job's report) names its own artifact.
+    names = [(s.get("with") or {}).get("artifact", "perf-results")
+             for job in EXAMPLES[name]["jobs"].values() for s in job["steps"] if s.get("uses") == ACTION]
+    assert len(names) == len(set(names)), (name, names)
+
+
 def test_the_two_fork_workflows_fit_together() -> None:
     tests_wf, comment_wf = FORKS.values()
     [tests_job] = tests_wf["jobs"].values()
