@@ -102,7 +102,7 @@ def test_input_errors_name_the_file_and_exit_2(tmp_path: Path, capsys: pytest.Ca
     bad = tmp_path / "bad.json"
     bad.write_text('{"schema": 7, "records": []}')
     assert run("report", str(bad))[0] == EXIT_INPUT
-    assert f"{bad}: results schema 7 is newer than this perfbudget reads (schema 3)" in capsys.readouterr().err
+    assert f"{bad}: results schema 7 is newer than this perfbudget reads (schema 4)" in capsys.readouterr().err
     bad.write_text("{not json")
     assert run("merge", str(bad), "-o", str(tmp_path / "m.json"))[0] == EXIT_INPUT
     assert f"{bad}: cannot read results" in capsys.readouterr().err

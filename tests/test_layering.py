@@ -18,7 +18,7 @@ FLOORS: dict[str, int] = {
     "device": 0, "metrics": 0, "fileio": 0, "exitcodes": 0, "vocabulary": 0,  # data and files, nothing of ours below
     "settings": 0,  # command line, environment, ini file and run spec, read once: every floor reads it
     "lease": 0,  # the GPU check's lease plan: data, stdlib only
-    "measure": 1,
+    "measure": 1, "rule": 1,  # the one decision rule: metrics and numbers only
     "budgets": 2, "artifacts": 2, "extras": 2, "pinning": 2, "preflight": 2,
     "judging": 3, "results": 3,  # the run's way of judging: one object, chosen once
     "judge": 4, "report": 4,

@@ -210,7 +210,7 @@ def test_perf_json_option_and_junit_properties(project: pytest.Pytester, stable_
     junit = project.path / "junit.xml"
     run(project, f"--perf-json={out}", f"--junitxml={junit}")
     data = json.loads(out.read_text())
-    assert data["schema"] == 3 and len(data["records"]) == 4
+    assert data["schema"] == 4 and len(data["records"]) == 4
     rec = next(x for x in data["records"] if x["metric"] == "step_ms")
     assert rec["n"] == 30 and rec["device"]["type"] == "cpu" and len(rec["samples"]) == 30
     assert 'name="perf.toy.step_ms" value="unbudgeted"' in junit.read_text()

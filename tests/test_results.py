@@ -50,10 +50,10 @@ def test_the_json_form_has_one_key_per_field_and_reads_back(tmp_path: Path) -> N
     assert d["samples"] == [41.0, "nan", "inf"] and d["ref_ms"] == "nan" and d["ci"] == [40.0, 43.0]
     path = Results(records=[FULL], meta=RunInfo()).write(tmp_path / "r.json")
     data = json.loads(path.read_text())
-    assert data["schema"] == RESULTS_SCHEMA == 3
-    assert data["meta"] == {"mode": "check", "errors": []}  # what the run has not, it does not write
+    assert data["schema"] == RESULTS_SCHEMA == 4
+    assert data["meta"] == {"mode": "stored", "errors": []}  # what the run has not, it does not write
     back = load_results(path)
-    assert back.meta == RunInfo(mode=RunMode.CHECK) and len(back.records) == 1 and same(back.records[0], FULL)
+    assert back.meta == RunInfo(mode=RunMode.STORED) and len(back.records) == 1 and same(back.records[0], FULL)
     got = back.records[0]
     assert got.ci == (40.0, 43.0) and isinstance(got.samples, tuple) and math.isnan(got.samples[1])
     assert got.budget == FULL.budget and got.device == FULL.device and got.base == FULL.base
@@ -70,11 +70,11 @@ def test_files_of_earlier_writers_read_with_defaults_for_later_fields() -> None:
 
 
 @pytest.mark.parametrize(("schema", "message"), [
-    (4, "results schema 4 is newer than this perfbudget reads (schema 3); upgrade perfbudget to read it"),
-    (None, "schema: expected a results schema version (1 to 3), got None"),
-    ("1", "schema: expected a results schema version (1 to 3), got '1'"),
-    (True, "schema: expected a results schema version (1 to 3), got True"),
-    (0, "schema: expected a results schema version (1 to 3), got 0"),
+    (5, "results schema 5 is newer than this perfbudget reads (schema 4); upgrade perfbudget to read it"),
+    (None, "schema: expected a results schema version (1 to 4), got None"),
+    ("1", "schema: expected a results schema version (1 to 4), got '1'"),
+    (True, "schema: expected a results schema version (1 to 4), got True"),
+    (0, "schema: expected a results schema version (1 to 4), got 0"),
 ])
 def test_a_schema_this_version_does_not_read_is_refused_naming_file_and_versions(
     tmp_path: Path, schema: object, message: str
@@ -127,12 +127,12 @@ def test_a_schema_2_file_says_its_mode_in_one_vocabulary_once_read(tmp_path: Pat
     # Written again, it reads back the same, at this schema.
     again = load_results(Results(records=[], meta=got).write(tmp_path / "again.json"))
     written = json.loads((tmp_path / "again.json").read_text())
-    assert again.meta == got and written["schema"] == 3 and "unfinished" not in written["meta"]
+    assert again.meta == got and written["schema"] == 4 and "unfinished" not in written["meta"]
     assert written["meta"]["ab"]["invalid_pairs"] == [] and written["meta"]["ab"]["policy"]["confidence"] == 0.95
 
 
 @pytest.mark.parametrize(("meta", "message"), [
-    ({"mode": "sometimes"}, "meta.mode: expected one of 'check', 'update', 'collect', 'ab', got 'sometimes'"),
+    ({"mode": "sometimes"}, "meta.mode: expected one of 'stored', 'update', 'collect', 'ab', got 'sometimes'"),
     ({"ab": {"pairs": "three"}}, "meta.ab.pairs: expected an integer, got 'three'"),
     ({"budgets_dir": 3}, "meta.budgets_dir: expected a str, got 3"),
 ])

@@ -65,7 +65,7 @@ def test_a_killed_run_keeps_the_records_of_the_tests_it_finished(tmp_path: Path)
     proc.communicate(timeout=60)
     got = load_results(tmp_path / "results.json")
     assert [(r.key, r.metric) for r in got.records] == [("first", "flops"), ("second", "op_count[aten::mm]")]
-    assert got.meta.mode == "check"
+    assert got.meta.mode == "stored"
     assert got.meta.unfinished is not None and "did not finish" in got.meta.unfinished
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")], "no temp file left behind"
 

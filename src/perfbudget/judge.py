@@ -10,7 +10,7 @@ the report turns a decision into text.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .budgets.loader import BudgetSet
@@ -20,6 +20,7 @@ from .device import DeviceInfo
 from .judging import Judging, Samples, Stored
 from .measure.stats import median
 from .metrics import OP_TIMED_FAMILIES, MetricName, family_of
+from .rule import family_confidence
 from .settings import STABLE_MACHINE_ENV
 from .vocabulary import TestOutcome
 
@@ -154,15 +155,12 @@ class Judge:
             return {}
 
     def policy_for(self, name: MetricName) -> VerdictPolicy:
-        """The test's per-operator checks share :attr:`JudgeConfig.family_alpha` (Bonferroni)."""
+        """The test's per-operator checks share :attr:`JudgeConfig.family_alpha` (:func:`~perfbudget.rule.family_confidence`)."""
         policy = self.config.judging.policy(self.config.policy)
         if name.metric.name not in OP_TIMED_FAMILIES:
             return policy
         n = sum(1 for m in self.budgeted() if family_of(m) in OP_TIMED_FAMILIES)
-        if n <= 1:
-            return policy
-        conf = max(policy.confidence, 1.0 - self.config.family_alpha / n)
-        return VerdictPolicy(confidence=conf, max_extra_rounds=policy.max_extra_rounds, confirm=policy.confirm)
+        return replace(policy, confidence=family_confidence(policy.confidence, self.config.family_alpha, n))
 
     # -- one metric -----------------------------------------------------------------------
 
@@ -203,7 +201,9 @@ class Judge:
             # Keep what was measured, so a broken budget file loses no data.
             v = decide(self.key, name, samples, None, policy=self.config.policy)
             return v.with_(outcome=Outcome.ERROR, reason=problem)
-        return self.config.judging.decide(self, name, samples, budget, more=more, reference=reference)
+        if not self.config.judging.screens:
+            return self.recorded_verdict(name, samples, budget)
+        return self.stored_verdict(name, samples, budget, more=more, reference=reference)
 
     def recorded_verdict(self, name: MetricName, samples: Samples, budget: Budget | None) -> Verdict:
         """The verdict of the samples as recorded: no screen (under the run's policy)."""

@@ -23,9 +23,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
-from .budgets.schema import Budget
 from .budgets.verdict import Outcome, Verdict, VerdictPolicy
 from .measure.stats import median, quantile_ci
 from .metrics import MetricName
@@ -44,29 +43,19 @@ DEFAULT_AB_PRECISION = 0.01
 ByOutcome = Mapping[Outcome, tuple[Verdict, ...]]
 
 
-class JudgeOfKey(Protocol):
-    """What a way of judging asks of the judge of one key (:class:`perfbudget.judge.Judge`)."""
-
-    def stored_verdict(self, name: MetricName, samples: Samples, budget: Budget | None, *,
-                       more: Callable[[], Any] | None, reference: Sequence[float] | None) -> Verdict:
-        """The verdict against a stored budget: advisory, set aside (busy or another machine) or decided."""
-        ...
-
-    def recorded_verdict(self, name: MetricName, samples: Samples, budget: Budget | None) -> Verdict:
-        """The verdict of the samples as recorded: no screen, no extra rounds, no confirmation."""
-        ...
-
-
 class Judging:
     """What differs between the ways a run judges (subclasses: :class:`Stored`, :class:`Update`,
     :class:`ABSide`); the defaults are :class:`Stored`'s."""
 
-    mode: ClassVar[RunMode] = RunMode.CHECK
+    mode: ClassVar[RunMode] = RunMode.STORED
     writes_budgets: ClassVar[bool] = False
     """The session writes budgets from the run's records (and an empty run still finishes)."""
     takes_turns: ClassVar[bool] = False
     """The process takes turns with the other side of an A/B run; its results are read by the
     driver only (no checkpoint after each test, no HTML report)."""
+    screens: ClassVar[bool] = True
+    """A busy machine or another machine sets timing aside, and stored timing is advisory off a
+    machine declared stable; else a check's verdict is that of its samples as recorded."""
 
     def gather(self, name: MetricName, samples: Samples, more: Callable[[], Any] | None,
                reference: Sequence[float] | None, *, confidence: float) -> tuple[
@@ -78,11 +67,6 @@ class Judging:
     def policy(self, policy: VerdictPolicy) -> VerdictPolicy:
         """The statistical settings a check is decided with."""
         return policy
-
-    def decide(self, judge: JudgeOfKey, name: MetricName, samples: Samples, budget: Budget | None, *,
-               more: Callable[[], Any] | None, reference: Sequence[float] | None) -> Verdict:
-        """One check's verdict against ``budget`` (its file loaded without error)."""
-        return judge.stored_verdict(name, samples, budget, more=more, reference=reference)
 
     def settle(self, by: ByOutcome, *, strict: bool, missing: bool, verdicts: Sequence[Verdict]) -> tuple[
             TestOutcome, tuple[Verdict, ...]]:
@@ -141,6 +125,7 @@ class ABSide(Judging):
 
     mode: ClassVar[RunMode] = RunMode.COLLECT
     takes_turns: ClassVar[bool] = True
+    screens: ClassVar[bool] = False  # a busy machine is no reason to set samples aside: the other side shares it
     precision: float | None = None
     max_batches: int = 4
     max_s: float = 60.0
@@ -179,11 +164,6 @@ class ABSide(Judging):
 
     def policy(self, policy: VerdictPolicy) -> VerdictPolicy:
         return VerdictPolicy(confidence=policy.confidence, max_extra_rounds=0, confirm=False)
-
-    def decide(self, judge: JudgeOfKey, name: MetricName, samples: Samples, budget: Budget | None, *,
-               more: Callable[[], Any] | None, reference: Sequence[float] | None) -> Verdict:
-        # A busy machine is no reason to set samples aside: the other side shares it.
-        return judge.recorded_verdict(name, samples, budget)
 
     def settle(self, by: ByOutcome, *, strict: bool, missing: bool, verdicts: Sequence[Verdict]) -> tuple[
             TestOutcome, tuple[Verdict, ...]]:

@@ -27,7 +27,7 @@ from .vocabulary import RunMode, count_outcomes
 __all__ = ["RESULTS_SCHEMA", "ABPolicyInfo", "ABRunInfo", "BaseSide", "BudgetRef", "FieldError", "HowMeasured", "PairClocks",
            "Record", "Results", "RunInfo", "SetAsidePair", "load_results", "merge_results"]
 
-RESULTS_SCHEMA = 3
+RESULTS_SCHEMA = 4
 """Version of the results file's form. Bump it when the form changes in a way this version's reader
 would misread, and add the step from the previous version to :data:`_MIGRATIONS`."""
 
@@ -80,11 +80,21 @@ def _mode_in_meta(data: dict[str, Any]) -> dict[str, Any]:
     meta = dict(meta) if isinstance(meta, dict) else {}
     if isinstance(meta.get("ab"), dict):
         meta["mode"] = RunMode.AB.value
-    meta.setdefault("mode", RunMode.CHECK.value)
+    meta.setdefault("mode", "check")
     return {**data, "meta": meta}
 
 
-_MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _ab_into_base, 2: _mode_in_meta}
+def _stored_named_once(data: dict[str, Any]) -> dict[str, Any]:
+    """Schema 3 -> 4: the stored mode has one name everywhere (results, history, action, docs):
+    ``check`` becomes ``stored``."""
+    meta = data.get("meta")
+    if isinstance(meta, dict) and meta.get("mode") == "check":
+        return {**data, "meta": {**meta, "mode": RunMode.STORED.value}}
+    return data
+
+
+_MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _ab_into_base, 2: _mode_in_meta,
+                                                                   3: _stored_named_once}
 """``version -> step``: the step turns a results file of ``version`` into one of ``version + 1``."""
 
 _D = TypeVar("_D")
@@ -485,7 +495,7 @@ class HowMeasured:
 class RunInfo:
     """What a results file says about the run that wrote it (its ``meta``)."""
 
-    mode: RunMode = RunMode.CHECK
+    mode: RunMode = RunMode.STORED
     budgets_dir: str | None = None
     """The budget folder the run judged against."""
     errors: tuple[dict[str, str], ...] = ()

@@ -77,8 +77,8 @@ def tally_text(counts: Mapping[str, int]) -> str:
 class RunMode(StrEnum):
     """What a run does with its measurements (``meta["mode"]`` in the results)."""
 
-    CHECK = "check"
-    """Judge against the budgets (the default)."""
+    STORED = "stored"
+    """Judge against the stored budgets (the default; results of schema 3 and older said ``check``)."""
     UPDATE = "update"
     """Write budgets (``--update-budgets``): budget verdicts fail nothing."""
     COLLECT = "collect"

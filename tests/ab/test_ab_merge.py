@@ -362,7 +362,7 @@ def test_a_numeric_change_from_the_base_is_shown_and_judged_against_its_toleranc
 
     # A kernel-path change (+0.2 %) is shown, not a failure: the stated bound is 25 %.
     small = drift(0.01002, 0.01)
-    assert small.outcome == "pass" and "base 0.01 -> head 0.01002 (+0.2 %) (tolerance 25%)" in small.reason
+    assert small.outcome == "pass" and "base 0.01 -> head 0.01002 (+0.2 %) (tolerance 25% from default for exact)" in small.reason
     # Losing precision (x2) fails against the base even where the budget still holds.
     lost = drift(0.02, 0.01)
     assert lost.outcome == "fail" and "worse than the base beyond its tolerance" in lost.reason
@@ -394,7 +394,7 @@ def test_an_instruction_count_is_judged_against_the_base_and_names_the_functions
                       n=1, device=DEV, kind="count", extra=profile.to_extra())
 
     same = one([pair([count(1_001_000, 900.0)], [count(1_000_000, 900.0)])])
-    assert same.outcome == "unbudgeted" and "(tolerance 0.5%)" in same.reason and not same.attribution
+    assert same.outcome == "unbudgeted" and "(tolerance 0.5% from default for count)" in same.reason and not same.attribution
     more = one([pair([count(1_020_000, 1300.0)], [count(1_000_000, 900.0)])])
     assert more.outcome == "fail" and "worse than the base beyond its tolerance" in more.reason
     assert any("at::native::mm: 900 -> 1,300 per step (+400)" in x for x in more.attribution)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import astuple, dataclass, field, replace
 
 from ..budgets.loader import BudgetSet
 from ..budgets.schema import Budget, BudgetError
@@ -45,6 +45,7 @@ from ..metrics import (
     parse_name,
 )
 from ..results import BaseSide, BudgetRef, Record, Results, SetAsidePair, is_unrecorded_budget
+from ..rule import Limits, classify, tolerance_for, with_evidence
 from .ratios import ABPolicy, can_decide, describe_change, judge_ratios, outlying_pair, pair_ratio
 
 __all__ = ["MAX_CLOCK_OFFSET", "CheckId", "Comparison", "PairRecords", "clock_refusal", "compare_pairs"]
@@ -210,11 +211,7 @@ def compare_pairs(
                        require_base=require_base,
                        base_problem=next((p.base_problem for p in numbered if p.base_problem), ""))
     records: list[Record] = []
-    undecided: list[CheckId] = []
-    beyond: list[CheckId] = []
-    inconclusive: list[CheckId] = []
-    not_compared: list[CheckId] = []
-    unlike: list[CheckId] = []
+    by_state: dict[str, list[CheckId]] = {}
     for cid in order:
         used = [_Used(pair=p, head=h[cid], base=b.get(cid)) for p, h, b in zip(numbered, heads, bases, strict=True)
                 if cid in h]
@@ -222,22 +219,17 @@ def compare_pairs(
             else policy.confidence
         rec, state = _merge_one(used, context, confidence=confidence, base_has_it=cid in in_base)
         records.append(rec)
-        if state == "undecided":
-            undecided.append(cid)
-        elif state == "beyond reach":
-            beyond.append(cid)
-        elif state == "inconclusive":
-            inconclusive.append(cid)
-        elif state == "not compared":
-            not_compared.append(cid)
-        elif state == "not comparable":
-            unlike.append(cid)
+        by_state.setdefault(state, []).append(cid)
     # A check of a base whose head was stopped first is one the head did not reach, not one it lacks.
     base_only = tuple(dict.fromkeys(c for p, b in zip(numbered, bases, strict=True) if "head" not in p.stopped
                                     for c in b if c not in order and c not in moot))
-    return Comparison(records=_with_moved_operators(records), undecided=tuple(undecided), inconclusive=tuple(inconclusive),
-                      beyond_reach=tuple(beyond), not_compared=tuple(not_compared), base_only=base_only,
-                      not_comparable=tuple(unlike))
+    return Comparison(records=_with_moved_operators(records), base_only=base_only,
+                      **{name: tuple(by_state.get(state, ())) for name, state in _STATES.items()})
+
+
+#: The field of :class:`Comparison` that lists the checks whose merge left them in each state.
+_STATES = {"undecided": "undecided", "inconclusive": "inconclusive", "not_compared": "not compared",
+           "beyond_reach": "beyond reach", "not_comparable": "not comparable"}
 
 
 def _with_moved_operators(records: list[Record]) -> list[Record]:
@@ -268,7 +260,7 @@ def _op_move(r: Record) -> OpMove | None:
     if before is None:
         return None
     tolerance = (vs.tolerance if vs is not None and base is not None and vs.tolerance is not None
-                 else r.budget.tolerance if r.budget is not None else info.default_tolerance)
+                 else tolerance_for(info, r.budget).value)
     ratio = vs.ratio if vs is not None and base is not None else None
     return OpMove(op=parsed[1], family=parsed[0], before=before, after=r.value,
                   against="base" if base is not None else "budget", unit=r.unit, tolerance=tolerance,
@@ -394,10 +386,8 @@ def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_
             return head0.with_(reason=f"not compared with the base: {why}; {head0.reason}",
                                base=_not_with_base(why)), "not compared"
         return _not_compared(head0, used, budget, why), "not compared"
-    if budget is not None and ctx.policy.tolerance_from_budgets and budget.ab_tolerance is not None:
-        tolerance, source = budget.ab_tolerance, BudgetRef.of(budget).where
-    else:
-        tolerance, source = info.default_tolerance, f"default for {info.kind}"
+    tolerance, source = astuple(tolerance_for(info, budget, against="base",
+                                              from_budgets=ctx.policy.tolerance_from_budgets))
     identity = head0.device.identity if head0.device is not None else None
     prior = ctx.policy.prior_for(identity, head0.key, head0.metric, info.kind)
     set_aside: list[SetAsidePair] = []
@@ -414,21 +404,16 @@ def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_
     rv = judge_ratios(ratios, tolerance=tolerance, direction=info.direction, prior_sd=prior.sd,
                       prior_df=prior.df, prior_test=ctx.policy.prior_test, confidence=confidence,
                       final=ctx.final)
-    state: str = rv.state
-    if not ctx.final and rv.pairs < ctx.min_pairs:
-        state = "undecided"  # min_pairs holds per check: a first-pair verdict may still be a side's start-up luck
-    elif state == "undecided" and rv.pairs >= 2 and ctx.pairs_left is not None \
+    # A failure is confirmed by one more pair, as stored mode confirms before failing: a small step's
+    # processes can run in speed modes that two pairs may share by chance (benchmarks/process-modes-cpu.md).
+    state: str = with_evidence(rv.state, n=rv.pairs, least=ctx.min_pairs, final=ctx.final)
+    if state == "inconclusive" and rv.state == "fail":
+        rv = replace(rv, state="inconclusive", reason=f"{rv.reason}; not confirmed: a failure needs "
+                     f"{ctx.min_pairs + 1} pairs and the run ended before another: inconclusive")
+    elif state == "undecided" and rv.state == "undecided" and rv.pairs >= max(2, ctx.min_pairs) \
+            and ctx.pairs_left is not None \
             and not can_decide(rv, ctx.pairs_left):
         state = "beyond reach"  # at the spread its own pairs show, the pairs left would not decide it
-    if rv.state == "fail" and rv.pairs <= ctx.min_pairs:
-        # A failure is confirmed by one more pair, as stored mode confirms before failing: a small
-        # step's processes can run in speed modes that two pairs may share by chance
-        # (benchmarks/process-modes-cpu.md), which the prior alone would read as a change.
-        state = "undecided"
-        if ctx.final:
-            rv = replace(rv, state="inconclusive", reason=f"{rv.reason}; not confirmed: a failure needs "
-                         f"{ctx.min_pairs + 1} pairs and the run ended before another: inconclusive")
-            state = rv.state
     base_value = stats.median(base_stats)
     measured = "" if prior.source.startswith("default") else f"; prior sd {prior.sd:.1%} per pair, {prior.source}"
     reason = f"{rv.reason} [tolerance from {source}{measured}]"
@@ -521,18 +506,14 @@ def _merge_exact(head0: Record, used: list[_Used], ctx: _Context, *, base_has_it
         # A low-precision numeric result or an instruction count: its change from the base is
         # judged against the same tolerance as against its budget (a stated bound, not the last
         # digit), so a change of the numerics path is shown, and only a real loss fails.
-        tolerance = head0.budget.tolerance if head0.budget is not None else info.default_tolerance
         found = ctx.policy.measured(head0.device.identity if head0.device is not None else None,
                                     head0.key, head0.metric)
-        measured = found[0].count_tolerance() if found is not None else None
-        tol_from = ""
-        if found is not None and measured is not None:
-            # The count's own spread between A/A sides on this machine identity, not the flat default.
-            tolerance = measured
-            tol_from = f", from its measured spread ({found[1].where}, {found[0].runs} A/A runs)"
-        worse = head0.value > base_value * (1 + tolerance) if info.direction == "lower" \
-            else head0.value < base_value * (1 - tolerance)
-        change += f" (tolerance {tolerance * 100:.3g}%{tol_from})"
+        spread = found[0].count_tolerance() if found is not None else None
+        chosen = tolerance_for(info, head0.budget, against="base", measured=None if found is None or spread is None
+                               else (spread, f"{found[1].where}, {found[0].runs} A/A runs"))
+        tolerance = chosen.value
+        change += f" (tolerance {tolerance * 100:.3g}% from {chosen.source})"
+        worse = classify(head0.value, head0.value, Limits.around(base_value, tolerance, info.direction)) == "fail"
         if worse and outcome in (Outcome.PASS, Outcome.STALE, Outcome.UNBUDGETED):
             outcome = Outcome.FAIL
             change += ": worse than the base beyond its tolerance"

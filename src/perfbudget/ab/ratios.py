@@ -57,6 +57,7 @@ from ..metrics import (
     op_family_sizes,
     parse_name,
 )
+from ..rule import Limits, classify, family_confidence
 
 __all__ = [
     "NOISE_DF_MAX",
@@ -169,10 +170,8 @@ class ABPolicy:
                      f"measured: {table.where}, {noise.df:g} df")
 
     def confidence_for(self, family_size: int) -> float:
-        """The CI coverage for one of ``family_size`` per-operator checks of a test (Bonferroni)."""
-        if family_size <= 1:
-            return self.confidence
-        return max(self.confidence, 1.0 - self.family_alpha / family_size)
+        """The CI coverage for one of ``family_size`` per-operator checks of a test."""
+        return family_confidence(self.confidence, self.family_alpha, family_size)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -308,11 +307,9 @@ def judge_ratios(
     ratio = math.exp(ybar)
     lo, hi = math.exp(ybar - half), math.exp(ybar + half)
     lower = direction == "lower"
-    limit = 1.0 + tolerance if lower else 1.0 - tolerance
-    good_limit = 1.0 - tolerance if lower else 1.0 + tolerance
-    worse = (lambda x: x > limit) if lower else (lambda x: x < limit)
-    best, worst = (lo, hi) if lower else (hi, lo)  # the CI's ends on the good and the bad side
-    improved = worst < good_limit if lower else worst > good_limit
+    limits = Limits.around(1.0, tolerance, direction)
+    state = classify(lo, hi, limits, final=final)
+    improved = state == "stale"
 
     mde = detectable_effect(half, tolerance=tolerance, direction=direction)
     change = f"{(ratio - 1) * 100:+.1f} %"
@@ -323,17 +320,17 @@ def judge_ratios(
     resolves = f"could resolve changes beyond {'+' if lower else '-'}{mde * 100:.3g} %"
 
     def verdict(state: State, reason: str) -> RatioVerdict:
-        return RatioVerdict(state=state, ratio=ratio, ci=(lo, hi), pairs=n, sd=sd, df=df, limit=limit, mde=mde,
+        return RatioVerdict(state=state, ratio=ratio, ci=(lo, hi), pairs=n, sd=sd, df=df, limit=limits.bad, mde=mde,
                             confidence=confidence, improved=improved, prior_set_aside=set_aside,
                             reason=f"{what} {reason}")
 
-    if worse(best):
+    if state == "fail":
         return verdict("fail", f"is entirely beyond the tolerance {bound}")
-    if not worse(worst):
+    if state in ("pass", "stale"):
         return verdict("pass", f"is within the tolerance {bound}"
                                + (f"; better than the base by more than {tolerance * 100:.3g} %" if improved else "")
                                + f" (these pairs {resolves})")
-    if not final:
+    if state == "undecided":
         return verdict("undecided", f"straddles the tolerance {bound} (so far these pairs {resolves})")
     return verdict("inconclusive", f"straddles the tolerance {bound} after the last pair: inconclusive, "
                                    f"not decided on the estimate; this run {resolves} "

@@ -19,6 +19,7 @@ from ..device import (
     Selector,
 )
 from ..metrics import UnknownMetricError, parse_name
+from ..rule import tolerance_for
 from .schema import PROVENANCE_FIELDS, SCHEMA_VERSION, Budget, BudgetError, BudgetFile, Provenance
 
 __all__ = ["BudgetSet", "load_dir", "load_file", "parse_text"]
@@ -272,7 +273,7 @@ class _Validator:
         if value < 0:
             self.err("expected a non-negative number", (*kp, "value"), value)
             return None
-        tol = raw.get("tolerance", parsed.metric.default_tolerance)
+        tol = raw.get("tolerance", tolerance_for(parsed.metric).value)
         if not _finite(tol) or not 0.0 <= tol <= 1.0:
             self.err("expected a number in [0, 1]", (*kp, "tolerance"), tol)
             return None

@@ -9,13 +9,11 @@ from typing import Any
 
 from ..measure import stats
 from ..metrics import BYTES_FLOOR_MIB, Metric, MetricName, parse_name
+from ..rule import Limits, classify, tolerance_for
 from ..vocabulary import OUTCOMES, Outcome
 from .schema import Budget
 
 __all__ = ["OUTCOMES", "Outcome", "Verdict", "VerdictPolicy", "decide"]
-
-#: Relative slack for exact comparisons of values computed in floating point.
-_EXACT_EPS = 1e-9
 
 More = Callable[[], Sequence[float]]
 
@@ -103,22 +101,11 @@ class Verdict:
         return replace(self, **changes)
 
 
-def _limits(metric: Metric, budget: Budget) -> tuple[float, float]:
-    """(bad limit, stale limit) for a budget: outside the first fails, beyond the second is stale.
-
-    A bytes budget's bad limit is at least :data:`~perfbudget.metrics.BYTES_FLOOR_MIB` above
-    its value (a relative tolerance of a 0 MiB budget would allow no byte).
-    """
-    b, t = budget.value, budget.tolerance
-    if metric.direction == "lower":
-        bad = max(b * (1 + t), b + BYTES_FLOOR_MIB) if metric.kind == "bytes" else b * (1 + t)
-        return bad, b * (1 - t)
-    return b * (1 - t), b * (1 + t)
-
-
-def _worse(metric: Metric, x: float, limit: float) -> bool:
-    slack = _EXACT_EPS * max(abs(limit), 1e-12)
-    return x > limit + slack if metric.direction == "lower" else x < limit - slack
+def _limits(metric: Metric, budget: Budget) -> Limits:
+    """A budget's limits: a bytes budget's bad limit at least :data:`~perfbudget.metrics.BYTES_FLOOR_MIB`
+    above its value (a relative tolerance of a 0 MiB budget would allow no byte)."""
+    return Limits.around(budget.value, tolerance_for(metric, budget).value, metric.direction,
+                         floor=BYTES_FLOOR_MIB if metric.kind == "bytes" else 0.0)
 
 
 def _check_finite(samples: Sequence[float]) -> str | None:
@@ -172,12 +159,12 @@ def _decide_exact(base: Verdict, info: Metric, xs: list[float], budget: Budget |
     v = base.with_(value=value, samples=tuple(xs), cv=stats.cv(xs) if len(xs) > 1 else None)
     if budget is None:
         return v.with_(outcome=Outcome.UNBUDGETED, reason="no budget for this metric on this device")
-    bad, stale = _limits(info, budget)
-    v = v.with_(limit=bad)
-    if _worse(info, value, bad):
-        return v.with_(outcome=Outcome.FAIL, reason=f"{value:g} is worse than the limit {bad:g}")
-    better = value < stale if info.direction == "lower" else value > stale
-    if better and not math.isclose(value, stale, rel_tol=_EXACT_EPS, abs_tol=1e-12):
+    limits = _limits(info, budget)
+    v = v.with_(limit=limits.bad)
+    state = classify(value, value, limits)
+    if state == "fail":
+        return v.with_(outcome=Outcome.FAIL, reason=f"{value:g} is worse than the limit {limits.bad:g}")
+    if state == "stale":
         return v.with_(outcome=Outcome.STALE, reason=f"{value:g} beats the budget {budget.value:g} beyond its tolerance")
     return v.with_(outcome=Outcome.PASS, reason="within budget")
 
@@ -200,14 +187,14 @@ def _decide_stat(
     v = base.with_(value=med, ci=ci, n=len(xs), cv=stats.cv(xs), samples=tuple(xs), confidence=policy.confidence)
     if budget is None:
         return v.with_(outcome=Outcome.UNBUDGETED, reason="no budget for this metric on this device")
-    bad, stale = _limits(info, budget)
+    limits = _limits(info, budget)
+    bad = limits.bad
     v = v.with_(limit=bad)
-    lower = info.direction == "lower"
     rounds = 1
     while True:
-        ci_bad = ci[0] if lower else ci[1]  # the CI end nearest the good side
-        ci_good = ci[1] if lower else ci[0]
-        if _worse(info, ci_bad, bad):
+        extra = more is not None and rounds <= policy.max_extra_rounds
+        state = classify(ci[0], ci[1], limits, final=not extra)
+        if state == "fail":
             # Entirely worse: confirm with an independent measurement before failing.
             if policy.confirm and more is not None:
                 fresh = list(more())
@@ -216,7 +203,7 @@ def _decide_stat(
                     return v.with_(outcome=Outcome.ERROR, reason=f"confirmation: {problem}", rounds=rounds + 1)
                 fmed, fci = summary(fresh)
                 all_xs = xs + fresh
-                agreed = _worse(info, fmed, bad)
+                agreed = limits.worse(fmed)
                 v = v.with_(
                     rounds=rounds + 1, samples=tuple(all_xs), n=len(all_xs), cv=stats.cv(all_xs),
                     confirmed=agreed,
@@ -240,16 +227,16 @@ def _decide_stat(
                 outcome=Outcome.FAIL, rounds=rounds,
                 reason=f"median {med:.4g} with CI {ci[0]:.4g}-{ci[1]:.4g} is entirely beyond the limit {bad:.4g}",
             )
-        if not _worse(info, ci_good, bad):
-            entirely_better = ci_good < stale if lower else ci_good > stale
-            if entirely_better:
-                return v.with_(
-                    outcome=Outcome.STALE, rounds=rounds,
-                    reason=f"CI {ci[0]:.4g}-{ci[1]:.4g} beats the budget {budget.value:.4g} beyond its tolerance",
-                )
+        if state == "stale":
+            return v.with_(
+                outcome=Outcome.STALE, rounds=rounds,
+                reason=f"CI {ci[0]:.4g}-{ci[1]:.4g} beats the budget {budget.value:.4g} beyond its tolerance",
+            )
+        if state == "pass":
             return v.with_(outcome=Outcome.PASS, rounds=rounds, reason="CI within budget")
-        # The CI straddles the limit: measure more, bounded, then decide on the point estimate.
-        if more is not None and rounds <= policy.max_extra_rounds:
+        if state == "undecided":
+            # The CI straddles the limit: measure more, bounded, then decide on the point estimate.
+            assert more is not None
             fresh = list(more())
             problem = _check_finite(fresh)
             if problem:
@@ -259,7 +246,7 @@ def _decide_stat(
             med, ci = summary(xs)
             v = v.with_(value=med, ci=ci, n=len(xs), cv=stats.cv(xs), samples=tuple(xs), rounds=rounds)
             continue
-        if _worse(info, med, bad):
+        if limits.worse(med):
             return v.with_(
                 outcome=Outcome.FAIL, rounds=rounds,
                 reason=(

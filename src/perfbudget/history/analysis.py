@@ -8,7 +8,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..metrics import Direction
 from ..report.common import fmt_tolerance
+from ..rule import Limits, classify
 from .chain import Cumulative, Link, chain_of, cumulative, cumulative_series, pooled
 from .changepoints import ChangeConfig, Drift, Shift, chained_drifts, level_shifts
 from .store import HistoryStore, Mode, Point, Run, by_machine
@@ -221,8 +223,9 @@ def findings_since(analysis: SeriesAnalysis, since_date: str, *, since_commit: s
     if later:
         cum = cumulative(later, confidence=cumulative_confidence)
         lo, hi = cum.ci
-        beyond = (lo > 1 and cum.ratio > 1 + tolerance if analysis.direction != "higher"
-                  else hi < 1 and cum.ratio < 1 - tolerance)
+        direction: Direction = "higher" if analysis.direction == "higher" else "lower"
+        beyond = (classify(lo, hi, Limits.around(1.0, 0.0, direction)) == "fail"
+                  and classify(cum.ratio, cum.ratio, Limits.around(1.0, tolerance, direction)) == "fail")
         lines.append(f"cumulative: {analysis.name} on {analysis.machine}: {cum.change:+.1%} ({lo - 1:+.1%} to "
                      f"{hi - 1:+.1%}, {cumulative_confidence:.0%}) over {cum.merges} merge(s) since {cum.since[:12]}")
         if beyond:
@@ -234,8 +237,8 @@ def findings_since(analysis: SeriesAnalysis, since_date: str, *, since_commit: s
         good = since_commit or points[0].run.parent or points[0].run.commit
         lines.append(f"trend: {analysis.name} on {machine}: {trend.change:+.1%} ({lo - 1:+.1%} to {hi - 1:+.1%}, "
                      f"{confidence:.0%}) over {trend.n} runs of this machine since {good[:12]}")
-        direction = analysis.direction or ("higher" if trend.change < 0 else "lower")
-        if trend.beyond(tolerance, direction):
+        trend_direction = analysis.direction or ("higher" if trend.change < 0 else "lower")
+        if trend.beyond(tolerance, trend_direction):
             out.append(Finding(**{**base, "machine": machine}, what=f"trend beyond {fmt_tolerance(tolerance)}",  # type: ignore[arg-type]
                                change=trend.change, ci=trend.ci, good=good, bad=points[-1].run.commit,
                                merges=trend.n, over="runs"))

@@ -217,7 +217,7 @@ class Point:
 
 def mode_of(results: Results) -> Mode:
     """``ab`` for the results of ``perfbudget ab``, else ``stored``."""
-    return "ab" if results.meta.mode == RunMode.AB else "stored"
+    return "ab" if results.meta.mode == RunMode.AB else RunMode.STORED.value
 
 
 def checks_from_results(results: Results) -> list[Check]:

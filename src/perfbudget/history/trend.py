@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from ..measure.stats import t_quantile
 from ..metrics import STATISTICAL_KINDS
+from ..rule import Limits, classify
 
 __all__ = ["MIN_TREND_POINTS", "TREND_KINDS", "Trend", "level_trend"]
 
@@ -74,8 +75,7 @@ class Trend:
     def beyond(self, tolerance: float, direction: str) -> bool:
         """Whether the interval lies entirely beyond ``1 + tolerance`` (``1 - tolerance`` for a rate,
         ``direction == "higher"``): the rule of the A/B verdict and of the cumulative chained ratio."""
-        lo, hi = self.ci
-        return hi < 1 - tolerance if direction == "higher" else lo > 1 + tolerance
+        return classify(*self.ci, Limits.around(1.0, tolerance, "higher" if direction == "higher" else "lower")) == "fail"
 
 
 def _wls(xs: Sequence[float], ys: Sequence[float], ws: Sequence[float]) -> tuple[float, float, float, float]:

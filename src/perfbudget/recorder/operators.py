@@ -15,7 +15,8 @@ from ..measure import stats
 from ..measure.measurement import Explanation, Measurement, Passes
 from ..measure.operators import OpMove, OpRounds, count_flops, profile_rounds
 from ..measure.reference import machine_reference
-from ..metrics import OP_METRIC_FAMILIES, op_metric
+from ..metrics import METRICS, OP_METRIC_FAMILIES, op_metric
+from ..rule import tolerance_for
 from ..vocabulary import Outcome
 from .core import RecorderCore
 
@@ -131,7 +132,8 @@ class Operators(RecorderCore):
             budgets = self._op_budgets(("op_self_ms",))
             candidates = [
                 OpMove(op=op, family="op_self_ms", before=b.value if b else None,
-                       after=stats.median(rounds.self_ms(op)), unit="ms", tolerance=b.tolerance if b else 0.0)
+                       after=stats.median(rounds.self_ms(op)), unit="ms",
+                       tolerance=tolerance_for(METRICS["op_self_ms"], b).value)
                 for op in sorted(set(budgets) | set(rounds.top(_EXPLAIN_MIN_SHARE))) for b in [budgets.get(op)]
             ]
             moves = OperatorMoves.of(candidates, note="profiled when step_ms failed, vs the op_self_ms budgets")
@@ -148,6 +150,6 @@ class Operators(RecorderCore):
             if parsed is None or v.budget is None or v.value is None or not math.isfinite(v.value):
                 continue
             out.append(OpMove(op=parsed[1], family=parsed[0], before=v.budget.value, after=v.value,
-                              unit=v.info.unit, tolerance=v.budget.tolerance,
+                              unit=v.info.unit, tolerance=tolerance_for(v.info, v.budget).value,
                               failing=v.outcome in (Outcome.FAIL, Outcome.ERROR), outcome=v.outcome))
         return OperatorMoves.of(out)

@@ -1,0 +1,165 @@
+"""The decision rule: an estimate meets its limits and gets a state; decides, never measures.
+
+Every verdict of the instrument is reached by :func:`classify`: a stored budget's exact value or
+the CI of its median (``budgets/verdict``), a head/base ratio's CI over process pairs
+(``ab/ratios``), a count's change from its base (``ab/merge``), a history finding
+(``history/analysis``, ``history/trend``). What differs between them is the estimate and its
+interval, never the rule:
+
+- the interval entirely worse than the bad limit: ``fail``;
+- entirely not worse: ``pass``, or ``stale`` when it lies entirely beyond the good limit (better
+  than the reference by more than the tolerance);
+- straddling the bad limit: ``undecided`` while more evidence can come; at the end,
+  ``inconclusive``, or decided on the point estimate where the owner asks for it (a stored budget
+  after its extra rounds, the point estimate being the median of all of them).
+
+An exact value is an interval of one point. The minimum evidence (:func:`with_evidence`) and the
+family-wise control (:func:`family_confidence`) are decided here too, and a check's tolerance is
+chosen by :func:`tolerance_for` alone, which names where it came from.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from .fileio import shown_path
+from .metrics import Direction, Metric
+
+__all__ = ["EXACT_EPS", "Limits", "State", "Tolerance", "classify", "family_confidence", "tolerance_for",
+           "with_evidence"]
+
+State = Literal["pass", "stale", "fail", "undecided", "inconclusive"]
+
+#: Relative slack for exact comparisons of values computed in floating point.
+EXACT_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Beyond ``bad`` an estimate is worse than allowed; beyond ``good`` it beats its reference by
+    more than the tolerance (``direction``: ``lower`` is better, or ``higher``)."""
+
+    bad: float
+    good: float
+    direction: Direction
+
+    @classmethod
+    def around(cls, reference: float, tolerance: float, direction: Direction, *, floor: float = 0.0) -> Limits:
+        """``reference x (1 +- tolerance)``; a lower-is-better bad limit at least ``floor`` above the
+        reference (a bytes budget: :data:`~perfbudget.metrics.BYTES_FLOOR_MIB`)."""
+        if direction == "lower":
+            return cls(max(reference * (1 + tolerance), reference + floor), reference * (1 - tolerance), direction)
+        return cls(reference * (1 - tolerance), reference * (1 + tolerance), direction)
+
+    def worse(self, x: float) -> bool:
+        """Beyond the bad limit (by more than floating point's last digits)."""
+        slack = EXACT_EPS * max(abs(self.bad), 1e-12)
+        return x > self.bad + slack if self.direction == "lower" else x < self.bad - slack
+
+    def better(self, x: float) -> bool:
+        """Beyond the good limit (by more than floating point's last digits)."""
+        if math.isclose(x, self.good, rel_tol=EXACT_EPS, abs_tol=1e-12):
+            return False
+        return x < self.good if self.direction == "lower" else x > self.good
+
+
+def classify(lo: float, hi: float, limits: Limits, *, final: bool = True, estimate: float | None = None) -> State:
+    """The state of an estimate whose interval is ``lo``-``hi`` (an exact value: ``lo == hi``).
+
+    Straddling the bad limit it is ``undecided`` while not ``final``; at the end it is decided on
+    ``estimate`` when one is given, else ``inconclusive``.
+    """
+    best, worst = (lo, hi) if limits.direction == "lower" else (hi, lo)
+    if limits.worse(best):
+        return "fail"
+    if not limits.worse(worst):
+        return "stale" if limits.better(worst) else "pass"
+    if not final:
+        return "undecided"
+    if estimate is None:
+        return "inconclusive"
+    return "fail" if limits.worse(estimate) else "pass"
+
+
+def with_evidence(state: State, *, n: int, least: int, final: bool) -> State:
+    """``state`` once its evidence is counted (``n`` pieces: process pairs).
+
+    With fewer than ``least`` a check stays undecided while more can come, whatever its interval
+    (a first pair may be one side's start-up luck). A failure needs one piece more than ``least``,
+    as a stored failure is confirmed by a fresh round: without it, undecided, and inconclusive at
+    the end.
+    """
+    if not final and n < least:
+        return "undecided"
+    if state == "fail" and n <= least:
+        return "inconclusive" if final else "undecided"
+    return state
+
+
+def family_confidence(confidence: float, alpha: float, size: int) -> float:
+    """The CI coverage of one of ``size`` per-operator checks of one test (Bonferroni): together
+    they false-alarm at most ``alpha``.
+
+    The family is the test, in stored and A/B runs alike, not the suite: a test's operators answer
+    one question (did this step's operators move?), while a suite-wide family would make every
+    operator check's sensitivity depend on how many other tests exist, so a pull request adding a
+    test would blunt the checks of all the others.
+    """
+    return confidence if size <= 1 else max(confidence, 1.0 - alpha / size)
+
+
+class _BudgetLike(Protocol):
+    """What the chooser reads of a budget (a loaded :class:`~perfbudget.budgets.schema.Budget` or a
+    record's :class:`~perfbudget.results.BudgetRef`)."""
+
+    @property
+    def tolerance(self) -> float: ...
+    @property
+    def ab_tolerance(self) -> float | None: ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def line(self) -> int | None: ...
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """The relative change a check accepts in the bad direction, and where it came from."""
+
+    value: float
+    source: str
+    """``budgets/cpu.yaml:12``, ``default for timing``, ``measured spread (...)`` or ``--tolerance``."""
+
+
+def tolerance_for(metric: Metric, budget: _BudgetLike | None = None, *,
+                  against: Literal["budget", "base"] = "budget", from_budgets: bool = True,
+                  measured: tuple[float, str] | None = None, given: float | None = None) -> Tolerance:
+    """The tolerance a check is judged with: the one place it is chosen.
+
+    - ``given`` (history's ``--tolerance``): that.
+    - Against its budget: the budget's ``tolerance`` (the metric's default when the file gives
+      none), else the metric's default.
+    - Against the base (A/B), a statistical check: the budget's ``ab_tolerance`` when it sets one
+      (and ``from_budgets``), else the metric's default; the stored ``tolerance`` may carry a floor
+      for the noise between runs in different processes, which taking turns removes.
+    - Against the base, a count or a low-precision numeric result: its spread between A/A sides on
+      this machine when measured (``measured``: the tolerance and where it was measured), else as
+      against its budget (a stated bound, not the last digit).
+    """
+    default = Tolerance(metric.default_tolerance, f"default for {metric.kind}")
+    if given is not None:
+        return Tolerance(given, "--tolerance")
+    if against == "base" and metric.statistical:
+        if budget is not None and budget.ab_tolerance is not None and from_budgets:
+            return Tolerance(budget.ab_tolerance, _where(budget))
+        return default
+    if against == "base" and measured is not None:
+        return Tolerance(measured[0], f"measured spread ({measured[1]})")
+    return Tolerance(budget.tolerance, _where(budget)) if budget is not None else default
+
+
+def _where(budget: _BudgetLike) -> str:
+    source = shown_path(budget.source)
+    return f"{source}:{budget.line}" if budget.line else source

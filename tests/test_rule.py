@@ -1,0 +1,99 @@
+"""The one decision rule: states from an interval and its limits, evidence, family control, the tolerance chooser."""
+
+from __future__ import annotations
+
+import pytest
+
+from perfbudget.ab.ratios import judge_ratios
+from perfbudget.budgets.schema import Budget
+from perfbudget.budgets.verdict import decide
+from perfbudget.metrics import BYTES_FLOOR_MIB, METRICS
+from perfbudget.rule import Limits, classify, family_confidence, tolerance_for, with_evidence
+
+TIMES = Limits.around(10.0, 0.05, "lower")  # bad 10.5, good 9.5
+RATES = Limits.around(100.0, 0.05, "higher")  # bad 95, good 105
+
+
+@pytest.mark.parametrize(("lo", "hi", "final", "estimate", "state"), [
+    (10.6, 11.0, True, None, "fail"),        # entirely beyond the bad limit
+    (10.0, 10.4, True, None, "pass"),        # entirely within
+    (9.0, 9.4, True, None, "stale"),         # entirely better than the good limit
+    (9.0, 9.6, True, None, "pass"),          # reaches back over the good limit: not stale
+    (10.2, 10.8, False, None, "undecided"),  # straddles while more can come
+    (10.2, 10.8, True, None, "inconclusive"),
+    (10.2, 10.8, True, 10.6, "fail"),        # decided on the point estimate when the owner asks
+    (10.2, 10.8, True, 10.4, "pass"),
+    (10.5, 10.5, True, None, "pass"),        # an exact value on its limit is within it
+    (10.5 * (1 + 1e-12), 10.5 * (1 + 1e-12), True, None, "pass"),  # floating point's last digits
+])
+def test_classify_times(lo: float, hi: float, final: bool, estimate: float | None, state: str) -> None:
+    assert classify(lo, hi, TIMES, final=final, estimate=estimate) == state
+
+
+@pytest.mark.parametrize(("lo", "hi", "state"), [
+    (90.0, 94.0, "fail"), (96.0, 104.0, "pass"), (106.0, 110.0, "stale"), (94.0, 97.0, "inconclusive"),
+])
+def test_classify_rates_mirrors(lo: float, hi: float, state: str) -> None:
+    assert classify(lo, hi, RATES) == state
+
+
+def test_a_bytes_floor_keeps_a_zero_budget_usable() -> None:
+    limits = Limits.around(0.0, 0.02, "lower", floor=BYTES_FLOOR_MIB)
+    assert limits.bad == BYTES_FLOOR_MIB
+    assert classify(0.001, 0.001, limits) == "pass" and classify(0.01, 0.01, limits) == "fail"
+
+
+@pytest.mark.parametrize(("state", "n", "least", "final", "want"), [
+    ("pass", 1, 2, False, "undecided"),      # too little evidence while more can come
+    ("pass", 1, 2, True, "pass"),            # at the end, what there is decides
+    ("fail", 2, 2, False, "undecided"),      # a failure wants one piece more
+    ("fail", 2, 2, True, "inconclusive"),
+    ("fail", 3, 2, True, "fail"),
+    ("undecided", 3, 2, False, "undecided"),
+])
+def test_with_evidence(state: str, n: int, least: int, final: bool, want: str) -> None:
+    assert with_evidence(state, n=n, least=least, final=final) == want  # type: ignore[arg-type]
+
+
+def test_family_confidence_is_bonferroni_per_test() -> None:
+    assert family_confidence(0.95, 0.05, 1) == 0.95
+    assert family_confidence(0.95, 0.05, 10) == pytest.approx(0.995)
+    assert family_confidence(0.999, 0.05, 2) == 0.999  # never below the run's own confidence
+
+
+def _budget(**kw: object) -> Budget:
+    fields = {"key": "k", "metric": "step_ms", "value": 10.0, "tolerance": 0.2, "source": "budgets/cpu.yaml",
+              "line": 12, **kw}
+    return Budget(**fields)  # type: ignore[arg-type]
+
+
+def test_tolerance_for_names_each_source() -> None:
+    step, count = METRICS["step_ms"], METRICS["instructions"]
+    assert tolerance_for(step) == tolerance_for(step, against="base")
+    assert tolerance_for(step).source == "default for timing" and tolerance_for(step).value == 0.05
+    # Stored: the budget's own tolerance, with its line.
+    assert (tolerance_for(step, _budget()).value, tolerance_for(step, _budget()).source) == (0.2, "budgets/cpu.yaml:12")
+    # Against the base, a timing check never takes the stored tolerance (it may carry a between-run floor) ...
+    assert tolerance_for(step, _budget(), against="base").source == "default for timing"
+    # ... but the budget's ab_tolerance, unless the run says not to.
+    ab = _budget(ab_tolerance=0.025)
+    assert tolerance_for(step, ab, against="base").value == 0.025
+    assert tolerance_for(step, ab, against="base", from_budgets=False).value == 0.05
+    # A count against its base: its measured A/A spread first, else as against its budget.
+    measured = tolerance_for(count, _budget(metric="instructions", tolerance=0.01), against="base",
+                             measured=(0.0004, "budgets/noise/x.yaml, 6 A/A runs"))
+    assert measured.value == 0.0004 and measured.source.startswith("measured spread (budgets/noise/x.yaml")
+    assert tolerance_for(count, _budget(metric="instructions", tolerance=0.01), against="base").value == 0.01
+    # History's --tolerance is given for every check.
+    assert tolerance_for(step, _budget(), given=0.03) == tolerance_for(count, given=0.03)
+    assert tolerance_for(step, given=0.03).source == "--tolerance"
+
+
+def test_stored_and_ab_verdicts_reach_the_same_state_on_the_same_interval() -> None:
+    # A stored exact value of 1.06 against a budget of 1 (5 %) and a head/base CI lying entirely at 1.06:
+    # the same rule fails both; at 1.04 both pass; at 0.9 the stored one is stale and the A/B one "improved".
+    for value, stored, ab in ((1.06, "fail", "fail"), (1.04, "pass", "pass"), (0.9, "stale", "pass")):
+        v = decide("k", "flops", value, _budget(metric="flops", value=1.0, tolerance=0.05))
+        rv = judge_ratios([value] * 3, tolerance=0.05, direction="lower", prior_sd=1e-6, prior_df=100)
+        assert (v.outcome, rv.state) == (stored, ab)
+        assert rv.improved == (stored == "stale")
