@@ -55,10 +55,19 @@ def test_with_evidence(state: str, n: int, least: int, final: bool, want: str) -
     assert with_evidence(state, n=n, least=least, final=final) == want  # type: ignore[arg-type]
 
 
+def test_a_check_the_pairs_left_cannot_decide_is_beyond_reach_from_two_pairs() -> None:
+    assert with_evidence("undecided", n=2, least=1, final=False, reachable=False) == "beyond reach"
+    assert with_evidence("undecided", n=1, least=1, final=False, reachable=False) == "undecided"  # one pair: no spread
+    assert with_evidence("undecided", n=2, least=3, final=False, reachable=False) == "undecided"  # evidence first
+    assert with_evidence("pass", n=2, least=1, final=False, reachable=False) == "pass"
+
+
 def test_family_confidence_is_bonferroni_per_test() -> None:
-    assert family_confidence(0.95, 0.05, 1) == 0.95
-    assert family_confidence(0.95, 0.05, 10) == pytest.approx(0.995)
-    assert family_confidence(0.999, 0.05, 2) == 0.999  # never below the run's own confidence
+    op = "op_self_ms[aten::mm]"
+    assert family_confidence(op, 0.95, 0.05, 1) == 0.95
+    assert family_confidence(op, 0.95, 0.05, 10) == pytest.approx(0.995)
+    assert family_confidence(op, 0.999, 0.05, 2) == 0.999  # never below the run's own confidence
+    assert family_confidence("step_ms", 0.95, 0.05, 10) == 0.95  # a step is no operator's family
 
 
 def _budget(**kw: object) -> Budget:

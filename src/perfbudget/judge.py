@@ -157,10 +157,8 @@ class Judge:
     def policy_for(self, name: MetricName) -> VerdictPolicy:
         """The test's per-operator checks share :attr:`JudgeConfig.family_alpha` (:func:`~perfbudget.rule.family_confidence`)."""
         policy = self.config.judging.policy(self.config.policy)
-        if name.metric.name not in OP_TIMED_FAMILIES:
-            return policy
-        n = sum(1 for m in self.budgeted() if family_of(m) in OP_TIMED_FAMILIES)
-        return replace(policy, confidence=family_confidence(policy.confidence, self.config.family_alpha, n))
+        n = sum(1 for m in self.budgeted() if family_of(m) in OP_TIMED_FAMILIES) if name.metric.name in OP_TIMED_FAMILIES else 0
+        return replace(policy, confidence=family_confidence(name.full, policy.confidence, self.config.family_alpha, n))
 
     # -- one metric -----------------------------------------------------------------------
 

@@ -218,10 +218,6 @@ class MetricName:
     arg: str | None
 
 
-def _known_names() -> list[str]:
-    return [f"{m.name}[{m.arg}]" if m.arg else m.name for m in _REGISTRY]
-
-
 def parse_name(full: str) -> MetricName:
     """Parse ``op_self_ms[aten::mm]`` into its registered metric and argument.
 

@@ -25,12 +25,12 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from .fileio import shown_path
-from .metrics import Direction, Metric
+from .metrics import OP_TIMED_FAMILIES, Direction, Metric, family_of
 
 __all__ = ["EXACT_EPS", "Limits", "State", "Tolerance", "classify", "family_confidence", "tolerance_for",
            "with_evidence"]
 
-State = Literal["pass", "stale", "fail", "undecided", "inconclusive"]
+State = Literal["pass", "stale", "fail", "undecided", "inconclusive", "beyond reach"]
 
 #: Relative slack for exact comparisons of values computed in floating point.
 EXACT_EPS = 1e-9
@@ -83,31 +83,36 @@ def classify(lo: float, hi: float, limits: Limits, *, final: bool = True, estima
     return "fail" if limits.worse(estimate) else "pass"
 
 
-def with_evidence(state: State, *, n: int, least: int, final: bool) -> State:
+def with_evidence(state: State, *, n: int, least: int, final: bool, reachable: bool = True) -> State:
     """``state`` once its evidence is counted (``n`` pieces: process pairs).
 
     With fewer than ``least`` a check stays undecided while more can come, whatever its interval
     (a first pair may be one side's start-up luck). A failure needs one piece more than ``least``,
     as a stored failure is confirmed by a fresh round: without it, undecided, and inconclusive at
-    the end.
+    the end. An undecided check with two pieces or more that the evidence still to come would not
+    decide at the spread it shows (``reachable`` false) is ``beyond reach``: no more is spent on it.
     """
     if not final and n < least:
         return "undecided"
     if state == "fail" and n <= least:
         return "inconclusive" if final else "undecided"
+    if state == "undecided" and n >= 2 and not reachable:
+        return "beyond reach"
     return state
 
 
-def family_confidence(confidence: float, alpha: float, size: int) -> float:
-    """The CI coverage of one of ``size`` per-operator checks of one test (Bonferroni): together
-    they false-alarm at most ``alpha``.
+def family_confidence(metric: str, confidence: float, alpha: float, size: int) -> float:
+    """The CI coverage of ``metric``'s check: for one of ``size`` per-operator timing checks of one
+    test, Bonferroni (together they false-alarm at most ``alpha``); else ``confidence``.
 
     The family is the test, in stored and A/B runs alike, not the suite: a test's operators answer
     one question (did this step's operators move?), while a suite-wide family would make every
     operator check's sensitivity depend on how many other tests exist, so a pull request adding a
     test would blunt the checks of all the others.
     """
-    return confidence if size <= 1 else max(confidence, 1.0 - alpha / size)
+    if size <= 1 or family_of(metric) not in OP_TIMED_FAMILIES:
+        return confidence
+    return max(confidence, 1.0 - alpha / size)
 
 
 class _BudgetLike(Protocol):

@@ -18,6 +18,7 @@ from perfbudget.ab.ratios import (
     pair_ratio,
 )
 from perfbudget.metrics import Direction
+from perfbudget.rule import family_confidence
 
 
 def test_defaults_are_the_documented_constants() -> None:
@@ -89,10 +90,10 @@ def test_every_verdict_carries_its_minimum_detectable_effect() -> None:
 
 
 def test_a_per_operator_family_widens_the_confidence() -> None:
-    policy = ABPolicy()
-    assert policy.confidence_for(0) == policy.confidence_for(1) == 0.95
-    assert policy.confidence_for(2) == 0.975 and policy.confidence_for(10) == pytest.approx(0.995)
-    assert ABPolicy(confidence=0.999).confidence_for(10) == 0.999
+    op = "op_self_ms[aten::mm]"
+    assert family_confidence(op, 0.95, 0.05, 0) == family_confidence(op, 0.95, 0.05, 1) == 0.95
+    assert family_confidence(op, 0.95, 0.05, 2) == 0.975 and family_confidence(op, 0.95, 0.05, 10) == pytest.approx(0.995)
+    assert family_confidence(op, 0.999, 0.05, 10) == 0.999 and family_confidence("step_ms", 0.95, 0.05, 10) == 0.95
     wide = judge_ratios([1.02, 1.03], tolerance=0.05, direction="lower", prior_sd=0.025, confidence=0.995)
     narrow = judge_ratios([1.02, 1.03], tolerance=0.05, direction="lower", prior_sd=0.025)
     assert wide.ci[1] > narrow.ci[1] and wide.mde > narrow.mde and wide.confidence == 0.995

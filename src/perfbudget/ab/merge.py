@@ -37,15 +37,13 @@ from ..measure import stats
 from ..measure.nvml import GpuClocks
 from ..measure.operators import OpMove, op_metric
 from ..metrics import (
-    OP_TIMED_FAMILIES,
     Metric,
     UnknownMetricError,
-    family_of,
     op_family_sizes,
     parse_name,
 )
 from ..results import BaseSide, BudgetRef, Record, Results, SetAsidePair, is_unrecorded_budget
-from ..rule import Limits, classify, tolerance_for, with_evidence
+from ..rule import Limits, classify, family_confidence, tolerance_for, with_evidence
 from .ratios import ABPolicy, can_decide, describe_change, judge_ratios, outlying_pair, pair_ratio
 
 __all__ = ["MAX_CLOCK_OFFSET", "CheckId", "Comparison", "PairRecords", "clock_refusal", "compare_pairs"]
@@ -215,8 +213,7 @@ def compare_pairs(
     for cid in order:
         used = [_Used(pair=p, head=h[cid], base=b.get(cid)) for p, h, b in zip(numbered, heads, bases, strict=True)
                 if cid in h]
-        confidence = policy.confidence_for(family.get(cid[0], 0)) if family_of(cid[2]) in OP_TIMED_FAMILIES \
-            else policy.confidence
+        confidence = family_confidence(cid[2], policy.confidence, policy.family_alpha, family.get(cid[0], 0))
         rec, state = _merge_one(used, context, confidence=confidence, base_has_it=cid in in_base)
         records.append(rec)
         by_state.setdefault(state, []).append(cid)
@@ -406,14 +403,11 @@ def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_
                       final=ctx.final)
     # A failure is confirmed by one more pair, as stored mode confirms before failing: a small step's
     # processes can run in speed modes that two pairs may share by chance (benchmarks/process-modes-cpu.md).
-    state: str = with_evidence(rv.state, n=rv.pairs, least=ctx.min_pairs, final=ctx.final)
+    state: str = with_evidence(rv.state, n=rv.pairs, least=ctx.min_pairs, final=ctx.final,
+                               reachable=ctx.pairs_left is None or can_decide(rv, ctx.pairs_left))
     if state == "inconclusive" and rv.state == "fail":
         rv = replace(rv, state="inconclusive", reason=f"{rv.reason}; not confirmed: a failure needs "
                      f"{ctx.min_pairs + 1} pairs and the run ended before another: inconclusive")
-    elif state == "undecided" and rv.state == "undecided" and rv.pairs >= max(2, ctx.min_pairs) \
-            and ctx.pairs_left is not None \
-            and not can_decide(rv, ctx.pairs_left):
-        state = "beyond reach"  # at the spread its own pairs show, the pairs left would not decide it
     base_value = stats.median(base_stats)
     measured = "" if prior.source.startswith("default") else f"; prior sd {prior.sd:.1%} per pair, {prior.source}"
     reason = f"{rv.reason} [tolerance from {source}{measured}]"

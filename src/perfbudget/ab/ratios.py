@@ -50,14 +50,12 @@ from ..budgets.noise import CheckNoise, NoiseTable
 from ..measure import stats
 from ..measure.stats import chi2_sf, pooled_sd, t_quantile
 from ..metrics import (
-    OP_TIMED_FAMILIES,
     Direction,
     UnknownMetricError,
-    family_of,
     op_family_sizes,
     parse_name,
 )
-from ..rule import Limits, classify, family_confidence
+from ..rule import Limits, classify, family_confidence, tolerance_for
 
 __all__ = [
     "NOISE_DF_MAX",
@@ -168,10 +166,6 @@ class ABPolicy:
         noise, table = found
         return Prior(max(noise.sd, NOISE_SD_FLOOR), min(noise.df, self.noise_df_max),
                      f"measured: {table.where}, {noise.df:g} df")
-
-    def confidence_for(self, family_size: int) -> float:
-        """The CI coverage for one of ``family_size`` per-operator checks of a test."""
-        return family_confidence(self.confidence, self.family_alpha, family_size)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -410,10 +404,9 @@ def resolvable_lines(table: NoiseTable, policy: ABPolicy, *, pairs: int) -> list
         except UnknownMetricError:
             continue
         prior = policy.prior_for(table.identity, key, metric, info.kind)
-        conf = policy.confidence_for(families.get(key, 0)) if family_of(metric) in OP_TIMED_FAMILIES \
-            else policy.confidence
+        conf = family_confidence(metric, policy.confidence, policy.family_alpha, families.get(key, 0))
         half = t_quantile(0.5 + conf / 2.0, prior.df + pairs - 1) * prior.sd / math.sqrt(pairs)
-        tol = info.default_tolerance
+        tol = tolerance_for(info, against="base").value
         mde = detectable_effect(half, tolerance=tol, direction=info.direction)
         sign = "+" if info.direction == "lower" else "-"
         passes = half < math.log(1.0 + tol) if info.direction == "lower" else half < -math.log(1.0 - tol)

@@ -20,6 +20,7 @@ from ..device import DeviceInfo, device_file_stem
 from ..fileio import atomic_write, lock
 from ..measure.stats import normal_quantile
 from ..metrics import parse_name
+from ..rule import tolerance_for
 from .loader import BudgetSet, parse_text
 from .schema import SCHEMA_VERSION, BudgetError
 
@@ -321,7 +322,7 @@ def _decide(entry: Any, m: Measured, allow_loosen: bool) -> tuple[Action, float 
     if entry is None:
         return "added", None, ""
     old = float(entry["value"] if isinstance(entry, dict) else entry)
-    tol = float(entry.get("tolerance", info.default_tolerance)) if isinstance(entry, dict) else info.default_tolerance
+    tol = float(entry.get("tolerance", tolerance_for(info).value)) if isinstance(entry, dict) else tolerance_for(info).value
     new = float(_round(m.metric, m.value))
     better = new < old if info.direction == "lower" else new > old
     rel = abs(new - old) / abs(old) if old else (0.0 if new == old else float("inf"))
@@ -445,7 +446,7 @@ def _update_file(
         if isinstance(entry, dict):
             new_entry.update({k: v for k, v in entry.items() if k in ("tolerance", "note")})
         # A new budget's tolerance covers its own measurement noise (>= 3 standard errors).
-        new_entry.setdefault("tolerance", noise_tolerance(info.default_tolerance, m.noise))
+        new_entry.setdefault("tolerance", noise_tolerance(tolerance_for(info).value, m.noise))
         prov: dict[str, Any] = {"device": m.device.label, "torch": m.device.torch, "samples": m.samples,
                                 "date": date}
         if m.device.identity:

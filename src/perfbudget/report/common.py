@@ -19,6 +19,7 @@ from ..metrics import (
     parse_name,
 )
 from ..results import BaseSide, Record
+from ..rule import tolerance_for
 from ..vocabulary import Outcome, count_outcomes
 
 __all__ = [
@@ -155,12 +156,10 @@ def change_text(r: Record) -> str:
 
 def tolerance_of(r: Record) -> float:
     """The relative tolerance a record is held to: its budget's, else its metric's default."""
-    if r.budget is not None:
-        return r.budget.tolerance
     try:
-        return parse_name(r.metric).metric.default_tolerance
+        return tolerance_for(parse_name(r.metric).metric, r.budget).value
     except UnknownMetricError:  # a metric this version does not know: judge it as timing
-        return DEFAULT_TOLERANCE["timing"]
+        return r.budget.tolerance if r.budget is not None else DEFAULT_TOLERANCE["timing"]
 
 
 def has_base(records: Iterable[Record]) -> bool:

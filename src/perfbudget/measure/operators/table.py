@@ -170,11 +170,6 @@ class OpRow:
         """Arithmetic intensity (FLOPs per byte accessed); 0 when no bytes are known."""
         return self.flops / self.bytes_accessed if self.bytes_accessed > 0 else 0.0
 
-    @property
-    def self_ms_per_call(self) -> float:
-        """Self time per call in ms."""
-        return self.self_ms / self.calls if self.calls else 0.0
-
 
 @dataclass(frozen=True, kw_only=True)
 class OpChange:
