@@ -93,9 +93,6 @@ def test_tolerance_for_names_each_source() -> None:
                              measured=(0.0004, "budgets/noise/x.yaml, 6 A/A runs"))
     assert measured.value == 0.0004 and measured.source.startswith("measured spread (budgets/noise/x.yaml")
     assert tolerance_for(count, _budget(metric="instructions", tolerance=0.01), against="base").value == 0.01
-    # History's --tolerance is given for every check.
-    assert tolerance_for(step, _budget(), given=0.03) == tolerance_for(count, given=0.03)
-    assert tolerance_for(step, given=0.03).source == "--tolerance"
 
 
 def test_stored_and_ab_verdicts_reach_the_same_state_on_the_same_interval() -> None:

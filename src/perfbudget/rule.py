@@ -15,7 +15,8 @@ interval, never the rule:
 
 An exact value is an interval of one point. The minimum evidence (:func:`with_evidence`) and the
 family-wise control (:func:`family_confidence`) are decided here too, and a check's tolerance is
-chosen by :func:`tolerance_for` alone, which names where it came from.
+chosen by :func:`tolerance_for` alone, which names where it came from (history judges every series
+against its one ``--tolerance``).
 """
 
 from __future__ import annotations
@@ -135,15 +136,14 @@ class Tolerance:
 
     value: float
     source: str
-    """``budgets/cpu.yaml:12``, ``default for timing``, ``measured spread (...)`` or ``--tolerance``."""
+    """``budgets/cpu.yaml:12``, ``default for timing`` or ``measured spread (...)``."""
 
 
 def tolerance_for(metric: Metric, budget: _BudgetLike | None = None, *,
                   against: Literal["budget", "base"] = "budget", from_budgets: bool = True,
-                  measured: tuple[float, str] | None = None, given: float | None = None) -> Tolerance:
+                  measured: tuple[float, str] | None = None) -> Tolerance:
     """The tolerance a check is judged with: the one place it is chosen.
 
-    - ``given`` (history's ``--tolerance``): that.
     - Against its budget: the budget's ``tolerance`` (the metric's default when the file gives
       none), else the metric's default.
     - Against the base (A/B), a statistical check: the budget's ``ab_tolerance`` when it sets one
@@ -154,8 +154,6 @@ def tolerance_for(metric: Metric, budget: _BudgetLike | None = None, *,
       against its budget (a stated bound, not the last digit).
     """
     default = Tolerance(metric.default_tolerance, f"default for {metric.kind}")
-    if given is not None:
-        return Tolerance(given, "--tolerance")
     if against == "base" and metric.statistical:
         if budget is not None and budget.ab_tolerance is not None and from_budgets:
             return Tolerance(budget.ab_tolerance, _where(budget))
