@@ -319,49 +319,25 @@ def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_
     if not info.statistical:
         return _merge_exact(head0, used, ctx, base_has_it=base_has_it), "kept"
     taken: list[_Taken] = []
-    problems: list[str] = []  # what was wrong with a side's record (the base's error, ...)
     skipped: list[str] = []  # "pair 2 (the base did not record it there)"
+    gaps: dict[str, list[str]] = {"problem": [], "unlike": [], "refused": []}
     on_gpu = head0.device is not None and head0.device.type == "cuda"
-    refused: list[str] = []
-    unlike: list[str] = []
     for u in used:
-        head, base, k = u.head, u.base, u.pair.index
-        if not _usable(head):
-            problems.append(f"head {head.outcome}: {head.reason}" if head.reason else f"head {head.outcome}")
-            skipped.append(f"pair {k} ({problems[-1]})")
-            continue
-        hx = _samples(head)
-        if base is None and "base" in u.pair.stopped:
-            problems.append(_STOPPED)
-            skipped.append(f"pair {k} ({problems[-1]})")
-            continue
-        if base is None:
-            # The base ran and did not list it this pair: no evidence either way, not a regression.
-            skipped.append(f"pair {k} (the base did not record it there)" if u.pair.base is not None
-                           else f"pair {k} (the base wrote no results)")
-            continue
-        if not _usable(base):
-            problems.append(f"base {base.outcome}: {base.reason}" if base.reason else f"base {base.outcome}")
-            skipped.append(f"pair {k} ({problems[-1]})")
-            continue
-        if u.pair.unlike:
-            unlike.append(u.pair.unlike)
-            skipped.append(f"pair {k} (not comparable: {u.pair.unlike})")
-            continue
-        if on_gpu and u.pair.refused:
-            refused.append(f"pair {k}: {u.pair.refused}")
-            skipped.append(f"pair {k} ({u.pair.refused})")
-            continue
-        bx = _samples(base)
-        try:
-            # Paired only with every sample finite on both sides: positions still match request
-            # for request.
-            paired = info.paired and len(head.samples) == len(hx) and len(base.samples) == len(bx)
-            taken.append(_Taken(pair=k, ratio=pair_ratio(hx, bx, quantile=info.quantile, paired=paired),
-                                head=hx, base=bx))
-        except ValueError as exc:
-            problems.append(str(exc))
-            skipped.append(f"pair {k} ({exc})")
+        kind, why = _gap(u, on_gpu=on_gpu)
+        if not kind:
+            assert u.base is not None
+            hx, bx = _samples(u.head), _samples(u.base)
+            try:
+                # Paired only with every sample finite on both sides: positions still match request for request.
+                paired = info.paired and len(u.head.samples) == len(hx) and len(u.base.samples) == len(bx)
+                taken.append(_Taken(pair=u.pair.index, ratio=pair_ratio(hx, bx, quantile=info.quantile, paired=paired),
+                                    head=hx, base=bx))
+                continue
+            except ValueError as exc:
+                kind, why = "problem", str(exc)
+        gaps.setdefault(kind, []).append(f"pair {u.pair.index}: {why}" if kind == "refused" else why)
+        skipped.append(f"pair {u.pair.index} ({'not comparable: ' if kind == 'unlike' else ''}{why})")
+    problems, unlike, refused = gaps["problem"], gaps["unlike"], gaps["refused"]
     if not taken and unlike:
         return head0.with_(outcome=Outcome.ERROR, reason=_unlike_reason(unlike[0]),
                            base=BaseSide(value=None, compared=False, note=f"not comparable: {unlike[0]}",
@@ -426,6 +402,25 @@ def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_
                       confidence=rv.confidence, set_aside=tuple(set_aside)),
     )
     return rec, state
+
+
+def _gap(u: _Used, *, on_gpu: bool) -> tuple[str, str]:
+    """Why pair ``u`` gives its check no head/base ratio, as ``(kind, why)``: ``problem`` (a side's
+    record is unusable, the base was stopped), ``absent`` (the base did not record it: no evidence
+    either way, not a regression), ``unlike`` (the sides measured differently), ``refused`` (their GPU
+    clocks differ); ``("", "")`` when it gives one."""
+    head, base, pair = u.head, u.base, u.pair
+    if not _usable(head):
+        return "problem", f"head {head.outcome}: {head.reason}" if head.reason else f"head {head.outcome}"
+    if base is None and "base" in pair.stopped:
+        return "problem", _STOPPED
+    if base is None:
+        return "absent", "the base did not record it there" if pair.base is not None else "the base wrote no results"
+    if not _usable(base):
+        return "problem", f"base {base.outcome}: {base.reason}" if base.reason else f"base {base.outcome}"
+    if pair.unlike:
+        return "unlike", pair.unlike
+    return ("refused", pair.refused) if on_gpu and pair.refused else ("", "")
 
 
 def _unlike_reason(unlike: str) -> str:
