@@ -15,13 +15,15 @@ DEFAULT_MODE = 0o644
 """Permissions of a new file (the temp file is created 0600; results and budgets are meant to be shared)."""
 
 
-def shown_path(path: str | os.PathLike[str]) -> str:
-    """``path`` as a message shows it: relative to the working folder when it lies under it."""
+def shown_path(path: str | os.PathLike[str], line: int | None = None) -> str:
+    """``path`` as a message shows it: relative to the working folder when it lies under it; with
+    ``line``, ``path:line``."""
     p = Path(path)
+    shown = str(p)
     if p.is_absolute():
         with contextlib.suppress(ValueError):
-            return str(p.resolve().relative_to(Path.cwd().resolve()))
-    return str(p)
+            shown = str(p.resolve().relative_to(Path.cwd().resolve()))
+    return f"{shown}:{line}" if line else shown
 
 
 def atomic_write(path: str | os.PathLike[str], data: str | bytes, *, encoding: str = "utf-8") -> Path:

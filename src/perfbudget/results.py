@@ -247,8 +247,7 @@ class BudgetRef:
     @property
     def where(self) -> str:
         """``budgets/cpu.yaml:12`` (or the file alone), relative to the working folder when under it."""
-        source = shown_path(self.source)
-        return f"{source}:{self.line}" if self.line else source
+        return shown_path(self.source, self.line)
 
 
 @dataclass(frozen=True, kw_only=True)

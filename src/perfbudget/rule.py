@@ -9,9 +9,9 @@ interval, never the rule:
 - the interval entirely worse than the bad limit: ``fail``;
 - entirely not worse: ``pass``, or ``stale`` when it lies entirely beyond the good limit (better
   than the reference by more than the tolerance);
-- straddling the bad limit: ``undecided`` while more evidence can come; at the end,
-  ``inconclusive``, or decided on the point estimate where the owner asks for it (a stored budget
-  after its extra rounds, the point estimate being the median of all of them).
+- straddling the bad limit: ``undecided`` while more evidence can come, ``inconclusive`` at the
+  end (an A/B check stays so; a stored budget, after its extra rounds, is then decided on the
+  median of all of them by its owner, ``budgets/verdict``).
 
 An exact value is an interval of one point. The minimum evidence (:func:`with_evidence`) and the
 family-wise control (:func:`family_confidence`) are decided here too, and a check's tolerance is
@@ -66,22 +66,15 @@ class Limits:
         return x < self.good if self.direction == "lower" else x > self.good
 
 
-def classify(lo: float, hi: float, limits: Limits, *, final: bool = True, estimate: float | None = None) -> State:
-    """The state of an estimate whose interval is ``lo``-``hi`` (an exact value: ``lo == hi``).
-
-    Straddling the bad limit it is ``undecided`` while not ``final``; at the end it is decided on
-    ``estimate`` when one is given, else ``inconclusive``.
-    """
+def classify(lo: float, hi: float, limits: Limits, *, final: bool = True) -> State:
+    """The state of an estimate whose interval is ``lo``-``hi`` (an exact value: ``lo == hi``);
+    straddling the bad limit, ``undecided`` while not ``final``, else ``inconclusive``."""
     best, worst = (lo, hi) if limits.direction == "lower" else (hi, lo)
     if limits.worse(best):
         return "fail"
     if not limits.worse(worst):
         return "stale" if limits.better(worst) else "pass"
-    if not final:
-        return "undecided"
-    if estimate is None:
-        return "inconclusive"
-    return "fail" if limits.worse(estimate) else "pass"
+    return "inconclusive" if final else "undecided"
 
 
 def with_evidence(state: State, *, n: int, least: int, final: bool, reachable: bool = True) -> State:
@@ -135,8 +128,15 @@ class Tolerance:
     """The relative change a check accepts in the bad direction, and where it came from."""
 
     value: float
-    source: str
-    """``budgets/cpu.yaml:12``, ``default for timing`` or ``measured spread (...)``."""
+    origin: str | _BudgetLike
+    """What :attr:`source` names: a text, or the budget it was read from."""
+
+    @property
+    def source(self) -> str:
+        """``budgets/cpu.yaml:12``, ``default for timing`` or ``measured spread (...)`` (a budget's
+        place is found only when asked: most callers want the value)."""
+        o = self.origin
+        return o if isinstance(o, str) else shown_path(o.source, o.line)
 
 
 def tolerance_for(metric: Metric, budget: _BudgetLike | None = None, *,
@@ -156,13 +156,8 @@ def tolerance_for(metric: Metric, budget: _BudgetLike | None = None, *,
     default = Tolerance(metric.default_tolerance, f"default for {metric.kind}")
     if against == "base" and metric.statistical:
         if budget is not None and budget.ab_tolerance is not None and from_budgets:
-            return Tolerance(budget.ab_tolerance, _where(budget))
+            return Tolerance(budget.ab_tolerance, budget)
         return default
     if against == "base" and measured is not None:
         return Tolerance(measured[0], f"measured spread ({measured[1]})")
-    return Tolerance(budget.tolerance, _where(budget)) if budget is not None else default
-
-
-def _where(budget: _BudgetLike) -> str:
-    source = shown_path(budget.source)
-    return f"{source}:{budget.line}" if budget.line else source
+    return Tolerance(budget.tolerance, budget) if budget is not None else default

@@ -50,6 +50,9 @@ def test_no_nvml_means_no_clock_check_and_nothing_refused() -> None:
     assert clock_refusal({}) == ""
     assert clock_refusal({"base": GpuClocks(busy=0, idle=30), "head": GpuClocks(busy=0, idle=31)}) == ""
     assert "of one side are unknown" in clock_refusal({"base": clocks(1980), "head": GpuClocks(busy=0, idle=9)})
+    # Busy samples that read no clock (0 MHz): refused, naming them, never a crash of the run.
+    zero = GpuClocks(busy=5, sm_median_mhz=0.0, sm_mean_mhz=0.0)
+    assert "cannot be compared" in clock_refusal({"base": zero, "head": zero})
     (gpu, cpu) = compare_pairs([pair(1), pair(2)], budgets=BudgetSet(root=Path("budgets")), final=True).records
     assert gpu.vs_base is not None and gpu.vs_base.pairs == 2 and cpu.vs_base is not None
 

@@ -36,3 +36,12 @@ def test_runs_with_wide_standard_errors_weigh_less() -> None:
 def test_min_size_is_checked() -> None:
     with pytest.raises(ValueError, match="min_size: expected an integer >= 1, got 0"):
         ChangeConfig(min_size=0)
+
+
+def test_equal_weights_take_the_unweighted_fit() -> None:
+    from perfbudget.history.changepoints import pelt_breakpoints
+
+    series = [1.0, 1.1, 0.9, 1.0, 3.0, 3.1, 2.9, 3.0, 1.0, 1.05]
+    # Equal weights c scale every segment's cost by c: the same segments as unweighted at penalty / c.
+    assert pelt_breakpoints(series, 0.5, weights=[2.0] * 10) == pelt_breakpoints(series, 0.25) == [4, 8, 10]
+    assert pelt_breakpoints(series, 0.5, weights=[1.0] * 10) == pelt_breakpoints(series, 0.5)

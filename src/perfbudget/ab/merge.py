@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import astuple, dataclass, field, replace
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 from ..budgets.loader import BudgetSet
 from ..budgets.schema import Budget, BudgetError
@@ -78,6 +79,8 @@ def clock_refusal(clocks: Mapping[str, GpuClocks], *, limit: float = MAX_CLOCK_O
     offsets = {what: h / b - 1.0 for what, h, b in (("median", head.sm_median_mhz, base.sm_median_mhz),
                                                      ("mean", head.sm_mean_mhz, base.sm_mean_mhz))
                if h is not None and b}
+    if not offsets:
+        return f"the GPU clocks cannot be compared (base {base.text}; head {head.text})"
     worst = max(offsets, key=lambda k: abs(offsets[k]))
     if abs(offsets[worst]) <= limit:
         return ""
@@ -108,12 +111,12 @@ class PairRecords:
     clocks: Mapping[str, GpuClocks] = field(default_factory=dict)
     """Per side, the GPU clocks over its turns (empty without NVML)."""
 
-    @property
+    @cached_property
     def refused(self) -> str:
         """Why this pair's GPU timing is not compared (:func:`clock_refusal`), empty when it is."""
         return clock_refusal(self.clocks)
 
-    @property
+    @cached_property
     def unlike(self) -> str:
         """How the sides measured differently (``threads 1 vs 2``, base first); empty when alike or unknown."""
         head, base = (None if r is None else r.meta.measured for r in (self.head, self.base))
@@ -359,8 +362,8 @@ def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_
             return head0.with_(reason=f"not compared with the base: {why}; {head0.reason}",
                                base=_not_with_base(why)), "not compared"
         return _not_compared(head0, used, budget, why), "not compared"
-    tolerance, source = astuple(tolerance_for(info, budget, against="base",
-                                              from_budgets=ctx.policy.tolerance_from_budgets))
+    chosen = tolerance_for(info, budget, against="base", from_budgets=ctx.policy.tolerance_from_budgets)
+    tolerance, source = chosen.value, chosen.source
     identity = head0.device.identity if head0.device is not None else None
     prior = ctx.policy.prior_for(identity, head0.key, head0.metric, info.kind)
     set_aside: list[SetAsidePair] = []

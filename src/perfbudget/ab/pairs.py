@@ -48,14 +48,16 @@ __all__ = [
     "select_tests",
 ]
 
-# Seconds between SIGTERM and SIGKILL for a side that outlived the time limit.
+# Seconds between SIGTERM and SIGKILL for a side that outlived the time limit, and after SIGKILL.
 _KILL_GRACE_S = 10.0
+_KILLED_S = 5.0
 #: Seconds the holder of the machine has, once the pair's time is up, to end its turn or finish.
 STOP_GRACE_S = 5.0
 #: Seconds an interrupted side has to end its session and write what it finished.
 INTERRUPT_GRACE_S = 10.0
-#: What stopping a pair at its time limit may take: the driver starts it this much before the limit.
-STOP_S = STOP_GRACE_S + INTERRUPT_GRACE_S
+#: What stopping a pair at its time limit may take, a side that ignores its interrupt killed too:
+#: the driver starts it this much before the limit.
+STOP_S = STOP_GRACE_S + INTERRUPT_GRACE_S + _KILL_GRACE_S + _KILLED_S
 
 #: ``--cpus halves``: each side pinned to its own half of the CPUs (the default on a GPU machine).
 HALVES: Literal["halves"] = "halves"
@@ -436,7 +438,7 @@ def _signal(proc: subprocess.Popen[bytes], sig: int) -> None:
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM the side's process group, then SIGKILL what is left after a grace period."""
-    for sig, wait_s in ((signal.SIGTERM, _KILL_GRACE_S), (signal.SIGKILL, 5.0)):
+    for sig, wait_s in ((signal.SIGTERM, _KILL_GRACE_S), (signal.SIGKILL, _KILLED_S)):
         try:
             os.killpg(proc.pid, sig)
         except (ProcessLookupError, PermissionError):

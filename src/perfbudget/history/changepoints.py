@@ -139,6 +139,9 @@ def pelt_breakpoints(series: Sequence[float], penalty: float, weights: Sequence[
         raise MissingPackageError(f"change points need the package ruptures, which does not import here ({exc}); "
                           "install it with: pip install 'ruptures>=1.1.9'") from exc
 
+    if weights is not None and len(weights) and all(w == weights[0] for w in weights) and weights[0] > 0:
+        # Equal weights scale every segment's cost alike: the unweighted fit at a penalty scaled back.
+        penalty, weights = penalty / weights[0], None
     x = np.asarray(series, dtype=float).reshape(-1, 1)
     fit = ruptures.KernelCPD(kernel="linear", min_size=1) if weights is None else \
         ruptures.Pelt(custom_cost=_weighted_l2(ruptures.base.BaseCost, weights), min_size=1, jump=1)
