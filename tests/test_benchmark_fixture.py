@@ -32,7 +32,7 @@ from perfbudget.budgets import load_dir
 from perfbudget.device import DeviceInfo
 from perfbudget.judge import Judge, JudgeConfig
 from perfbudget.measure import timing
-from perfbudget.measure.timing import Samples, bench, calls_per_sample
+from perfbudget.measure.timing import MIN_SAMPLES, Samples, bench, calls_per_sample
 from perfbudget.recorder import CountedSteps, PerfRecorder, core
 
 PYTEST_BENCHMARK = importlib.util.find_spec("pytest_benchmark") is not None
@@ -96,9 +96,19 @@ def test_pedantic_gives_every_call_fresh_inputs_untimed(tmp_path: Path, fake_ben
     b = fixture(tmp_path)
     assert b.pedantic(sorted, setup=setup, teardown=lambda xs: torn.append(xs), rounds=20, warmup_rounds=5) == [1, 2, 3]
     (kw,) = fake_bench.calls
-    assert kw["min_samples"] == 20 and kw["min_warmup_calls"] == 5 and "min_sample_ms" not in kw
+    # rounds=20 is a floor under the bench's own 30 timed calls, not a replacement of it.
+    assert kw["min_samples"] == MIN_SAMPLES and kw["min_warmup_calls"] == 5 and "min_sample_ms" not in kw
     assert kw["setup"] is not None
     assert len(made) == len(torn) == 4  # the first call, then each of the bench's; each torn down
+
+
+@pytest.mark.parametrize(("rounds", "min_rounds", "want"), [(1, None, MIN_SAMPLES), (50, None, 50), (3, 40, 40),
+                                                            (60, 40, 60)])
+def test_pedantic_rounds_and_the_markers_min_rounds_are_floors(tmp_path: Path, fake_bench: FakeBench, rounds: int,
+                                                               min_rounds: int | None, want: int) -> None:
+    fixture(tmp_path, BenchmarkOptions(min_rounds=min_rounds)).pedantic(sorted, args=([2, 1],), rounds=rounds)
+    (kw,) = fake_bench.calls
+    assert kw["min_samples"] == want
 
 
 @pytest.mark.parametrize(("kwargs", "error"), [
@@ -282,3 +292,12 @@ def test_the_docs_show_the_example_suite_as_it_is() -> None:
     block = (root / "docs" / "benchmark-suites.md").read_text().split("```python\n", 1)[1].split("```", 1)[0]
     suite = "".join(p.read_text() for p in (root / "examples" / "pytest-benchmark-suite" / "benchmarks").glob("*.py"))
     assert [line for line in block.splitlines() if line.strip() and not line.startswith("#") and line not in suite] == []
+
+
+def test_a_pedantic_setup_on_cuda_is_unmeasurable_not_an_error(tmp_path: Path, fake_bench: FakeBench) -> None:
+    gpu = DeviceInfo(type="cuda", model="Test GPU", count=1)
+    rec = PerfRecorder(Judge("sort[10]", gpu, load_dir(tmp_path), JudgeConfig()), nodeid="b.py::test_sort[10]")
+    b = BenchmarkFixture(rec, name="test_sort[10]", fullname="b.py::test_sort[10]")
+    assert b.pedantic(sorted, setup=lambda: (([2, 1],), {})) == [1, 2]
+    (v,) = rec.verdicts
+    assert v.outcome == "unmeasurable" and "CPU only" in v.reason and fake_bench.calls == []

@@ -125,6 +125,11 @@ def test_a_403_fails_the_step_and_only_a_forks_pull_request_goes_without(
     state.calls.clear()
     assert comment(tmp_path, url, head_repo="mallory/model") == 0
     assert state.calls == [] and "a pull request from a fork" in capsys.readouterr().out
+    # Dependabot's pull requests come from this repository, yet with a read-only token too.
+    pr = {"number": PR, "user": {"login": "dependabot[bot]"}, "head": {"sha": HEAD, "repo": {"full_name": REPO}},
+          "base": {"sha": "b" * 40, "ref": "main", "repo": {"full_name": REPO}}}
+    assert comment(tmp_path, url, event={"action": "opened", "number": PR, "pull_request": pr}) == 0
+    assert state.calls == [] and "opened by Dependabot" in capsys.readouterr().out
 
 
 def test_the_comment_names_the_head_and_a_push_without_results_marks_it_stale(

@@ -86,6 +86,10 @@ def test_the_comment_stays_under_githubs_limit_and_says_what_was_cut() -> None:
     text = pr_comment(replace(results, records=many))
     assert len(text) <= MAX_COMMENT_CHARS < 65_536
     assert "more in the report" in text or "the comment is cut here" in text
+    # Whatever is cut, the accept command (what the reader acts on) stays, whole, in its fence.
+    assert any(r.outcome == "fail" for r in many) and "**Accept this change**" in text
+    assert MarkdownIt("commonmark").render(text).count('<code class="language-sh">') == 1
+    assert "more failing tests in the report" in text
 
 
 def test_terminal_and_junit_show_no_control_characters() -> None:

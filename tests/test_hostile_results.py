@@ -98,6 +98,8 @@ DEVICE = {"type": "cpu", "model": "Test CPU", "count": 2}
      "got '--output=/tmp/x'"),
     (None, {"mode": "ab", "ab": {"base_commit": "HEAD"}}, "meta.ab.base_commit: expected a git commit hash"),
     (None, {"budgets_dir": "b\n```\nrm -rf /"}, "meta.budgets_dir: expected no control characters"),
+    ({"reason": "\ud800 half a pair"}, None, "records[0].reason: expected text, got a lone surrogate"),
+    (None, {"measured": {"settings": {"threads": [1, 2]}}}, "meta.measured.settings.threads: expected a str"),
 ])
 def test_a_hostile_field_is_refused_at_load_naming_file_record_and_field(
         tmp_path: Path, record: dict[str, object] | None, meta: dict[str, object] | None, says: str) -> None:

@@ -269,7 +269,7 @@ def _profiled_steps(*, steps: int, kernel_us: float) -> dict[str, Any]:
 
 def _profiler_writing(monkeypatch: pytest.MonkeyPatch, trace: dict[str, Any]) -> None:
     """The profiled pass needs a GPU: here the profiler writes a constructed trace (kineto's layout)."""
-    monkeypatch.setattr(gpu, "profile_steps", lambda step, *, trace_path, **kw: Path(trace_path).write_text(
+    monkeypatch.setattr(gpu, "trace_steps", lambda step, *, path, **kw: Path(path).write_text(
         json.dumps(trace)))
 
 

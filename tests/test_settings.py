@@ -150,6 +150,9 @@ def test_a_run_spec_goes_through_its_file_unchanged(tmp_path: Path) -> None:
     path.write_text(spec.to_json())
     assert RunSpec.read(path) == spec
     assert run_spec({SPEC_ENV: str(path)}) == spec and run_spec({}) is None
+    # A side measures (and records, meta.measured) the driver's burst length, whatever its environment says.
+    side = Settings.resolve(env={SPEC_ENV: str(path), "PERFBUDGET_TURNS_BURST_MS": "400"})
+    assert side.burst_ms == 15
 
 
 @pytest.mark.parametrize(("text", "message"), [

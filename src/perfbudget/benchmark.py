@@ -217,13 +217,21 @@ class BenchmarkFixture:
                 return
             self.metric = perf.instructions(call, steps=counted.steps, warmup=counted.warmup, counter="callgrind").metric
             return
+        from .measure.timing import MIN_SAMPLES
+
         kw: dict[str, Any] = {}
-        if (min_samples or options.min_rounds) is not None:
-            kw["min_samples"] = int(min_samples or options.min_rounds or 1)
+        if min_samples is not None:  # pedantic's rounds: a floor under the marker's min_rounds and the bench's own
+            kw["min_samples"] = max(min_samples, options.min_rounds or 0, MIN_SAMPLES)
+        elif options.min_rounds is not None:
+            kw["min_samples"] = options.min_rounds
         if options.max_time is not None:
             kw["max_ms"] = options.max_time * 1e3
         if min_warmup_calls is not None:
             kw["min_warmup_calls"] = min_warmup_calls
+        if setup is not None and perf.device.type != "cpu":
+            self.metric = perf.unmeasurable(BENCHMARK_METRIC, "a pedantic benchmark with setup or teardown is "
+                                            "timed on the CPU only (CUDA events time calls back to back)").metric
+            return
         if setup is not None:
             kw["setup"] = setup
         elif perf.device.type == "cpu":  # CUDA events time each call on the device

@@ -10,7 +10,7 @@ import argparse
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
@@ -25,7 +25,7 @@ from .budgets.update import (
     check_commit,
     provenance_commit,
 )
-from .device import DeviceInfo, DeviceType
+from .device import DeviceInfo
 from .exitcodes import ExitCode
 from .extras import ExtraError
 from .fileio import atomic_write, shown_path
@@ -281,16 +281,6 @@ def _measured_commit(parts: Sequence[tuple[str, Results]], given: str | None) ->
     return str(commits.pop())
 
 
-def _trusted(claimed: Mapping[str, DeviceType], trust_claims: bool, out: TextIO) -> frozenset[str]:
-    """:func:`~perfbudget.measure.machine.trusted_identities`, each trusted identity printed."""
-    from .measure.machine import trusted_identities
-
-    trusted, how = trusted_identities(claimed, trust_claims=trust_claims)
-    for identity in sorted(trusted):
-        out.write(f"trusted machine identity {identity} ({how})\n")
-    return trusted
-
-
 def cmd_accept(args: argparse.Namespace, out: TextIO) -> int:
     results, parts = _load(args.results)
     if not args.reason.strip():
@@ -300,7 +290,9 @@ def cmd_accept(args: argparse.Namespace, out: TextIO) -> int:
     measured = results.measured()
     claimed = {m.device.identity: m.device.type for m in measured
                if m.device.identity and parse_name(m.metric).metric.statistical}
-    trusted = _trusted(claimed, args.trust_identity, out)
+    from .measure.machine import trusted_identities
+
+    trusted = trusted_identities(claimed, trust_claims=args.trust_identity, out=out)
     return _write_budgets(_settings(args).budgets_dir, args.dry_run, lambda budgets: accept_results(
         measured, budgets, reason=args.reason, commit=commit, trusted=trusted), out)
 

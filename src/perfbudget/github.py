@@ -138,6 +138,13 @@ class GitHubEnv:
         return head != self._get("pull_request", "base", "repo", "full_name")
 
     @property
+    def from_dependabot(self) -> bool:
+        """A ``pull_request`` event opened by Dependabot: from this repository, yet GitHub runs its
+        workflow with a read-only token too (its secrets are Dependabot's own)."""
+        return (self.event_name == "pull_request" and self.pull_request is not None
+                and self._get("pull_request", "user", "login") == "dependabot[bot]")
+
+    @property
     def run_head(self) -> tuple[str, str, str] | None:
         """``(owner, branch, sha)`` of the pull request whose workflow run finished, on a
         ``workflow_run`` event of a ``pull_request`` workflow; else ``None``."""
@@ -394,10 +401,10 @@ def _prepare(args: argparse.Namespace, env: GitHubEnv) -> int:
 
 
 def _comment(args: argparse.Namespace, env: GitHubEnv) -> int:
-    if env.from_fork:
-        print("::warning::perfbudget: a pull request from a fork: its workflow's token is "
-              "read-only, so no comment; the verdict is in the job summary. To comment on such "
-              "pull requests, see the docs page 'Pull requests from forks'.")
+    if env.from_fork or env.from_dependabot:
+        print(f"::warning::perfbudget: a pull request {'from a fork' if env.from_fork else 'opened by Dependabot'}: "
+              "its workflow's token is read-only, so no comment; the verdict is in the job summary. To comment "
+              "on such pull requests, see the docs page 'Pull requests from forks'.")
         return ExitCode.OK
     if env.pull_request is None and env.run_head is None:
         print(f"perfbudget: a {env.event_name or 'local'} event, not a pull request: no comment")

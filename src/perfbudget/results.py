@@ -200,6 +200,8 @@ def _decode(tp: Any, x: Any, where: str) -> Any:
     if origin is dict:
         if not isinstance(x, Mapping):
             raise FieldError(where, f"expected a mapping, got {x!r}")
+        if len(args) == 2 and args[1] is not Any:
+            return {_decode(args[0], k, where): _decode(args[1], v, f"{where}.{k}") for k, v in x.items()}
         return dict(x)
     if isinstance(tp, type) and is_dataclass(tp):
         return _decode_fields(tp, x, where)
@@ -217,6 +219,11 @@ def _decode(tp: Any, x: Any, where: str) -> Any:
         return got
     if tp is str and isinstance(x, str) and len(x) > MAX_TEXT:
         raise FieldError(where, f"expected at most {MAX_TEXT} characters, got {len(x)}: {_cut(x)}")
+    if tp is str and isinstance(x, str) and not x.isascii():
+        try:
+            x.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate (JSON "\\ud800"): no report could write it
+            raise FieldError(where, f"expected text, got a lone surrogate in {x!r}") from None
     if tp in (bool, int, str) and isinstance(x, tp) and not (tp is int and isinstance(x, bool)):
         return x
     if tp in (bool, int, str):
@@ -476,9 +483,9 @@ class HowMeasured:
     """Identities of the devices measured, comma-separated."""
     versions: dict[str, str] = field(default_factory=dict)
     """Libraries as loaded (``torch``, ``triton``, ``numpy``, ``python``): one not loaded is absent."""
-    way: Literal["wall", "device", "callgrind"] = "wall"
+    way: Literal["wall", "callgrind"] = "wall"
     """Timed (``wall``: the host clock, or CUDA events for a GPU's records) or instruction counts under
-    callgrind; ``device`` is accepted when read, no longer written."""
+    callgrind."""
 
     def differences(self, base: HowMeasured) -> list[str]:
         """``threads 1 vs 2`` (the base's value first) for each field the head (``self``) and ``base`` differ in."""

@@ -126,7 +126,7 @@ class Settings:
     """Where the compiled callgrind helper is kept."""
     callgrind_out: str = field(default="callgrind.out.%p", metadata=_from(env=CALLGRIND_OUT_ENV))
     """The ``--callgrind-out-file`` pattern this process runs under (``%p``: its pid)."""
-    burst_ms: float = field(default=DEFAULT_BURST_MS, metadata=_from(env="PERFBUDGET_TURNS_BURST_MS", positive=True))
+    burst_ms: float = field(default=DEFAULT_BURST_MS, metadata=_from(env="PERFBUDGET_TURNS_BURST_MS", positive=True, spec=True))
     """``perfbudget ab``: target length of one turn-taking burst, in milliseconds."""
     wait_s: float = field(default=DEFAULT_WAIT_S, metadata=_from(env="PERFBUDGET_TURNS_WAIT_S", positive=True))
     """``perfbudget ab``: longest wait of a side for its turn before it gives up on turn-taking, in seconds."""

@@ -24,6 +24,7 @@ from perfbudget.measure.operators import (
     profile_steps,
     read_event_field,
     table_from_events,
+    trace_steps,
 )
 
 from .support import gpu_test
@@ -201,6 +202,16 @@ def test_chrome_trace_export(tmp_path) -> None:
     assert table.trace_path == str(path)
     events = json.loads(path.read_text())["traceEvents"]
     assert any(e.get("name") == "aten::addmm" for e in events)
+
+
+def test_trace_steps_writes_the_profiled_steps_trace_and_builds_no_table(tmp_path) -> None:
+    path = tmp_path / "steps.json"
+    assert trace_steps(train_step(), path=path, steps=2) is None
+    events = json.loads(path.read_text())["traceEvents"]
+    assert sum(1 for e in events if str(e.get("name", "")).startswith("ProfilerStep")) == 2
+    assert any(e.get("name") == "aten::addmm" for e in events)
+    with pytest.raises(ValueError, match="steps must be >= 1"):
+        trace_steps(train_step(), path=path, steps=0)
 
 
 def test_field_fallbacks_for_older_torch() -> None:

@@ -125,9 +125,7 @@ def cmd_calibrate(args: argparse.Namespace, out: TextIO) -> int:
         return ExitCode.USAGE
     claimed = {r.device.identity: r.device.type for _, res in named for r in res.records
                if r.device is not None and r.device.identity in new}
-    trusted, how = trusted_identities(claimed, trust_claims=args.trust_identity)
-    for identity in sorted(trusted):
-        out.write(f"trusted machine identity {identity} ({how})\n")
+    trusted = trusted_identities(claimed, trust_claims=args.trust_identity, out=out)
     refused = sorted(set(new) - trusted)
     for identity in refused:
         print(f"perfbudget calibrate: refused: the results claim machine identity {identity}, not this "

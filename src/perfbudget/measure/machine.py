@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Mapping
+from typing import TextIO
 
 from perfbudget.device import (
     DeviceInfo,
@@ -103,16 +104,20 @@ def describe(type: DeviceType = "cpu", *, threads: int | None = 1) -> DeviceInfo
     )
 
 
-def trusted_identities(claimed: Mapping[str, DeviceType], *, trust_claims: bool) -> tuple[frozenset[str], str]:
+def trusted_identities(claimed: Mapping[str, DeviceType], *, trust_claims: bool, out: TextIO) -> frozenset[str]:
     """Of the machine identities results claim (``identity -> device type``), those whose timing and noise
-    may be written (``perfbudget accept``, ``calibrate``), and on what grounds: every claim under
-    ``trust_claims`` (``--trust-identity``), else only this machine's own (``perfbudget show --identity``)
-    where the results claim it, since a results file cannot prove where it ran (anyone can write an
-    identity into one) but results this runner's own job produced carry its identity."""
+    may be written (``perfbudget accept``, ``calibrate``), each printed to ``out`` with its grounds: every
+    claim under ``trust_claims`` (``--trust-identity``), else only this machine's own (``perfbudget show
+    --identity``) where the results claim it, since a results file cannot prove where it ran (anyone can
+    write an identity into one) but results this runner's own job produced carry its identity."""
     if trust_claims:
-        return frozenset(claimed), "--trust-identity: the results' claim"
-    own = set()
-    for device_type in set(claimed.values()):
-        with contextlib.suppress(RuntimeError):  # no such device here: none of its claims
-            own.add(describe(device_type).identity)
-    return frozenset(set(claimed) & own), "this machine's own identity"
+        trusted, how = frozenset(claimed), "--trust-identity: the results' claim"
+    else:
+        own = set()
+        for device_type in set(claimed.values()):
+            with contextlib.suppress(RuntimeError):  # no such device here: none of its claims
+                own.add(describe(device_type).identity)
+        trusted, how = frozenset(set(claimed) & own), "this machine's own identity"
+    for identity in sorted(trusted):
+        out.write(f"trusted machine identity {identity} ({how})\n")
+    return trusted

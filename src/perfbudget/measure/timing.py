@@ -134,11 +134,15 @@ class Bursts:
         return (time.perf_counter() - since - self.waited_s) * 1e3
 
 
+#: Least timed calls of :func:`bench` when not asked otherwise.
+MIN_SAMPLES = 30
+
+
 def bench(
     fn: Callable[[], Any],
     *,
     warmup_ms: float = 200,
-    min_samples: int = 30,
+    min_samples: int = MIN_SAMPLES,
     max_ms: float = 2000,
     threads: int | None = 1,
     device: Device = "cpu",

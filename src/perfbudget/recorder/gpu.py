@@ -15,7 +15,7 @@ from ..lease import LEASE_DEVICE_STEPS, LEASE_GPM_WINDOWS, LEASE_OCC_ROUNDS
 from ..measure import nvml, occupancy
 from ..measure.measurement import Explanation, Measurement, Passes
 from ..measure.occupancy import StepDeviceTime
-from ..measure.operators import profile_steps
+from ..measure.operators import trace_steps
 from ..measure.unmeasurable import Unmeasurable
 from .core import RecorderCore, Timed
 
@@ -95,8 +95,7 @@ class Gpu(RecorderCore):
         with tempfile.TemporaryDirectory(prefix="perfbudget-occupancy-") as tmp:
             for i in range(rounds):
                 path = Path(tmp) / f"round{i}.json"
-                profile_steps(step, steps=steps, warmup=1, device=self._dev, trace_path=path, with_flops=False,
-                              peaks=None)
+                trace_steps(step, path=path, steps=steps, device=self._dev)
                 got = occupancy.achieved_occupancy(path)
                 if got.occupancy is not None:
                     if not occ and (line := got.left_out_line()) is not None:
@@ -124,8 +123,7 @@ def _device_pass(step: Callable[[], Any], *, steps: int, device: Any,
     """Device time of ``steps`` profiled steps (after one warm-up), or why there is none."""
     with tempfile.TemporaryDirectory(prefix="perfbudget-device-") as tmp:
         path = Path(tmp) / "trace.json"
-        profile_steps(step, steps=steps, warmup=1, device=device, threads=threads, trace_path=path,
-                      record_shapes=False, with_flops=False, peaks=None)
+        trace_steps(step, path=path, steps=steps, device=device, threads=threads)
         times = occupancy.step_device_times(path)
     if not any(t.kernels + t.copies for t in times):
         return Unmeasurable(reason=f"the profiler recorded no kernel, copy or fill launched in {len(times)} profiled "

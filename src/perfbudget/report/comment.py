@@ -157,28 +157,30 @@ def pr_comment(results: Results, *, title: str = "perf", links: CommentLinks | N
         lines.append("")
         lines += _moved(records, shown={(r.key, r.metric) for r in look[:_MAX_ROWS]})
     lines += _groups([r for r in records if r.outcome not in _NEEDS_A_LOOK])
-    if any(r.outcome in (Outcome.FAIL, Outcome.STALE) for r in records):
-        lines += _accept(results, links, results_name, commit)
-    return _capped(lines)
+    accept = _accept(results, links, results_name, commit) \
+        if any(r.outcome in (Outcome.FAIL, Outcome.STALE) for r in records) else []
+    return _capped(lines, tail=accept)
 
 
-def _capped(lines: list[str]) -> str:
-    """The comment's lines, whole ones only, up to :data:`MAX_COMMENT_CHARS`; a cut says so (and
-    closes a ``<details>`` it left open)."""
-    text = "\n".join(lines)
+def _capped(lines: list[str], *, tail: list[str]) -> str:
+    """The comment's lines, whole ones only, then ``tail`` (the accept command: what the reader acts
+    on), up to :data:`MAX_COMMENT_CHARS`; a cut of the lines says so (and closes a ``<details>`` it
+    left open)."""
+    text = "\n".join([*lines, *tail])
     if len(text) <= MAX_COMMENT_CHARS:
         return text
+    room = MAX_COMMENT_CHARS - 500 - len("\n".join(tail))
     kept: list[str] = []
     size = 0
     for line in lines:
-        if size + len(line) + 1 > MAX_COMMENT_CHARS - 500:
+        if size + len(line) + 1 > room:
             break
         kept.append(line)
         size += len(line) + 1
     if kept.count("</details>") < sum(line.startswith("<details>") for line in kept):
         kept += ["", "</details>"]
     return "\n".join([*kept, "", f"… the comment is cut here, at {size:,} of {len(text):,} characters "
-                       "(GitHub takes 65,536): the rest is in the report."])
+                       "(GitHub takes 65,536): the rest is in the report.", "", *tail])
 
 
 def _how(results: Results, links: CommentLinks) -> str:
@@ -213,11 +215,14 @@ def _moved(records: Sequence[Record], shown: set[tuple[str, str]]) -> list[str]:
     """Per failing test: the operators that moved and the functions that moved (attribution), but
     not an operator check the table above already shows as a row."""
     out: list[str] = []
-    for t in failing_tests(records):
+    tests = failing_tests(records)
+    for t in tests[:_MAX_ROWS]:
         moves = [m for m in t.moves if (t.key, m.metric) not in shown]
         found = [move_line(m) for m in moves[:_MAX_MOVES]] + t.attribution[:_MAX_MOVES + 1]
         if found:
             out.append(f"- {md_text(t.key, code=True)} moved: " + "; ".join(md_text(x.strip()) for x in found))
+    if len(tests) > _MAX_ROWS:
+        out.append(f"- … {len(tests) - _MAX_ROWS} more failing tests in the report")
     return ["**What moved**", "", *out, ""] if out else []
 
 

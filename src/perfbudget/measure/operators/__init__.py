@@ -7,7 +7,12 @@ table, its diffs and which operators moved), ``profiling`` (profiled runs that p
 
 from perfbudget.measure.operators.fields import read_event_field
 from perfbudget.measure.operators.flops import FlopCount, attention_flops, count_flops
-from perfbudget.measure.operators.profiling import OpRounds, profile_rounds, profile_steps
+from perfbudget.measure.operators.profiling import (
+    OpRounds,
+    profile_rounds,
+    profile_steps,
+    trace_steps,
+)
 from perfbudget.measure.operators.roofline import (
     DATASHEET_PEAKS,
     DevicePeaks,
@@ -49,4 +54,5 @@ __all__ = [
     "profile_steps",
     "read_event_field",
     "table_from_events",
+    "trace_steps",
 ]

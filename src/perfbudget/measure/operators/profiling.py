@@ -73,6 +73,32 @@ def profile_steps(
         raise ValueError(f"warmup must be >= 0, got {warmup!r}")
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    with pinned_threads(threads):
+        resolved_peaks = _default_peaks(device, threads) if peaks == "auto" else peaks
+    prof, flop_count = _profiled(step, steps=steps, warmup=warmup, device=device, threads=threads,
+                                 record_shapes=record_shapes, with_flops=with_flops, profile_memory=profile_memory)
+    path: str | None = None
+    if trace_path is not None:
+        path = os.fspath(trace_path)
+        prof.export_chrome_trace(path)
+    return table_from_events(prof.events(), steps=steps, device=device, flop_count=flop_count,
+                             peaks=resolved_peaks, trace_path=path)
+
+
+def trace_steps(step: Callable[[], Any], *, path: str | os.PathLike[str], steps: int, warmup: int = 1,
+                device: DeviceType = "cpu", threads: int | None = 1) -> None:
+    """Profile ``warmup + steps`` calls of ``step`` (no shapes, no FLOPs) and write their chrome trace to
+    ``path``, for a caller that reads the trace itself (device time, occupancy): no operator table is built."""
+    if steps < 1 or warmup < 0:
+        raise ValueError(f"steps must be >= 1 and warmup >= 0, got {steps!r}, {warmup!r}")
+    prof, _ = _profiled(step, steps=steps, warmup=warmup, device=device, threads=threads, record_shapes=False,
+                        with_flops=False, profile_memory=False)
+    prof.export_chrome_trace(os.fspath(path))
+
+
+def _profiled(step: Callable[[], Any], *, steps: int, warmup: int, device: DeviceType, threads: int | None,
+              record_shapes: bool, with_flops: bool, profile_memory: bool) -> tuple[Any, FlopCount | None]:
+    """The finished profiler of ``warmup + steps`` calls of ``step``, and the FLOPs counted in the last warm-up."""
     import torch
     from torch.profiler import ProfilerActivity, profile, schedule
 
@@ -88,7 +114,6 @@ def profile_steps(
 
     flop_count: FlopCount | None = None
     with pinned_threads(threads):
-        resolved_peaks = _default_peaks(device, threads) if peaks == "auto" else peaks
         # Without warm-up, no schedule: every step is recorded (a schedule would warn).
         sched = schedule(wait=0, warmup=warmup, active=steps, repeat=1) if warmup else None
         with profile(
@@ -108,18 +133,7 @@ def profile_steps(
                     step()
                 sync()
                 prof.step()
-        path: str | None = None
-        if trace_path is not None:
-            path = os.fspath(trace_path)
-            prof.export_chrome_trace(path)
-        return table_from_events(
-            prof.events(),
-            steps=steps,
-            device=device,
-            flop_count=flop_count,
-            peaks=resolved_peaks,
-            trace_path=path,
-        )
+    return prof, flop_count
 
 
 @dataclass(frozen=True)
