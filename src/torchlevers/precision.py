@@ -128,7 +128,8 @@ class PrecisionPolicy:
         """Install the per-module overrides on ``model`` (in place) and return the runtime object.
 
         Modules whose precision differs from their parent's get their
-        ``forward`` wrapped in the matching autocast context; fp32 modules get
+        ``forward`` wrapped in the matching autocast context (a container that is
+        never called, such as ``nn.ModuleList``, passes it to its children); fp32 modules get
         their floating parameters and buffers cast to fp32. Call before building
         the optimizer (the parameters keep their identity, but state created
         earlier would have the old dtype). Undo with :meth:`MixedPrecision.remove`.
@@ -240,6 +241,11 @@ class MixedPrecision:
 
     def _wrap(self, model: nn.Module) -> None:
         prec = self.module_precisions
+        # The precision each module's forward actually runs at: a module is wrapped where its planned
+        # precision differs from what its parent runs at. A container without a forward of its own
+        # (nn.ModuleList, nn.ModuleDict) is never called, so a wrap there would do nothing: its
+        # children are wrapped instead.
+        runs: dict[str, Precision] = {}
         for name, module in model.named_modules():
             if getattr(module, "_perfbudget_precision", None) is not None:
                 self.remove()
@@ -248,12 +254,16 @@ class MixedPrecision:
                     "remove() on the previous MixedPrecision first"
                 )
             parent = name.rpartition(".")[0] if name else None
-            inherited = prec[parent] if parent is not None else self.policy.dtype
-            if not name or prec[name] == inherited:
-                continue
+            inherited = runs[parent] if parent is not None else self.policy.dtype
             target = prec[name]
+            called = type(module).forward is not nn.Module.forward
+            runs[name] = target if name and called else inherited
+            if not name or target == inherited:
+                continue
             if target == "fp32":
                 module.float()
+            if not called:
+                continue
             # Keep a user's own instance-level forward, if any, to restore it later.
             self._saved.append((module, module.__dict__.get("forward")))
             module.forward = self._wrapped_forward(module.forward, target)

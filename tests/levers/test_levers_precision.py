@@ -182,6 +182,35 @@ def test_dtypes_inside_the_forward(planted: Planted) -> None:
     assert all(p.dtype == torch.float32 for p in m.parameters())  # fp32 master weights
 
 
+def test_a_pattern_on_a_container_without_forward_reaches_the_modules_that_run() -> None:
+    class Stack(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList([nn.Linear(8, 8), nn.Linear(8, 8)])
+            self.head = nn.Linear(8, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for layer in self.layers:
+                x = layer(x)
+            return self.head(x)
+
+    m = Stack()
+    seen: dict[str, torch.dtype] = {}
+    for name, mod in m.named_modules():
+        if isinstance(mod, nn.Linear):
+            mod.register_forward_hook(lambda mod, i, o, name=name: seen.__setitem__(name, o.dtype))
+    mp = PrecisionPolicy(dtype="bf16", fp32_modules=("layers",)).apply(m)
+    # The list is never called: its layers carry the fp32 forward, and the plan is what runs.
+    assert mp.overridden == {"layers.0": "fp32", "layers.1": "fp32"}
+    with mp.autocast():
+        m(torch.randn(4, 8))
+    assert seen == {"layers.0": torch.float32, "layers.1": torch.float32, "head": torch.bfloat16}
+    assert {k: v for k, v in mp.module_precisions.items() if k.startswith("layers.")} == \
+        {"layers.0": "fp32", "layers.1": "fp32"}
+    mp.remove()
+    assert not any("forward" in mod.__dict__ for mod in m.modules())
+
+
 def test_grad_scaler_only_for_fp16(planted: Planted) -> None:
     assert PrecisionPolicy(dtype="fp16").apply(copy.deepcopy(planted)).scaler is not None
     assert PrecisionPolicy(dtype="bf16").apply(copy.deepcopy(planted)).scaler is None
