@@ -134,20 +134,9 @@ class Judge:
 
     # -- budgets --------------------------------------------------------------------------
 
-    def errors(self) -> list[BudgetError]:
-        """Budget-file errors that concern this key on this device."""
-        return self.budgets.errors_for(self.key, self.device)
-
-    def budget(self, name: MetricName) -> Budget | None:
-        """The budget that applies to ``name`` here, or ``None``."""
-        try:
-            return self.budgets.resolve(self.key, name.full, self.device)
-        except BudgetError:
-            return None
-
     def budgeted(self) -> dict[str, Budget]:
         """Every metric budgeted for this key on this device (empty when budgets are broken)."""
-        if self.errors():
+        if self.budgets.errors_for(self.key, self.device):
             return {}
         try:
             return self.budgets.budgets_for(self.key, self.device)
@@ -184,17 +173,7 @@ class Judge:
         """
         samples, more, reference = self.config.judging.gather(name, samples, more, reference,
                                                               confidence=self.config.policy.confidence)
-        problem = ""
-        budget = None
-        errors = self.errors()
-        if errors:
-            others = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-            problem = f"budget file error: {errors[0]}{others}"
-        else:
-            try:
-                budget = self.budgets.resolve(self.key, name.full, self.device)
-            except BudgetError as exc:
-                problem = str(exc)
+        budget, problem = self.budgets.lookup(self.key, name.full, self.device)
         if problem:
             # Keep what was measured, so a broken budget file loses no data.
             v = decide(self.key, name, samples, None, policy=self.config.policy)

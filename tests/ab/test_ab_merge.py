@@ -292,7 +292,7 @@ def test_head_errors_are_kept_as_they_are() -> None:
 def test_a_broken_budget_file_is_an_error_for_every_check() -> None:
     broken = budgets("schema: 1\ndevice: {type: cpu}\nbudgets: [oops]\n")
     r = compare_pairs([pair([rec("step_ms", steps(10.0))], [rec("step_ms", steps(10.0))])], budgets=broken).records[0]
-    assert r.outcome == "error" and r.reason.startswith("budgets: budgets/cpu.yaml")
+    assert r.outcome == "error" and r.reason.startswith("budget file error: budgets/cpu.yaml")
 
 
 def test_records_keep_the_heads_order_and_json_round_trip(tmp_path: Path) -> None:

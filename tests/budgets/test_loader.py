@@ -140,6 +140,21 @@ def test_equally_specific_files_are_ambiguous(tmp_path: Path) -> None:
     (tmp_path / "b.yaml").write_text("schema: 1\ndevice: {type: cpu, model: AMD}\nbudgets:\n  k:\n    flops: 2\n")
     with pytest.raises(BudgetError, match="ambiguous"):
         load_dir(tmp_path).resolve("k", "flops", CPU)
+    budget, problem = load_dir(tmp_path).lookup("k", "flops", CPU)
+    assert budget is None and problem.startswith("budget file error: ") and "ambiguous" in problem
+
+
+def test_lookup_gives_the_budget_or_every_error_that_hides_it(tmp_path: Path) -> None:
+    (tmp_path / "cpu.yaml").write_text(GOOD)
+    assert load_dir(tmp_path).lookup("encoder-train", "flops", CPU)[0].value == 2415919104  # type: ignore[union-attr]
+    assert load_dir(tmp_path).lookup("encoder-train", "nothing", CPU) == (None, "")
+    (tmp_path / "broken.yaml").write_text("schema: 1\ndevice: {type: cpu}\nbudgets: [oops]\n")
+    (tmp_path / "worse.yaml").write_text("schema: 2\n")
+    bs = load_dir(tmp_path)
+    budget, problem = bs.lookup("encoder-train", "flops", CPU)
+    errors = bs.errors_for("encoder-train", CPU)
+    assert len(errors) > 1 and budget is None
+    assert problem == f"budget file error: {errors[0]} (and {len(errors) - 1} more)"
 
 
 def test_version_selectors_match_by_prefix(tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from ..budgets.loader import BudgetSet
-from ..budgets.schema import Budget, BudgetError
+from ..budgets.schema import Budget
 from ..budgets.verdict import Outcome, Verdict, decide
 from ..extras import InstructionProfile, OperatorMoves
 from ..measure import stats
@@ -312,13 +312,9 @@ def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_
         return head0, "kept"
     budget: Budget | None = None
     if head0.device is not None:
-        errors = ctx.budgets.errors_for(head0.key, head0.device)
-        try:
-            budget = ctx.budgets.resolve(head0.key, head0.metric, head0.device)
-        except BudgetError as exc:
-            errors = [exc, *errors]
-        if errors:
-            return head0.with_(outcome=Outcome.ERROR, reason=f"budgets: {errors[0]}"), "kept"
+        budget, problem = ctx.budgets.lookup(head0.key, head0.metric, head0.device)
+        if problem:
+            return head0.with_(outcome=Outcome.ERROR, reason=problem), "kept"
     if not info.statistical:
         return _merge_exact(head0, used, ctx, base_has_it=base_has_it), "kept"
     taken: list[_Taken] = []

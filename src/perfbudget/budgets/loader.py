@@ -434,6 +434,20 @@ class BudgetSet:
                 best, best_spec = b, spec
         return best
 
+    def lookup(self, key: str, metric: str, info: DeviceInfo) -> tuple[Budget | None, str]:
+        """The budget for ``key``/``metric`` on ``info`` (``None``: unbudgeted) and ``""``, or ``None`` and why
+        it cannot be known: ``budget file error: <the first error> (and N more)`` (:meth:`errors_for`, then
+        an ambiguity of :meth:`resolve`)."""
+        errors = self.errors_for(key, info)
+        try:
+            budget = self.resolve(key, metric, info)
+        except BudgetError as exc:
+            errors.append(exc)
+        if not errors:
+            return budget, ""
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        return None, f"budget file error: {errors[0]}{more}"
+
     def budgets_for(self, key: str, info: DeviceInfo) -> dict[str, Budget]:
         """Every metric budgeted for ``key`` on ``info``, most specific file winning."""
         metrics = {m for f in self.matching(info) for m in f.entries.get(key, {})}
