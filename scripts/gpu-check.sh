@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The prepared GPU check: on a machine with one NVIDIA GPU and no package registry (the lent
-# H200, or a user's self-hosted runner), with the machine's own python3 and torch, in one
+# The prepared GPU check: on a machine with one NVIDIA GPU and no package registry (a GPU
+# leased by time, or a user's self-hosted runner), with the machine's own python3 and torch, in one
 # command of at most LIMIT_S (the lease plan's, 420 s: a lease keeps >= 4 minutes for a second
 # command), set-up included, the work lease-sized (-o perfbudget_lease=true):
 #   set-up   perfbudget installed from this tree with no registry (pip --no-index --no-deps,
@@ -35,7 +35,7 @@
 # only when one pair's time is left (AA_MIN_S), and `perfbudget ab --max-minutes` is its bound.
 #
 # --rehearse OUT: the same script on this CPU machine, before a lease. A virtual environment
-# with the lent image's versions where they install here (.gpu-rehearsal/venv, made from the
+# with the GPU image's versions where they install here (.gpu-rehearsal/venv, made from the
 # registries first and reused): torch 2.13.0+cpu (the image has 2.11.0+cu130; no CPU build of
 # 2.11 is on the registries here), triton 3.6.0 (as the image), Python of this machine (3.11;
 # the image has 3.12), and as on the image no ruptures or py-spy. Then, with no registry
@@ -55,7 +55,7 @@ FINISH_S=3   # the summary, the last pack, OUT checked
 REPORT=scripts/gpu-check-report.py
 LEASE=src/perfbudget/lease.py   # the plan: stdlib only, run with any python3
 REHEARSAL_VENV=.gpu-rehearsal/venv
-# The lent image's versions where they install here (KINDS.md: torch 2.11.0, triton 3.6.0),
+# The GPU image's versions where they install here (torch 2.11.0+cu130, triton 3.6.0),
 # with the pytest plugins it holds too (they load into every pytest run there).
 REHEARSAL_TORCH=2.13.0
 REHEARSAL_PACKAGES=("triton==3.6.0" pytest pytest-xdist pyyaml numpy scipy matplotlib nvidia-ml-py setuptools wheel

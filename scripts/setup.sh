@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 TORCH_VERSION=${PERFBUDGET_TORCH:-2.13.0}
-# The oldest triton pyproject.toml allows (the lent H200 image's), so CI tests the low end of
+# The oldest triton pyproject.toml allows (the H200 image's the GPU check runs on), so CI tests the low end of
 # the range; scripts/test-triton-newest.sh tests the newest.
 TRITON_FOR_CPU=${PERFBUDGET_TRITON:-3.6.0}
 PY=${PYTHON:-python3}

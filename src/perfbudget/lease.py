@@ -1,4 +1,4 @@
-"""The GPU check's lease plan: which tests ``scripts/gpu-check.sh`` runs on a lent GPU, in what order, for how long.
+"""The GPU check's lease plan: which tests ``scripts/gpu-check.sh`` runs on a GPU leased by time, in what order, for how long.
 
 A lease is 15 minutes of device time, the machine's start (1-2 minutes) included, at most 10 minutes a
 command. The check (set-up, update pass, check pass, A/A) is planned to end within :data:`LIMIT_S`, so
@@ -7,7 +7,7 @@ that a lease keeps at least 4 minutes for a second command. Its work is lease-si
 profiled operator rounds, :data:`LEASE_OCC_ROUNDS` occupancy rounds, :data:`AA_PAIRS` A/A pairs (both sides
 told the setting by the driver); and the plugin runs the tests in :data:`ORDER`.
 
-Each estimate is a cost measured on the lent H200 (:data:`H200_S`), scaled by the work this plan runs
+Each estimate is a cost measured on an H200 (:data:`H200_S`), scaled by the work this plan runs
 instead of the work measured; what was not measured is an estimate and says so. The encoder's costs were
 measured at 64x128 tokens; the suite's CUDA encoder step is now :data:`ASSUMED`'s batch x sequence, so each
 is scaled by the step's estimated time there over its measured time then (:data:`STEP_RATIO`). Stdlib only: the
@@ -43,7 +43,7 @@ each side, as for :data:`LEASE_OCC_ROUNDS` (utilisation, not a timing: it read 0
 AA_PAIRS = 2
 """Process pairs of the A/A (``perfbudget ab --base HEAD``): the fewest that show a spread between pairs."""
 
-#: Wall seconds measured on the lent H200 (2026-12-04, torch 2.11.0+cu130, ``pytest <node ids>
+#: Wall seconds measured on an H200 (2026-12-04, torch 2.11.0+cu130, ``pytest <node ids>
 #: --durations=0``, the first of two passes), at the work of :data:`MEASURED_AT`.
 H200_S = {
     "install": 2.0,             # pip install --no-index of this tree
@@ -58,7 +58,7 @@ H200_S = {
 #: The work behind :data:`H200_S` (the encoder's at 64x128 tokens): operator rounds, serving rounds, occupancy
 #: rounds, encoder steps in the GPM windows.
 MEASURED_AT = {"op rounds": 32, "serve rounds": 1, "occupancy rounds": 5, "gpm steps": 5 * 50}
-#: The encoder step on the lent H200 (benchmarks/gpu-step-probe-h200.md, same day): its wall time per step at
+#: The encoder step on that H200 (benchmarks/gpu-step-probe-h200.md, same day): its wall time per step at
 #: 64x128 (as :data:`H200_S` ran it) and the device's busy time per step at 64x512 (fused AdamW), in ms.
 PROBE_MS = {"step 64x128": 65.5, "device busy 64x512": 58.7}
 
@@ -266,7 +266,7 @@ def position(nodeid: str) -> int:
 def plan_text() -> str:
     """The plan as ``scripts/gpu-check.sh --plan`` prints it, ending ``total N s`` (and by how much it is over
     :data:`LIMIT_S`, if it is)."""
-    lines = [f"The GPU check on the lent H200 under the lease (perfbudget_lease = true): tests in the order they "
+    lines = [f"The GPU check on an H200 under the lease (perfbudget_lease = true): tests in the order they "
              f"run, estimated seconds ('~': not measured; the others scale costs measured there); limit {LIMIT_S} s",
              f"encoder costs measured at 64x128 scale by the step ratio: ~{_RATIO_HOW}"]
     for part in PARTS:

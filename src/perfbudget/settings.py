@@ -111,7 +111,7 @@ class Settings:
                                             "leave them"))
     lease: bool = field(default=False, metadata=_from(
         ini="perfbudget_lease", spec=True,
-        help="lease-sized work for a lent GPU (scripts/gpu-check.sh): fewer serving, profiled operator and "
+        help="lease-sized work for a GPU leased by time (scripts/gpu-check.sh): fewer serving, profiled operator and "
              "occupancy rounds, tests in the lease plan's order (perfbudget.lease)"))
     """Lease-sized work: the rounds and test order of :mod:`perfbudget.lease`, recorded in the results' meta. An
     A/B side takes the driver's (its run spec's), whatever its own commit's ini file says."""
