@@ -89,7 +89,9 @@ def clip_global_norm(named_params: NamedParams, max_norm: float = 1.0) -> ClipRe
     """Baseline: ``torch.nn.utils.clip_grad_norm_`` over all gradients, reported per layer.
 
     Every layer gets the same factor ``min(1, max_norm / total_norm)``, so one
-    large-gradient layer scales all the others down too.
+    large-gradient layer scales all the others down too. A non-finite total norm leaves every
+    gradient as it is (for the loss scaler or the step skip), where ``clip_grad_norm_`` would
+    multiply the finite layers by zero.
 
     Args:
         named_params: ``model.named_parameters()``.
@@ -105,12 +107,12 @@ def clip_global_norm(named_params: NamedParams, max_norm: float = 1.0) -> ClipRe
         return ClipReport("global_norm", (), 0.0)
     items = [(n, p.grad) for n, p in params if p.grad is not None]
     grads = [g for _, g in items]
-    stds, _ = _grad_stats(grads)
-    total = torch.nn.utils.clip_grad_norm_([p for _, p in params], max_norm)
-    stats = torch.cat([stds, total.reshape(1).float()]).tolist()
-    total_norm = stats[-1]
-    # Same coefficient clip_grad_norm_ applies (it adds 1e-6 and clamps at 1).
-    coef = min(1.0, max_norm / (total_norm + 1e-6)) if math.isfinite(total_norm) else float("nan")
+    stds, total = _grad_stats(grads)
+    # clip_grad_norm_'s coefficient (1e-6 added, clamped at 1), 1 where the norm is not finite.
+    factor = torch.where(torch.isfinite(total), (max_norm / (total + 1e-6)).clamp(max=1.0), 1.0)
+    torch._foreach_mul_(grads, factor.float())
+    stats = torch.cat([stds, total.reshape(1).float(), factor.reshape(1).float()]).tolist()
+    total_norm, coef = stats[-2], stats[-1]
     layers = tuple(
         LayerClip(
             name=n,
@@ -120,7 +122,7 @@ def clip_global_norm(named_params: NamedParams, max_norm: float = 1.0) -> ClipRe
             clipped_elements=g.numel() if coef < 1.0 else 0,
             finite=math.isfinite(s),
         )
-        for (n, g), s in zip(items, stats[:-1], strict=True)
+        for (n, g), s in zip(items, stats[:-2], strict=True)
     )
     return ClipReport("global_norm", layers, total_norm)
 
@@ -207,11 +209,17 @@ class PerLayerClipper:
                 # Leave non-finite gradients to the loss scaler / step skip; never fold them into the EMA.
                 layers.append(LayerClip(name, std, float("nan"), 1.0, 0, finite=False))
                 continue
+            if std == 0.0:
+                # No gradient reached the layer (not routed, not used, a zero-initialised branch): nothing
+                # to clip and nothing learnt of its scale. Folded in, a zero running std would clip every
+                # later gradient of the layer to zero, for good.
+                layers.append(LayerClip(name, std, float("nan"), 1.0, 0))
+                continue
             seen = self._seen.get(name, 0)
             ema = self._ema.get(name)
             scale = 1.0
             threshold = float("nan")
-            if ema is not None and seen >= cfg.warmup_steps:
+            if ema and seen >= cfg.warmup_steps:
                 threshold = cfg.k * ema
                 if std > threshold:
                     scale = threshold / std

@@ -225,15 +225,16 @@ class MixedPrecision:
             self.device_type = first.device.type if first is not None else "cpu"
         else:
             self.device_type = policy.device_type
-        if policy.dtype != "fp32" and not torch.amp.is_autocast_available(self.device_type):
+        self.module_precisions = policy.plan(model)
+        if set(self.module_precisions.values()) != {"fp32"} and not torch.amp.is_autocast_available(self.device_type):
             raise ValueError(f"autocast is not available on device type {self.device_type!r}")
         self.scaler: torch.amp.GradScaler | None = None
-        if policy.dtype == "fp16":
-            # bf16 has fp32's exponent range, so gradients do not underflow: no scaler.
+        if "fp16" in self.module_precisions.values():
+            # Any module in fp16, the whole model or one override: its gradients can underflow. bf16
+            # has fp32's exponent range, so they do not: no scaler.
             self.scaler = torch.amp.GradScaler(
                 self.device_type, init_scale=policy.init_scale, growth_interval=policy.growth_interval
             )
-        self.module_precisions = policy.plan(model)
         self._saved: list[tuple[nn.Module, Any]] = []
         self._wrap(model)
 

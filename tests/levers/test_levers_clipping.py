@@ -165,12 +165,45 @@ def test_nonfinite_gradients_are_left_for_the_scaler(mode: str) -> None:
 
 
 def test_state_dict_round_trips() -> None:
-    a = PerLayerClipper()
+    a = PerLayerClipper(PerLayerClipConfig(warmup_steps=3))
     for _ in range(3):
         a.clip(_one(torch.ones(4)))
-    b = PerLayerClipper()
+    b = PerLayerClipper(PerLayerClipConfig(warmup_steps=3))
     b.load_state_dict(a.state_dict())
     assert b.state_dict() == a.state_dict()
+    # The restored clipper is past its warm-up and clips a spike as the original does.
+    spike = torch.full((4,), 100.0)
+    pa, pb = _one(spike), _one(spike)
+    ra, rb = a.clip(pa), b.clip(pb)
+    assert ra["w"].clipped and rb["w"] == ra["w"]
+    assert torch.equal(pa[0][1].grad, pb[0][1].grad)
+
+
+def test_a_layer_without_gradient_through_warm_up_still_learns_after() -> None:
+    """All-zero gradients (an expert not routed yet, a zero-initialised branch) teach nothing of a
+    layer's scale: they neither count as warm-up nor pull its running std to zero."""
+    clipper = PerLayerClipper(PerLayerClipConfig(warmup_steps=2))
+    for _ in range(5):
+        report = clipper.clip(_one(torch.zeros(10)))
+        assert report.clipped == () and report["w"].scale == 1.0
+    assert clipper.running_std("w") is None
+    g = torch.Generator().manual_seed(0)
+    for _ in range(4):
+        params = _one(torch.randn(10, generator=g))
+        before = params[0][1].grad.clone()
+        assert clipper.clip(params).clipped == ()
+        assert torch.equal(params[0][1].grad, before)
+    assert (clipper.running_std("w") or 0.0) > 0.5
+
+
+def test_global_clip_leaves_every_gradient_when_the_total_norm_is_not_finite() -> None:
+    big, small = torch.ones(4), torch.ones(4)
+    big[0] = float("inf")
+    params = [*(("big", p) for _, p in _one(big)), *(("small", p) for _, p in _one(small))]
+    report = clip_global_norm(params, max_norm=1.0)
+    assert math.isinf(report.total_norm) and report.clipped == ()
+    assert not report["big"].finite and report["small"].finite and report["small"].scale == 1.0
+    assert torch.equal(params[1][1].grad, small) and torch.equal(params[0][1].grad, big)
 
 
 def test_parameters_without_gradients_are_skipped() -> None:

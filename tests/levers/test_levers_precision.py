@@ -215,6 +215,9 @@ def test_grad_scaler_only_for_fp16(planted: Planted) -> None:
     assert PrecisionPolicy(dtype="fp16").apply(copy.deepcopy(planted)).scaler is not None
     assert PrecisionPolicy(dtype="bf16").apply(copy.deepcopy(planted)).scaler is None
     assert PrecisionPolicy(dtype="fp32").apply(copy.deepcopy(planted)).scaler is None
+    # One module in fp16 is enough for its gradients to underflow.
+    assert PrecisionPolicy(dtype="bf16", overrides={"head": "fp16"}).apply(copy.deepcopy(planted)).scaler is not None
+    assert PrecisionPolicy(dtype="fp32", overrides={"head": "fp16"}).apply(copy.deepcopy(planted)).scaler is not None
 
 
 def test_before_step_sees_unscaled_gradients(planted: Planted, data: list[tuple[torch.Tensor, torch.Tensor]]) -> None:

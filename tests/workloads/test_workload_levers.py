@@ -18,6 +18,7 @@ from torchlevers.workloads import (
     DecoderWorkload,
     EncoderConfig,
     EncoderWorkload,
+    KVCache,
     TokenDataset,
     query_lengths,
 )
@@ -54,3 +55,21 @@ def test_decoder_serves_under_a_bf16_policy() -> None:
     w = DecoderWorkload(DecoderConfig(), precision=PrecisionPolicy(dtype="bf16").apply)
     timing = w.generate(w.requests(1)[0].prompt_ids, 3)
     assert timing.new_tokens == 3
+    # The cache holds what the attention computes in: no cast of the whole cache at each decode step.
+    _, cache = w.prefill(w.requests(1)[0].prompt_ids)
+    assert {t.dtype for t in (*cache.keys, *cache.values)} == {torch.bfloat16}
+    assert DecoderWorkload(DecoderConfig()).prefill(w.requests(1)[0].prompt_ids)[1].keys[0].dtype == torch.float32
+
+    def cache_casts(cache: KVCache) -> int:
+        """Casts of a layer's cached keys or values (batch, heads, filled positions, head dim) in a decode step."""
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+            w.decode_step(torch.tensor([1]), cache)
+        k = cache.keys[0]
+        filled = [k.shape[0], k.shape[1], cache.length, k.shape[3]]
+        return sum(1 for e in prof.events() if e.name == "aten::_to_copy" and list(e.input_shapes[0]) == filled)
+
+    assert cache_casts(cache) == 0
+    with w.precision.autocast():  # type: ignore[union-attr]
+        fp32 = w.model.new_cache(1, w.config.max_seq_len, dtype=torch.float32)
+        w._forward(w.requests(1)[0].prompt_ids[None], fp32, last_only=True)
+    assert cache_casts(fp32) == 2 * w.config.n_layers  # the control: such a cache is cast, keys and values

@@ -211,7 +211,9 @@ class Decoder(nn.Module):
     def new_cache(
         self, batch_size: int, capacity: int, *, dtype: torch.dtype | None = None
     ) -> KVCache:
-        """An empty cache for ``batch_size`` sequences of up to ``capacity`` tokens."""
+        """An empty cache for ``batch_size`` sequences of up to ``capacity`` tokens, in ``dtype`` (default: what
+        the attention computes in here: autocast's dtype where it is on, else the weights'; a cache in another
+        dtype would be cast whole at every decode step)."""
         cfg = self.config
         if capacity > cfg.max_seq_len:
             raise ValueError(
@@ -225,7 +227,8 @@ class Decoder(nn.Module):
             head_dim=cfg.d_model // cfg.n_heads,
             capacity=capacity,
             device=weight.device,
-            dtype=dtype or weight.dtype,
+            dtype=dtype or (torch.get_autocast_dtype(weight.device.type)
+                            if torch.is_autocast_enabled(weight.device.type) else weight.dtype),
         )
 
     def forward(
@@ -409,8 +412,8 @@ class DecoderWorkload:
             raise ValueError(
                 f"DecoderWorkload.prefill: prompt of {ids.shape[1]} tokens exceeds capacity {capacity}"
             )
-        cache = self.model.new_cache(ids.shape[0], capacity)
         with self._autocast():
+            cache = self.model.new_cache(ids.shape[0], capacity)
             logits = self._forward(ids, cache, last_only=True)
         return logits, cache
 
