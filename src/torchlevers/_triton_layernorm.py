@@ -30,8 +30,9 @@ def _ln_fwd(
     stride_x, stride_y, N, eps,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    # One program per row; the whole row sits in one block, statistics in fp32.
-    row = tl.program_id(0)
+    # One program per row; the whole row sits in one block, statistics in fp32. Offsets in int64:
+    # rows x N reaches 2**31 elements on a large GPU (a 4 GiB fp16 activation).
+    row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     mask = cols < N
     x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
@@ -57,7 +58,7 @@ def _ln_bwd(
 ):
     # Each program owns a contiguous run of rows: it writes their dx and one fp32 partial
     # sum of dw/db; the partials are reduced afterwards (no atomics, deterministic).
-    pid = tl.program_id(0)
+    pid = tl.program_id(0).to(tl.int64)  # int64 offsets, as in the forward
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < N
     if HAS_W:
@@ -132,8 +133,8 @@ def ln_fwd(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | No
     rstd = torch.empty(m, dtype=torch.float32, device=x.device)
     block = triton.next_power_of_2(n)
     # Placeholders for absent affine parameters: never read (HAS_W/HAS_B are False).
-    w = _interpretable(weight) if weight is not None else xk
-    b = _interpretable(bias) if bias is not None else xk
+    w = _interpretable(weight.contiguous()) if weight is not None else xk
+    b = _interpretable(bias.contiguous()) if bias is not None else xk
     _ln_fwd[(m,)](
         xk, y, w, b, mean, rstd, xk.stride(0), y.stride(0), n, eps,
         HAS_W=weight is not None, HAS_B=bias is not None, BLOCK_N=block, num_warps=_num_warps(block),
@@ -163,7 +164,7 @@ def ln_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, mean:
     db_part = torch.empty((progs, n), dtype=torch.float32, device=x.device)
     block = triton.next_power_of_2(n)
     _ln_bwd[(progs,)](
-        xk, dyk, dx, _interpretable(weight) if weight is not None else xk, mean, rstd, dw_part, db_part,
+        xk, dyk, dx, _interpretable(weight.contiguous()) if weight is not None else xk, mean, rstd, dw_part, db_part,
         xk.stride(0), dyk.stride(0), dx.stride(0), m, n, rows_per_prog,
         HAS_W=weight is not None, BLOCK_N=block, num_warps=_num_warps(block),
     )

@@ -11,6 +11,9 @@ __all__ = ["IdSpace", "check_ids", "normalize_ids"]
 
 # Mersenne prime 2**31 - 1: residues fit 31 bits, so a product of two fits int64 exactly.
 _P = (1 << 31) - 1
+# An id is hashed as three limbs of 21, 21 and 22 (signed) bits: each below _P, so distinct ids give
+# distinct limb tuples (two words reduced mod _P would not: x and x + _P share a residue).
+_LIMB = 21
 _MASK64 = (1 << 64) - 1
 
 
@@ -29,11 +32,12 @@ class IdSpace:
     vocab_size: int
     """Rows of the embedding table; every output id is in [0, vocab_size)."""
     num_reserved: int = 2
-    """Ids [0, num_reserved) are never produced by folding: kept for pad/unknown/specials."""
+    """Ids [0, num_reserved) are never produced by folding: kept for pad/unknown/specials
+    (0: none; then neither ``input_pad`` nor ``input_unknown`` can be given)."""
     pad_id: int = 0
-    """Output id for padding positions (must be reserved)."""
+    """Output id for padding positions (must be reserved; unchecked when nothing is reserved)."""
     unk_id: int = 1
-    """Output id for unknown/missing values (must be reserved)."""
+    """Output id for unknown/missing values (must be reserved; unchecked when nothing is reserved)."""
     method: Literal["hash", "modulo"] = "hash"
     """"hash": a seeded universal hash then modulo, so structured ids (multiples of the
     vocabulary size, sequential ranges) spread evenly; "modulo": floor modulo of the raw
@@ -55,10 +59,11 @@ class IdSpace:
             )
         if self.vocab_size - self.num_reserved > _P:
             raise ValueError(f"vocab_size - num_reserved must be <= {_P}, got {self.vocab_size - self.num_reserved}")
-        for name in ("pad_id", "unk_id"):
+        for name, marker in (("pad_id", "input_pad"), ("unk_id", "input_unknown")):
             v = getattr(self, name)
-            if not 0 <= v < self.num_reserved:
-                raise ValueError(f"{name} must be a reserved id in [0, num_reserved={self.num_reserved}), got {v!r}")
+            if not 0 <= v < self.num_reserved and (self.num_reserved or getattr(self, marker) is not None):
+                raise ValueError(f"{name} must be a reserved id in [0, num_reserved={self.num_reserved}) "
+                                 f"(for {marker}), got {v!r}")
         if self.num_reserved >= 2 and self.pad_id == self.unk_id:
             raise ValueError(f"pad_id and unk_id must differ, both are {self.pad_id!r}")
         if self.method not in ("hash", "modulo"):
@@ -71,11 +76,10 @@ class IdSpace:
         """Ids available to real values (vocab_size - num_reserved)."""
         return self.vocab_size - self.num_reserved
 
-    def _constants(self) -> tuple[int, int, int]:
-        a1 = _splitmix64(self.seed * 3 + 1) % (_P - 1) + 1
-        a2 = _splitmix64(self.seed * 3 + 2) % (_P - 1) + 1
-        b = _splitmix64(self.seed * 3 + 3) % _P
-        return a1, a2, b
+    def _constants(self) -> tuple[int, int, int, int]:
+        """The hash's three limb coefficients (non-zero) and its offset, from the seed."""
+        a = [_splitmix64(self.seed * 4 + i) % (_P - 1) + 1 for i in (1, 2, 3)]
+        return a[0], a[1], a[2], _splitmix64(self.seed * 4 + 4) % _P
 
 
 def _as_int_ids(ids: Any, name: str) -> torch.Tensor:
@@ -108,11 +112,14 @@ def normalize_ids(ids: Any, space: IdSpace) -> torch.Tensor:
         # remainder is floor-mod: non-negative for negative ids, unlike C's % or torch.fmod.
         folded = torch.remainder(h, m)
     else:
-        a1, a2, b = space._constants()
-        hi = torch.remainder(h >> 32, _P)  # arithmetic shift: the signed high word
-        lo = torch.remainder(h & 0xFFFFFFFF, _P)
-        # Each product < 2**62: exact in int64. ((a1*hi + a2*lo + b) mod p) is a universal hash.
-        x = torch.remainder(hi * a1, _P) + torch.remainder(lo * a2, _P) + b
+        a1, a2, a3, b = space._constants()
+        limb = (1 << _LIMB) - 1
+        hi = torch.remainder(h >> (2 * _LIMB), _P)  # arithmetic shift: the signed top 22 bits
+        mid = (h >> _LIMB) & limb
+        lo = h & limb
+        # Each product < 2**62: exact in int64. ((a1*hi + a2*mid + a3*lo + b) mod p) is a universal hash
+        # of the limb tuple, and distinct ids have distinct tuples.
+        x = torch.remainder(hi * a1, _P) + mid * a2 % _P + lo * a3 % _P + b
         folded = torch.remainder(torch.remainder(x, _P), m)
     out = folded + space.num_reserved
     if space.input_pad is not None:

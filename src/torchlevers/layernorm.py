@@ -181,6 +181,9 @@ def fp32_stats_layer_norm(
         raise ValueError(f"input shape {tuple(x.shape)} does not end with normalized_shape {shape}")
     if not x.is_floating_point():
         raise ValueError(f"expected a floating-point input, got dtype {x.dtype}")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and tuple(t.shape) != shape:
+            raise ValueError(f"{name} of shape {tuple(t.shape)} does not match normalized_shape {shape}")
     n = math.prod(shape)
     x2 = x.reshape(-1, n)
     w = weight.reshape(n) if weight is not None else None
@@ -244,7 +247,9 @@ def swap_layernorms(model: nn.Module, *, backend: Backend = "auto") -> list[str]
     """Replace every plain ``nn.LayerNorm`` inside ``model`` by :class:`FP32StatsLayerNorm`, in place.
 
     Subclasses of ``nn.LayerNorm`` are left alone (they may change behaviour).
-    Parameters are shared, not copied.
+    Parameters are shared, not copied. A LayerNorm carrying hooks or a wrapped ``forward``
+    (e.g. from :meth:`PrecisionPolicy.apply <torchlevers.precision.PrecisionPolicy.apply>`) is
+    refused, as its replacement would silently drop them: swap first.
 
     Args:
         model: the model to modify.
@@ -255,10 +260,17 @@ def swap_layernorms(model: nn.Module, *, backend: Backend = "auto") -> list[str]
     """
     if type(model) is nn.LayerNorm:
         raise ValueError("model is itself an nn.LayerNorm; use FP32StatsLayerNorm.from_layernorm(model)")
-    replaced: list[str] = []
-    for parent_name, parent in list(model.named_modules()):
-        for child_name, child in list(parent.named_children()):
-            if type(child) is nn.LayerNorm:
-                setattr(parent, child_name, FP32StatsLayerNorm.from_layernorm(child, backend=backend))
-                replaced.append(f"{parent_name}.{child_name}" if parent_name else child_name)
-    return replaced
+    found = [(parent, child_name, f"{parent_name}.{child_name}" if parent_name else child_name, child)
+             for parent_name, parent in model.named_modules() for child_name, child in parent.named_children()
+             if type(child) is nn.LayerNorm]
+    for _, _, name, child in found:
+        carried = [what for what in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
+                                     "_state_dict_hooks", "_load_state_dict_pre_hooks") if getattr(child, what, None)]
+        if "forward" in child.__dict__:
+            carried.append("a wrapped forward")
+        if carried:
+            raise ValueError(f"swap_layernorms: {name!r} carries {', '.join(carried)}, which its replacement would "
+                             "drop: swap the LayerNorms before hooks or a precision policy are installed")
+    for parent, child_name, _, child in found:
+        setattr(parent, child_name, FP32StatsLayerNorm.from_layernorm(child, backend=backend))
+    return [name for _, _, name, _ in found]

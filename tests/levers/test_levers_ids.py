@@ -106,6 +106,24 @@ def test_check_ids_names_position_and_value() -> None:
         check_ids([-3], 10, name="tokens")
 
 
+def test_ids_a_mersenne_prime_apart_do_not_collide_under_any_seed() -> None:
+    p = (1 << 31) - 1
+    base = torch.tensor([5, 7, 123456789, -9, (1 << 40) + 3], dtype=torch.int64)
+    for seed in range(5):
+        space = IdSpace(vocab_size=1 << 30, seed=seed)  # buckets enough that a collision would be the hash's
+        a, b = normalize_ids(base, space), normalize_ids(base + p, space)
+        assert not torch.equal(a, b), seed
+        assert int((a == b).sum()) <= 1, (seed, a, b)
+
+
+def test_nothing_reserved_folds_into_the_whole_table() -> None:
+    space = IdSpace(vocab_size=16, num_reserved=0)
+    out = normalize_ids(torch.arange(-1000, 1000), space)
+    assert int(out.min()) == 0 and int(out.max()) == 15
+    assert torch.equal(normalize_ids(torch.arange(16), IdSpace(vocab_size=16, num_reserved=0, method="modulo")),
+                       torch.arange(16))
+
+
 @pytest.mark.parametrize(
     ("kwargs", "needle"),
     [
@@ -115,6 +133,7 @@ def test_check_ids_names_position_and_value() -> None:
         ({"vocab_size": 10, "method": "xor"}, "'xor'"),
         ({"vocab_size": 10, "input_pad": -1, "input_unknown": -1}, "differ"),
         ({"vocab_size": 10.0}, "10.0"),
+        ({"vocab_size": 10, "num_reserved": 0, "input_pad": -1}, "pad_id must be a reserved id .* \\(for input_pad\\)"),
     ],
 )
 def test_id_space_names_bad_values(kwargs: dict[str, Any], needle: str) -> None:

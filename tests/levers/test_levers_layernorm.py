@@ -16,6 +16,7 @@ from torchlevers.layernorm import (
     select_backend,
     swap_layernorms,
 )
+from torchlevers.precision import PrecisionPolicy
 
 LnFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
 
@@ -186,6 +187,18 @@ def test_swap_layernorms_shares_parameters_and_keeps_outputs() -> None:
         swap_layernorms(nn.LayerNorm(4))
 
 
+def test_swap_layernorms_refuses_a_layernorm_whose_hooks_or_wrapper_it_would_drop() -> None:
+    hooked = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4))
+    hooked[1].register_forward_hook(lambda *_: None)
+    with pytest.raises(ValueError, match="'1' carries _forward_hooks"):
+        swap_layernorms(hooked)
+    assert type(hooked[1]) is nn.LayerNorm  # nothing swapped
+    wrapped = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4))
+    PrecisionPolicy(dtype="bf16", fp32_modules=("1",)).apply(wrapped)
+    with pytest.raises(ValueError, match="a wrapped forward"):
+        swap_layernorms(wrapped)
+
+
 def test_auto_backend_is_pytorch_without_cuda() -> None:
     x = torch.randn(2, 8)
     assert select_backend(x, 8, "auto") == "torch"
@@ -199,3 +212,7 @@ def test_shape_and_dtype_errors() -> None:
         fp32_stats_layer_norm(torch.randn(2, 8), (4,))
     with pytest.raises(ValueError, match="floating-point"):
         fp32_stats_layer_norm(torch.ones(2, 8, dtype=torch.long), 8)
+    with pytest.raises(ValueError, match=r"weight of shape \(8, 6\) does not match normalized_shape \(6, 8\)"):
+        fp32_stats_layer_norm(torch.randn(2, 6, 8), (6, 8), torch.ones(8, 6))
+    with pytest.raises(ValueError, match="bias of shape"):
+        fp32_stats_layer_norm(torch.randn(2, 8), 8, None, torch.ones(4))

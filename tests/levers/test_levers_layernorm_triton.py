@@ -57,6 +57,13 @@ CHILD = textwrap.dedent(
     big = 2000 + 300 * torch.randn(16, 512, generator=g)
     out["large_fp16"] = errors(big, torch.ones(512), torch.zeros(512), torch.float16)
     out["backend"] = select_backend(x, 96, "triton")
+    # Affine parameters that are views with a stride (every other element), or absent, or a bias alone.
+    xs = torch.randn(5, 96, generator=g)
+    ws, bs = torch.randn(192, generator=g)[::2], torch.randn(192, generator=g)[::2]
+    out["affine"] = {
+        name: float((fp32_stats_layer_norm(xs, 96, wt, bt, backend="triton") - F.layer_norm(xs, (96,), wt, bt)).abs().max())
+        for name, wt, bt in (("strided", ws, bs), ("none", None, None), ("bias only", None, bs))
+    }
     # Rows longer than the kernel's block limit are refused with a reason.
     try:
         select_backend(torch.randn(2, 20000), 20000, "triton")
@@ -106,6 +113,12 @@ def test_triton_large_fp16_activations_finite(child_result: dict[str, object]) -
     assert isinstance(r, dict)
     assert r["finite"]
     assert r["y"] <= 4 * 2**-10 * 4
+
+
+def test_triton_reads_strided_and_absent_affine_parameters(child_result: dict[str, object]) -> None:
+    errors = child_result["affine"]
+    assert isinstance(errors, dict) and set(errors) == {"strided", "none", "bias only"}
+    assert all(e < 1e-5 for e in errors.values()), errors
 
 
 def test_warps_grow_with_the_row_width() -> None:

@@ -142,7 +142,7 @@ def shape_class_batches(
 ) -> list[dict[str, torch.Tensor]]:
     """One full padded batch per bucket: the shape classes a bucketed run produces.
 
-    Feed them to a warm-up (``warmup.warm_up`` / ``warmup.compile_and_warm``) so
+    Feed them to a warm-up (``warmup.compile_and_warm``, or ``CompiledStep.warm``) so
     every bucket shape is compiled before anything is measured. Token ids are
     ``pad_id`` and the mask is all ones (content does not matter for shapes).
     """

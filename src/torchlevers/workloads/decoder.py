@@ -139,6 +139,13 @@ _DECODER_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+def _compute_dtype(weight: Tensor) -> torch.dtype:
+    """What a layer holding ``weight`` computes in here: autocast's dtype where it is on, else the weight's."""
+    kind = weight.device.type
+    on = torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind)
+    return torch.get_autocast_dtype(kind) if on else weight.dtype
+
+
 class KVCache:
     """Preallocated keys and values of every layer, filled up to :attr:`length`.
 
@@ -227,8 +234,7 @@ class Decoder(nn.Module):
             head_dim=cfg.d_model // cfg.n_heads,
             capacity=capacity,
             device=weight.device,
-            dtype=dtype or (torch.get_autocast_dtype(weight.device.type)
-                            if torch.is_autocast_enabled(weight.device.type) else weight.dtype),
+            dtype=dtype or _compute_dtype(weight),
         )
 
     def forward(
