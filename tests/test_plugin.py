@@ -323,3 +323,35 @@ def test_step(perf):
     r = run(pytester)
     r.assert_outcomes(errors=1)
     r.stdout.fnmatch_lines(["*@pytest.mark.instructions takes only steps= and warmup=, got (5,) {}*"])
+
+
+def test_a_budget_under_a_key_no_test_has_is_reported_with_the_key_it_may_mean(project: pytest.Pytester,
+                                                                                stable_machine: str) -> None:
+    run(project, "--update-budgets").assert_outcomes(passed=4)
+    cpu = project.path / "budgets" / "cpu.yaml"
+    # A renamed or misspelt key, and the key of a test that -k deselects: only the first has no test.
+    cpu.write_text(cpu.read_text().replace("  toy:\n", "  tyo:\n    flops: {value: 1000}\n  toy:\n", 1))
+    run(project).assert_outcomes(passed=4)
+    orphans = [x for x in results(project) if x["key"] == "tyo"]
+    assert [(x["metric"], x["outcome"], x["nodeid"]) for x in orphans] == [("flops", "not_measured", "")]
+    assert "which no test of this run has, deselected ones included (did you mean 'toy'?)" in orphans[0]["reason"]
+    run(project, "-n", "2").assert_outcomes(passed=4)
+    assert [x["key"] for x in results(project) if x["outcome"] == "not_measured"] == ["tyo"]
+    # A deselected test's budgets are reported as its own (not recorded), never as a key without a test.
+    run(project, "-k", "param").assert_outcomes(passed=2, deselected=2)
+    reasons = {x["key"]: x["reason"] for x in results(project) if x["outcome"] == "not_measured"}
+    assert set(reasons) == {"tyo"}
+    # A file named: the run knows only that file's tests, so it says nothing of other keys.
+    run(project, "test_perf.py").assert_outcomes(passed=4)
+    assert not [x for x in results(project) if x["key"] == "tyo"]
+
+
+def test_a_budget_no_test_recorded_fails_a_strict_run(project: pytest.Pytester, stable_machine: str) -> None:
+    run(project, "--update-budgets").assert_outcomes(passed=4)
+    cpu = project.path / "budgets" / "cpu.yaml"
+    cpu.write_text(cpu.read_text().replace("  toy:\n", "  tyo:\n    flops: {value: 1000}\n  toy:\n", 1))
+    assert run(project).ret == 0  # reported, not failed
+    r = run(project, "--perf-strict")
+    r.assert_outcomes(passed=4)
+    assert r.ret == pytest.ExitCode.TESTS_FAILED
+    r.stdout.fnmatch_lines(["*tyo*flops*NOT MEASURED*"])

@@ -21,7 +21,7 @@ from .judge import Judge, JudgeConfig
 from .metrics import lookup
 from .preflight import check as preflight_check
 from .recorder import CountedSteps, PerfRecorder
-from .results import Record
+from .results import Record, is_unrecorded_budget
 from .session import PerfSession, add_options
 from .settings import STABLE_MACHINE_ENV
 from .vocabulary import Outcome, TestOutcome, count_outcomes, tally_text
@@ -172,9 +172,10 @@ class PerfPlugin:
         self.session = session
         self._threads_before: int | None = None
         """torch's thread count before the run set it, restored at the end."""
+        self._deselected: list[pytest.Item] = []
 
     @pytest.hookimpl(trylast=True)
-    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
         """Perf tests: compiling ones last, under the lease the others in the plan's order; one torch
         thread for the run; inductor's caches kept.
 
@@ -186,6 +187,7 @@ class PerfPlugin:
         differs between pytest versions.
         """
         perf_items = [i for i in items if "perf" in getattr(i, "fixturenames", ())]
+        self._know_keys(config, perf_items)
         if not perf_items:
             return
         ps = self.session
@@ -199,6 +201,24 @@ class PerfPlugin:
             from .measure.compile_health import inductor_dirs
 
             inductor_dirs(Path(ps.rootdir) / ps.settings.inductor_dir, keep_tmpdir=ps.settings.keep_tmpdir)
+
+    def pytest_deselected(self, items: list[pytest.Item]) -> None:
+        # A deselected test's key is a key of the suite: its budgets are not without a test.
+        self._deselected.extend(i for i in items if "perf" in getattr(i, "fixturenames", ()))
+
+    def _know_keys(self, config: pytest.Config, perf_items: list[pytest.Item]) -> None:
+        """The keys of the collected perf tests, where the run collected whole folders (a file or a test
+        named would make every other budget look as if it had no test)."""
+        if not all(Path(config.invocation_params.dir, a.split("::")[0]).is_dir()
+                                     for a in config.args):
+            return
+        keys: set[str] = set()
+        for item in (*perf_items, *self._deselected):
+            try:
+                keys.add(BudgetSpec.of(item).key)
+            except pytest.UsageError:  # reported at the test's set-up
+                continue
+        self.session.known_keys = keys
 
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         spec = BudgetSpec.of(item)
@@ -350,6 +370,9 @@ class PerfPlugin:
             return
         results = ps.finish()
         if ps.update_report is not None and ps.update_report.errors:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if ps.settings.strict and any(is_unrecorded_budget(r) for r in results.records):
+            # A budget no test of the run recorded fails a strict run (a test's own do, at the test).
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         session.config.hook.pytest_perfbudget_results(config=session.config, results=results, path=ps.json_path)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import difflib
 import platform
 import shlex
 import sys
@@ -99,6 +100,10 @@ class PerfSession:
     pinned_gpu: str | None = None
     records: list[Record] = field(default_factory=list)
     errors: list[dict[str, str]] = field(default_factory=list)
+    known_keys: set[str] | None = None
+    """The budget keys of every perf test the run collected, deselected ones included, when it collected
+    whole folders (``None``: a file or a test was named, or nothing was collected here): a budgeted key
+    outside it has no test (:meth:`not_measured`)."""
     update_report: UpdateReport | None = None
     _budgets: BudgetSet | None = None
     _devices: dict[str, DeviceInfo] = field(default_factory=dict)
@@ -296,6 +301,37 @@ class PerfSession:
                            "(deselected, renamed, or below the recording threshold)",
                     device=first.device, unit=info.unit, kind=info.kind, direction=info.direction,
                 ))
+        return out + self._keys_without_test({first.device.type: first.device for first in seen.values()
+                                              if first.device is not None})
+
+    def _keys_without_test(self, devices: dict[str, DeviceInfo]) -> list[Record]:
+        """A record for every budget, on a device this run measured, under a key that no collected test has
+        (deselected ones included): a misspelt or renamed key would otherwise never be judged."""
+        if self.known_keys is None:
+            return []
+        known = sorted(self.known_keys)
+        out = []
+        for _, device in sorted(devices.items()):
+            keys = {k for f in self.budgets.matching(device) for k in f.entries} - self.known_keys \
+                - {r.key for r in self.records}
+            for key in sorted(keys):
+                try:
+                    budgets = self.budgets.budgets_for(key, device)
+                except Exception:  # an ambiguous budget: reported where a test judges it
+                    continue
+                near = difflib.get_close_matches(key, known, n=1)
+                hint = f" (did you mean {near[0]!r}?)" if near else ""
+                for metric, budget in sorted(budgets.items()):
+                    try:
+                        info = lookup(metric)
+                    except ValueError:
+                        continue
+                    out.append(Record(
+                        nodeid="", key=key, metric=metric, outcome=Outcome.NOT_MEASURED, budget=BudgetRef.of(budget),
+                        reason=f"budgeted under the key {key!r} on {device.label}, which no test of this run has, "
+                               f"deselected ones included{hint}: a misspelt or renamed key is never judged",
+                        device=device, unit=info.unit, kind=info.kind, direction=info.direction,
+                    ))
         return out
 
     def _measurable_here(self, metric: str, statistical: bool) -> bool:

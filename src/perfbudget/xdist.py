@@ -44,11 +44,14 @@ class ControllerHooks:
             got = json.loads(data)
             self.session.records.extend(Record.from_dict(r) for r in got["records"])
             self.session.errors.extend(got["errors"])
+            if got.get("known_keys") is not None:
+                self.session.known_keys = (self.session.known_keys or set()) | set(got["known_keys"])
 
 
 def worker_output(session: PerfSession) -> str:
     """What a worker sends to the controller when it finishes."""
-    return json.dumps({"records": [r.as_dict() for r in session.records], "errors": session.errors})
+    keys = None if session.known_keys is None else sorted(session.known_keys)
+    return json.dumps({"records": [r.as_dict() for r in session.records], "errors": session.errors, "known_keys": keys})
 
 
 def pin_worker(session: PerfSession, gpu: str) -> None:
