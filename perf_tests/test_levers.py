@@ -71,6 +71,8 @@ def test_precision_policy_on_overflow_prone_model(perf) -> None:
     # Non-finite gradients that reached the optimizer (a scaler skip is the guard working).
     applied = sum(r.nonfinite_grads for r in layered if not r.skipped)
     bad_whole = sum(1 for r in whole if r.nonfinite_grads or not r.loss_finite)
+    # The ratio below means something only while the negative control still overflows.
+    assert bad_whole > 0, "whole-model fp16 no longer overflows on this model: the control shows nothing to compare with"
     perf.record("nonfinite_grads", applied)
     perf.record("scaler_skipped_steps", sum(r.skipped for r in layered))
     perf.record("ratio[nonfinite_steps_layered_vs_whole_fp16]",
@@ -131,6 +133,8 @@ def test_per_layer_clipping_spares_small_layers(perf) -> None:
 
     per_layer = shrink(PerLayerClipper().clip)
     global_ = shrink(lambda p: clip_global_norm(p, max_norm=1.0))
+    # The negative control: one global factor shrinks the small layer too (else the spike is too small to tell).
+    assert global_ > 0.5, f"global-norm clipping shrank the small layer by only {global_:.1%}: the spike tells nothing"
     perf.record("ratio[small_layer_shrink]", per_layer,
                 attribution=[f"global-norm clipping shrinks it by {global_:.1%}"])
 
