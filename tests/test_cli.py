@@ -139,7 +139,7 @@ def test_merge_reconciles_each_shards_not_measured_budgets(tmp_path: Path) -> No
     assert measured_in_two.outcome != "not_measured"
     unrecorded = replace(measured_in_two, nodeid="", outcome=Outcome.NOT_MEASURED, value=None,
                          reason="budgeted but no test of this run recorded it")
-    elsewhere = replace(unrecorded, metric="peak_bytes_never_recorded")
+    elsewhere = replace(unrecorded, metric="peak_allocated_mib[never_recorded]")
     one.records += [unrecorded, elsewhere]
     two.records += [elsewhere]
     paths = [tmp_path / "one.json", tmp_path / "two.json"]
@@ -151,8 +151,8 @@ def test_merge_reconciles_each_shards_not_measured_budgets(tmp_path: Path) -> No
     records = load_results(merged).records
     assert [r for r in records if r.metric == measured_in_two.metric and r.key == measured_in_two.key
             and r.outcome == Outcome.NOT_MEASURED] == []
-    assert [(r.metric, r.outcome) for r in records if r.metric == "peak_bytes_never_recorded"] == [
-        ("peak_bytes_never_recorded", Outcome.NOT_MEASURED)]
+    assert [(r.metric, r.outcome) for r in records if r.metric == "peak_allocated_mib[never_recorded]"] == [
+        ("peak_allocated_mib[never_recorded]", Outcome.NOT_MEASURED)]
     assert len(records) == 14  # the 13 measured records, and the one budget no shard recorded
 
 

@@ -100,6 +100,17 @@ DEVICE = {"type": "cpu", "model": "Test CPU", "count": 2}
     (None, {"budgets_dir": "b\n```\nrm -rf /"}, "meta.budgets_dir: expected no control characters"),
     ({"reason": "\ud800 half a pair"}, None, "records[0].reason: expected text, got a lone surrogate"),
     (None, {"measured": {"settings": {"threads": [1, 2]}}}, "meta.measured.settings.threads: expected a str"),
+    ({"ci_confidence": 0.9999999999999999}, None, "records[0].ci_confidence: expected a number in (0, 1)"),
+    ({"metric": "foo_ms"}, None, "records[0].metric: unknown metric 'foo_ms'"),
+    ({"n": -5}, None, "records[0].n: expected an integer in [0, 10000000], got -5"),
+    ({"base": {"value": 1.0, "pairs": 10**12}}, None, "records[0].base.pairs: expected an integer in [0, 10000000]"),
+    ({"base": {"value": 1.0, "pairs": 9, "pair_ratios": [1.0, 1.01]}}, None,
+     "records[0].base.pairs: expected at most the 2 pair ratios given, got 9"),
+    ({"base": {"value": 1.0, "sd": "inf"}}, None, "records[0].base.sd: expected a finite number >= 0, got inf"),
+    ({"base": {"value": 1.0, "ratio_ci": [1.1, 0.9]}}, None, "records[0].base.ratio_ci: expected two finite numbers"),
+    ({"extra": {"moved_ops": {"note": "\ud800"}}}, None, "records[0].extra.'moved_ops'.'note': expected text, got a lone"),
+    ({"extra": {"moved_ops": {"note": LONG}}}, None, "expected at most 20000 characters, got 70000"),
+    ({"extra": {"a": [[[[[[[[[["deep"]]]]]]]]]]}}, None, "expected at most 8 levels of nesting"),
 ])
 def test_a_hostile_field_is_refused_at_load_naming_file_record_and_field(
         tmp_path: Path, record: dict[str, object] | None, meta: dict[str, object] | None, says: str) -> None:
@@ -109,6 +120,32 @@ def test_a_hostile_field_is_refused_at_load_naming_file_record_and_field(
         load_results(path)
     assert str(err.value).startswith(f"{path}: ") and says in str(err.value)
     assert len(str(err.value)) < 500
+
+
+def test_a_key_given_twice_is_refused_not_read_as_the_last(tmp_path: Path) -> None:
+    path = results_file(tmp_path)
+    path.write_text(path.read_text()[:-1] + ', "records": []}')
+    with pytest.raises(ValueError, match=f"^{path}: cannot read results: duplicate key 'records'"):
+        load_results(path)
+
+
+def test_merging_keeps_every_shards_unfinished_run_and_faults_and_report_fails_on_them(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    record = Record(nodeid="t.py::test_x", key="enc", metric="flops", outcome=Outcome.PASS, value=1.0, n=1)
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    Results(records=[record], meta=RunInfo()).write(a)
+    fault = {"nodeid": "t.py::test_y", "key": "enc", "error": "RuntimeError: CUDA out of memory"}
+    Results(records=[], meta=RunInfo(unfinished="killed at test 3", errors=(fault,))).write(b)
+    merged = tmp_path / "merged.json"
+    assert main(["merge", str(a), str(b), "-o", str(merged)], out=io.StringIO()) == ExitCode.OK
+    meta = load_results(merged).meta
+    assert meta.unfinished == "killed at test 3" and meta.errors == (fault,)
+    assert main(["report", str(a)], out=io.StringIO()) == ExitCode.OK
+    capsys.readouterr()
+    assert main(["report", str(merged)], out=io.StringIO()) == ExitCode.FAILED
+    err = capsys.readouterr().err
+    assert "the run did not finish: killed at test 3" in err
+    assert "t.py::test_y: raised while measuring: RuntimeError: CUDA out of memory" in err
 
 
 @pytest.mark.parametrize("text", ['{"schema": 3, "records": 5}', '{"schema": 1, "records": [{"extra": {"ab": 1}, '

@@ -21,7 +21,7 @@ from .device import DeviceInfo
 from .fileio import atomic_write, shown_path
 from .measure.nvml import GpuClocks
 from .measure.stats import normal_quantile, t_quantile
-from .metrics import UnknownMetricError
+from .metrics import UnknownMetricError, parse_name
 from .vocabulary import RunMode, count_outcomes
 
 __all__ = ["RESULTS_SCHEMA", "ABPolicyInfo", "ABRunInfo", "BaseSide", "BudgetRef", "FieldError", "HowMeasured", "PairClocks",
@@ -505,7 +505,8 @@ class RunInfo:
     budgets_dir: str | None = None
     """The budget folder the run judged against."""
     errors: tuple[dict[str, str], ...] = ()
-    """Budget files that could not be read, and why."""
+    """Tests whose measuring raised (``nodeid``, ``key``, ``error``): pytest failed them; their records hold
+    what they measured before."""
     unfinished: str | None = None
     """Set while the run has not finished (a checkpoint after each test): why the file may lack records."""
     shards: int | None = None
@@ -572,7 +573,7 @@ def load_results(path: str | Path) -> Results:
     """
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_unique_keys)
     except (OSError, ValueError, RecursionError) as exc:  # ValueError: bad JSON, an integer of 5000 digits
         raise ValueError(f"{path}: cannot read results: {exc}") from None
     if not isinstance(data, dict):
@@ -592,6 +593,16 @@ def load_results(path: str | Path) -> Results:
     except FieldError as exc:
         raise ValueError(f"{path}: {exc}") from None
     return Results(records=records, meta=meta)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are unique: a second ``"records"`` appended to a file would replace the first."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        twice = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise ValueError(f"duplicate key {_cut(twice)}")
+    return out
 
 
 #: The most characters any text field of a results file may hold; a reason or note longer than this
@@ -632,9 +643,54 @@ def _checked(r: Record) -> Record:
         _check_name(where, text)
     if r.ci is not None and not (all(math.isfinite(x) for x in r.ci) and r.ci[0] <= r.ci[1]):
         raise FieldError("ci", f"expected two finite numbers, low to high, got {list(r.ci)!r}")
-    if r.ci_confidence is not None and not 0 < r.ci_confidence < 1:
+    if r.ci_confidence is not None and not (0 < r.ci_confidence < 1 and 0.5 + r.ci_confidence / 2 < 1):
         raise FieldError("ci_confidence", f"expected a number in (0, 1), got {r.ci_confidence!r}")
+    try:
+        parse_name(r.metric)
+    except UnknownMetricError as exc:
+        raise FieldError("metric", str(exc)) from None
+    for name in ("n", "rounds"):
+        if not 0 <= getattr(r, name) <= MAX_COUNT:
+            raise FieldError(name, f"expected an integer in [0, {MAX_COUNT}], got {getattr(r, name)!r}")
+    if r.base is not None:
+        _check_base(r.base)
+    _check_extra(r.extra, "extra", 0)
     return r
+
+
+#: The most samples, rounds or pairs a record may claim.
+MAX_COUNT = 10_000_000
+
+
+def _check_base(b: BaseSide) -> None:
+    """An A/B record's base side: counts in range, numbers finite, intervals low to high (history pools
+    the pairs' sd by the pairs a record claims)."""
+    if not 0 <= b.pairs <= MAX_COUNT:
+        raise FieldError("base.pairs", f"expected an integer in [0, {MAX_COUNT}], got {b.pairs!r}")
+    if b.pair_ratios and b.pairs > len(b.pair_ratios):
+        raise FieldError("base.pairs", f"expected at most the {len(b.pair_ratios)} pair ratios given, got {b.pairs}")
+    for name in ("ratio", "sd", "df", "detectable", "tolerance", "confidence"):
+        x = getattr(b, name)
+        if x is not None and not (math.isfinite(x) and (name in ("ratio", "detectable") or x >= 0)):
+            raise FieldError(f"base.{name}", f"expected a finite number{'' if name == 'ratio' else ' >= 0'}, got {x!r}")
+    if b.ratio_ci is not None and not (all(math.isfinite(x) for x in b.ratio_ci) and b.ratio_ci[0] <= b.ratio_ci[1]):
+        raise FieldError("base.ratio_ci", f"expected two finite numbers, low to high, got {list(b.ratio_ci)!r}")
+
+
+def _check_extra(x: Any, where: str, depth: int) -> None:
+    """A record's ``extra`` (free-form JSON): texts bounded and encodable, nesting bounded (a report renders
+    some of it)."""
+    if depth > 8:
+        raise FieldError(where, "expected at most 8 levels of nesting")
+    if isinstance(x, str):
+        _decode(str, x, where)  # length and lone surrogates, as every text field
+    elif isinstance(x, Mapping):
+        for k, v in x.items():
+            _decode(str, k, where)
+            _check_extra(v, f"{where}.{_cut(k)}", depth + 1)
+    elif isinstance(x, list):
+        for i, v in enumerate(x):
+            _check_extra(v, f"{where}[{i}]", depth + 1)
 
 
 def _checked_meta(meta: RunInfo) -> RunInfo:
@@ -706,5 +762,8 @@ def merge_results(parts: Iterable[Results]) -> Results:
         out.records.append(r)
     out.records.sort(key=lambda r: (r.nodeid, r.key, r.metric))
     if shards:
-        out.meta = replace(shards[0], shards=len(shards))
+        # Every shard's unreadable budget files and unfinished run: one shard's would otherwise hide another's.
+        errors = tuple({json.dumps(e, sort_keys=True): e for m in shards for e in m.errors}.values())
+        unfinished = "; ".join(dict.fromkeys(m.unfinished for m in shards if m.unfinished)) or None
+        out.meta = replace(shards[0], shards=len(shards), errors=errors, unfinished=unfinished)
     return out
