@@ -4,6 +4,8 @@ recorder; the instrument never imports the library it measures, nor the library 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -185,3 +187,13 @@ def test_the_history_never_imports_pytest() -> None:
     offenders = sorted(m for m, names in _top_levels(ROOT).items()
                        if _floor_of(m) == "history" and names & {"pytest", "_pytest"})
     assert not offenders and any(_floor_of(m) == "history" for m in MODULES), offenders
+
+
+def test_importing_the_instrument_loads_no_pytest() -> None:
+    """The static check above reads each module's own imports; the package's ``__init__`` runs first on any
+    import, so it must not load pytest either (a notebook, the history job, the A/B driver's turn client)."""
+    code = ("import sys, perfbudget.measure.turns, perfbudget.measure.timing, perfbudget.budgets, perfbudget.judge, "
+            "perfbudget.results, perfbudget.history; print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('pytest', '_pytest')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "[]", out.stdout

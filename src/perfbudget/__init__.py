@@ -1,6 +1,7 @@
 """perfbudget: performance budgets for PyTorch models, checked by pytest on every pull request."""
 
-from .benchmark import BenchmarkFixture
+from typing import TYPE_CHECKING, Any
+
 from .budgets import (
     Budget,
     BudgetError,
@@ -23,7 +24,21 @@ from .recorder import PerfRecorder
 from .results import BaseSide, BudgetRef, Record, Results, load_results, merge_results
 from .vocabulary import OUTCOMES, Outcome, TestOutcome
 
+if TYPE_CHECKING:
+    from .benchmark import BenchmarkFixture
+
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    # The pytest-benchmark fixture imports pytest: loaded when asked for, so that the instrument (measure,
+    # budgets, the judge) imports without pytest, in a notebook or a script.
+    if name == "BenchmarkFixture":
+        from .benchmark import BenchmarkFixture
+
+        return BenchmarkFixture
+    raise AttributeError(f"module 'perfbudget' has no attribute {name!r}")
+
 
 __all__ = [
     "METRICS",
