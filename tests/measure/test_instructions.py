@@ -245,3 +245,21 @@ def test_torch_toggles_without_instrumentation_are_unmeasurable(probe: dict[str,
     assert "counted no instructions" in reason and "no-such-compiler" in reason
     assert "valgrind's own work" in probe["hardware_under_valgrind"]["unmeasurable"]
     print(f"valgrind probe session: {probe['_wall_s']:.0f} s wall")
+
+
+def test_a_helper_build_that_hangs_or_fails_is_unmeasurable_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compiler stuck on a lock must not hang the session, and a build that failed is not retried on every ask."""
+    calls = tmp_path / "calls"
+    for name, body, says in (("slow-cc", "sleep 30", "took over 1 s"), ("bad-cc", "echo 'no callgrind.h' >&2; exit 1",
+                                                                        "cannot build the callgrind helper (no callgrind.h)")):
+        cc = tmp_path / name
+        cc.write_text(f"#!/bin/sh\necho x >> {calls}\n{body}\n")
+        cc.chmod(0o755)
+        monkeypatch.setenv("CC", str(cc))
+        monkeypatch.setattr(ins, "BUILD_TIMEOUT_S", 1)
+        monkeypatch.setattr(ins, "_helper_cache", {})
+        folder = tmp_path / name.replace("-cc", "")
+        first = ins.build_helper(folder)
+        assert isinstance(first, Unmeasurable) and says in first.reason
+        assert ins.build_helper(folder) is first
+    assert calls.read_text().count("x") == 2  # one build each

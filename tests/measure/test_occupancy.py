@@ -49,6 +49,14 @@ TRACE = Path(__file__).parent.parent / "data" / "measure" / "kernels_trace.json"
             0.25,
             "shared_memory",
         ),
+        # Registers go per sub-partition (4 per SM, 16,384 registers each), as cuda_occupancy.h allocates them:
+        # 224 threads = 7 warps, 40 regs -> 1280/warp -> 16384/1280 = 12 warps per sub-partition -> 48 per SM
+        # -> 48/7 = 6 blocks = 42 warps = 65.6 % (65536/8960 = 7 blocks, 76.6 %, over the SM as one pool).
+        (dict(threads_per_block=224, registers_per_thread=40), 6, 42 / 64, "registers"),
+        # 160 threads = 5 warps, 40 regs -> 48 warps -> 9 blocks = 45 warps = 70.3 % (not 10, 78.1 %).
+        (dict(threads_per_block=160, registers_per_thread=40), 9, 45 / 64, "registers"),
+        # 32 threads = 1 warp, 96 regs -> 3072/warp -> 5 per sub-partition -> 20 blocks = 31.25 % (not 21).
+        (dict(threads_per_block=32, registers_per_thread=96), 20, 20 / 64, "registers"),
         # 32 threads = 1 warp, 16 regs -> 512/warp -> 128 blocks by regs; warps 64; cap 32 ->
         # 32 blocks = 32 warps = 50 %.
         (dict(threads_per_block=32, registers_per_thread=16), 32, 0.5, "blocks"),
@@ -152,6 +160,10 @@ def test_calculator_rejects_unlaunchable_configs() -> None:
     # 1024 threads x 128 registers = 131,072 > 65,536 registers per block.
     with pytest.raises(ValueError, match="launch would fail"):
         theoretical_occupancy(threads_per_block=1024, registers_per_thread=128)
+    # 23 warps x 2,816 registers = 64,768 fit a block, but the hardware counts 24 warps (a multiple of the 4
+    # sub-partitions): 67,584 > 65,536.
+    with pytest.raises(ValueError, match="67584 registers per block exceed 65536 on sm_90"):
+        theoretical_occupancy(threads_per_block=736, registers_per_thread=88)
     with pytest.raises(ValueError, match="unknown arch"):
         theoretical_occupancy(threads_per_block=32, registers_per_thread=32, arch="sm_75")
 

@@ -256,6 +256,26 @@ def test_table_from_old_style_events_uses_device_time() -> None:
     assert mm.bytes_accessed == 0 and mm.roofline == "unknown"
 
 
+def test_a_cuda_op_that_launches_kernels_is_a_leaf_with_its_bytes() -> None:
+    """On CUDA the runtime calls an op makes are its CPU children: they do not make it a composite, whose
+    bytes would be left to children (a memory-bound op would lose its roofline)."""
+    from torch.autograd import DeviceType
+
+    def event(name: str, children: list[types.SimpleNamespace]) -> types.SimpleNamespace:
+        return types.SimpleNamespace(name=name, device_type=DeviceType.CPU, self_cpu_time_total=5.0,
+                                     cpu_time_total=5.0, self_device_time_total=100.0, device_time_total=100.0,
+                                     input_shapes=[[4096, 8192]], input_dtypes=["float"], flops=0,
+                                     cpu_children=children)
+
+    launch = types.SimpleNamespace(name="cudaLaunchKernel")
+    relu = table_from_events([event("aten::relu", [launch, types.SimpleNamespace(name="cuLaunchKernel")])],
+                             steps=1, device="cuda").by_name("aten::relu")
+    assert relu.bytes_accessed > 0
+    composite = table_from_events([event("aten::linear", [launch, types.SimpleNamespace(name="aten::addmm")])],
+                                  steps=1, device="cuda").by_name("aten::linear")
+    assert composite.bytes_accessed == 0  # its data work is its children's
+
+
 def test_diff_statuses_and_lines() -> None:
     def row(name: str, self_ms: float, calls: float = 1, flops: float = 0) -> OpRow:
         return OpRow(

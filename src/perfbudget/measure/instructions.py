@@ -114,20 +114,10 @@ def build_helper(cache_dir: Path | None = None) -> ctypes.CDLL | Unmeasurable:
     if lib in _helper_cache:
         return _helper_cache[lib]
     if not lib.exists():
-        cc = os.environ.get("CC", "gcc")
-        if shutil.which(cc) is None:
-            return Unmeasurable(reason=f"no C compiler ({cc}) to build the callgrind helper")
-        folder.mkdir(parents=True, exist_ok=True)
-        src = folder / f"callgrind-helper-{digest}.c"
-        src.write_text(_HELPER_SOURCE, encoding="utf-8")
-        tmp = lib.with_name(f"{lib.name}.{os.getpid()}.tmp")  # another process may build it at the same time
-        done = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(tmp), str(src)],
-                              capture_output=True, text=True, check=False)
-        if done.returncode:
-            first = (done.stderr.strip().splitlines() or ["no output"])[0]
-            return Unmeasurable(reason=f"cannot build the callgrind helper ({first}); "
-                                       "valgrind/callgrind.h comes with the valgrind package (apt-get install valgrind)")
-        os.replace(tmp, lib)
+        built = _build(lib, digest, folder)
+        if built is not None:
+            _helper_cache[lib] = built  # a failed build is not retried for every ask
+            return built
     loaded = ctypes.CDLL(str(lib))
     # Resolved now, not by the first call (a symbol lookup inside the first measurement).
     loaded.perfbudget_running_on_valgrind.restype = ctypes.c_int
@@ -136,6 +126,32 @@ def build_helper(cache_dir: Path | None = None) -> ctypes.CDLL | Unmeasurable:
     loaded.perfbudget_collect_off_dump.restype = None
     _helper_cache[lib] = loaded
     return loaded
+
+
+#: Seconds a build of the helper may take (a compiler stuck on a lock must not hang the session).
+BUILD_TIMEOUT_S = 120
+
+
+def _build(lib: Path, digest: str, folder: Path) -> Unmeasurable | None:
+    """Compile the helper into ``lib``; why not, or ``None`` once it is there."""
+    cc = os.environ.get("CC", "gcc")
+    if shutil.which(cc) is None:
+        return Unmeasurable(reason=f"no C compiler ({cc}) to build the callgrind helper")
+    folder.mkdir(parents=True, exist_ok=True)
+    src = folder / f"callgrind-helper-{digest}.c"
+    src.write_text(_HELPER_SOURCE, encoding="utf-8")
+    tmp = lib.with_name(f"{lib.name}.{os.getpid()}.tmp")  # another process may build it at the same time
+    try:
+        done = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(tmp), str(src)],
+                              capture_output=True, text=True, check=False, timeout=BUILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return Unmeasurable(reason=f"the callgrind helper's build ({cc}) took over {BUILD_TIMEOUT_S} s")
+    if done.returncode:
+        first = (done.stderr.strip().splitlines() or ["no output"])[0]
+        return Unmeasurable(reason=f"cannot build the callgrind helper ({first}); "
+                                   "valgrind/callgrind.h comes with the valgrind package (apt-get install valgrind)")
+    os.replace(tmp, lib)
+    return None
 
 
 @functools.cache

@@ -64,6 +64,8 @@ class GpuArch:
     """Shared memory the system reserves for every resident block (sm_80 and later)."""
     max_threads_per_block: int = 1024
     warp_size: int = 32
+    sub_partitions: int = 4
+    """Warp schedulers per SM, each with its share of the registers (4 from sm_70 on)."""
 
 
 ARCHS: Mapping[str, GpuArch] = {
@@ -165,8 +167,8 @@ def theoretical_occupancy(
     Per SM, the resident blocks are the minimum of four caps:
 
     - warps: ``max_warps_per_sm // ceil(threads / 32)``;
-    - registers: ``registers_per_sm // (round_up(regs * 32, 256) * warps_per_block)``
-      (registers are allocated per warp in 256-register units);
+    - registers: ``(registers_per_sm / 4 // round_up(regs * 32, 256)) * 4 // warps_per_block``
+      (registers are allocated per warp in 256-register units, within each of the 4 sub-partitions);
     - shared memory: ``smem_per_sm // (round_up(smem, 128) + 1 KB reserved per block)``;
     - the block cap (32 on sm_80/sm_90).
 
@@ -217,13 +219,17 @@ def theoretical_occupancy(
     by_warps = a.max_warps_per_sm // warps_per_block
     if registers_per_thread > 0:
         regs_per_warp = _round_up(registers_per_thread * a.warp_size, a.register_alloc_unit)
-        regs_per_block = regs_per_warp * warps_per_block
+        # The hardware checks a block's registers as if its warps filled every sub-partition alike
+        # (cuda_occupancy.h, cudaOccMaxBlocksPerSMRegsLimit).
+        regs_per_block = regs_per_warp * _round_up(warps_per_block, a.sub_partitions)
         if regs_per_block > a.max_registers_per_block:
             raise ValueError(
                 f"{regs_per_block} registers per block exceed {a.max_registers_per_block} on {a.name}: "
                 f"the launch would fail"
             )
-        by_regs = a.registers_per_sm // regs_per_block
+        # Registers are allocated within each sub-partition: whole warps per sub-partition, then blocks.
+        warps_by_regs = (a.registers_per_sm // a.sub_partitions) // regs_per_warp * a.sub_partitions
+        by_regs = warps_by_regs // warps_per_block
     else:
         by_regs = a.max_blocks_per_sm
     smem_block = _round_up(shared_mem_per_block_bytes, a.smem_alloc_unit_bytes)

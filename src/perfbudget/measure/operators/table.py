@@ -483,6 +483,10 @@ def _is_step_marker(name: str) -> bool:
     return name.startswith("ProfilerStep") or name == "[memory]"
 
 
+#: Names of the CUDA/HIP runtime and driver calls the profiler nests under the op that made them.
+_RUNTIME_PREFIXES = ("cuda", "cu", "hip")
+
+
 def table_from_events(
     events: Iterable[Any],
     *,
@@ -542,8 +546,9 @@ def table_from_events(
         a["total"] += total_t
         a["self_cpu"] += self_cpu
         a["flops"] += flops
-        # Composite ops (children, no FLOPs of their own) do their data work in the children.
-        leaf = not getattr(e, "cpu_children", None)
+        # Composite ops (children, no FLOPs of their own) do their data work in the children. The CUDA runtime
+        # and driver calls an op makes (cudaLaunchKernel, cuLaunchKernel) are its children too, and no ops.
+        leaf = not any(not c.name.startswith(_RUNTIME_PREFIXES) for c in getattr(e, "cpu_children", None) or ())
         if e.name not in _NO_DATA_OPS and (leaf or flops > 0):
             dtypes = list(read_event_field(e, "input_dtypes", []) or [])
             # A profiler that records no dtypes (older torch) leaves bytes unknown (0, roofline
