@@ -99,6 +99,26 @@ def test_preflight_ok_when_alone_and_unthrottled(fake_nvml: FakeNvml) -> None:
     assert result.gpu.clock_reasons == ("gpu_idle",)
 
 
+def test_preflight_is_not_ok_when_nvml_cannot_say_who_shares_the_gpu_or_whether_it_throttles(
+        fake_nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_permission(h: object) -> None:
+        raise fake_nvml._error(fake_nvml._real.NVML_ERROR_NO_PERMISSION)
+
+    monkeypatch.setattr(fake_nvml, "nvmlDeviceGetComputeRunningProcesses", no_permission)
+    monkeypatch.setattr(fake_nvml, "nvmlDeviceGetCurrentClocksEventReasons", no_permission)
+    monkeypatch.setattr(fake_nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", no_permission, raising=False)
+    result = gpu_preflight(module=fake_nvml)
+    assert isinstance(result, GpuPreflight) and not result.ok
+    assert result.problems == (
+        "cannot list the processes using GPU 0 (cuda:0) (NVML did not answer): another may share it",
+        "cannot read whether GPU 0 (cuda:0)'s clocks are throttled (NVML did not answer)")
+    assert result.gpu.processes is None and result.gpu.clock_reasons is None
+    # A GPU without graphics that cannot list graphics processes is no problem.
+    monkeypatch.undo()
+    monkeypatch.setattr(fake_nvml, "nvmlDeviceGetGraphicsRunningProcesses", no_permission)
+    assert gpu_preflight(module=fake_nvml).ok  # type: ignore[union-attr]
+
+
 def test_preflight_names_other_processes(fake_nvml: FakeNvml) -> None:
     fake_nvml.gpu.compute_procs = [process(os.getpid(), 512), process(4242, 30_000)]
     result = gpu_preflight(module=fake_nvml)

@@ -466,7 +466,9 @@ def _clock_reasons_mask(nv: Any, handle: Any) -> int | None:
     return None
 
 
-def _processes(nv: Any, handle: Any) -> tuple[GpuProcess, ...]:
+def _processes(nv: Any, handle: Any) -> tuple[GpuProcess, ...] | None:
+    """The processes on the GPU; ``None`` when NVML could not list the compute ones (no permission, an old
+    library): then nobody can say the GPU is not shared. A GPU without graphics may not list graphics ones."""
     out: list[GpuProcess] = []
     kinds: tuple[tuple[str, Literal["compute", "graphics"]], ...] = (
         ("nvmlDeviceGetComputeRunningProcesses", "compute"),
@@ -474,9 +476,11 @@ def _processes(nv: Any, handle: Any) -> tuple[GpuProcess, ...]:
     )
     for getter, kind in kinds:
         fn = getattr(nv, getter, None)
-        if fn is None:
+        procs = None if fn is None else _call_optional(nv, fn, handle)
+        if procs is None:
+            if kind == "compute":
+                return None
             continue
-        procs = _call_optional(nv, fn, handle) or []
         for p in procs:
             used = getattr(p, "usedGpuMemory", None)
             out.append(
@@ -505,9 +509,10 @@ class GpuInfo:
     """Total energy counter since the driver loaded, in mJ (Volta and later)."""
     sm_clock_mhz: int | None
     max_sm_clock_mhz: int | None
-    clock_reasons: tuple[str, ...]
-    """Active clock event reasons (e.g. ``"sw_power_cap"``, ``"gpu_idle"``)."""
-    processes: tuple[GpuProcess, ...]
+    clock_reasons: tuple[str, ...] | None
+    """Active clock event reasons (e.g. ``"sw_power_cap"``, ``"gpu_idle"``); ``None``: NVML did not say."""
+    processes: tuple[GpuProcess, ...] | None
+    """Processes using the GPU; ``None``: NVML could not list them."""
     driver_version: str | None
     cuda_driver_version: str | None
     """CUDA version the driver supports, e.g. ``"12.4"``."""
@@ -541,7 +546,7 @@ def _gpu_info(nv: Any, gpu: NvmlGpu) -> GpuInfo:
         energy_mj=None if energy is None else int(energy),
         sm_clock_mhz=None if sm_clock is None else int(sm_clock),
         max_sm_clock_mhz=None if max_clock is None else int(max_clock),
-        clock_reasons=() if mask is None else _reason_names(nv, mask),
+        clock_reasons=None if mask is None else _reason_names(nv, mask),
         processes=_processes(nv, h),
         driver_version=_optional(nv, lambda: _text(nv.nvmlSystemGetDriverVersion())),
         cuda_driver_version=None if cuda_v is None else f"{cuda_v // 1000}.{cuda_v % 1000 // 10}",
@@ -647,10 +652,15 @@ def gpu_preflight(
         return info
     mine = set(own_pids) if own_pids is not None else {os.getpid()}
     problems = []
-    others = [p for p in info.processes if p.pid not in mine]
+    if info.processes is None:
+        problems.append(f"cannot list the processes using {info.label} (NVML did not answer): another may share it")
+    if info.clock_reasons is None:
+        problems.append(f"cannot read whether {info.label}'s clocks are throttled (NVML did not answer)")
+    processes = info.processes or ()
+    others = [p for p in processes if p.pid not in mine]
     note = ""
     context = holds_context if holds_context is not None else _holds_cuda_context()
-    if own_pids is None and others and len(others) == len(info.processes) and context:
+    if own_pids is None and others and len(others) == len(processes) and context:
         foreign = [p for p in others if not os.path.exists(f"/proc/{p.pid}")]
         if foreign:
             others.remove(foreign[0])
@@ -662,7 +672,7 @@ def gpu_preflight(
             for p in others
         )
         problems.append(f"other processes use {info.label}: {listed}{note}")
-    throttled = [r for r in info.clock_reasons if r in _THROTTLING]
+    throttled = [r for r in info.clock_reasons or () if r in _THROTTLING]
     if throttled:
         problems.append(f"{info.label} clocks are throttled: {', '.join(throttled)}")
     return GpuPreflight(ok=not problems, problems=tuple(problems), gpu=info)
