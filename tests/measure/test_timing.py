@@ -156,3 +156,30 @@ def test_cuda_l2_flush_and_graph_modes_run() -> None:
         lambda: a @ a, device="cuda", cuda_graph=True, warmup_ms=5, min_samples=5, max_ms=10
     )
     assert graphed.timer == "cuda_graph" and graphed.calls_per_sample >= 1
+
+
+@gpu_test
+def test_each_cuda_mode_times_a_known_kernel_at_its_own_length() -> None:
+    """Events, L2 flush and graph replays all read one spin kernel's length in ms, against the kernel timed by
+    hand: a wrong unit, a missing synchronise or a per-call division done twice would show as a factor."""
+    cycles = 4_000_000  # a few ms at GPU clocks
+
+    def spin() -> None:
+        torch.cuda._sleep(cycles)
+
+    spin()
+    torch.cuda.synchronize()
+    by_hand = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        spin()
+        end.record()
+        end.synchronize()
+        by_hand.append(start.elapsed_time(end))
+    expected = sorted(by_hand)[2]
+    assert expected > 0.1, by_hand
+    budget = dict(warmup_ms=20, min_samples=10, max_ms=200)
+    for mode in ({}, {"flush_l2": True}, {"cuda_graph": True}):
+        s = bench(spin, device="cuda", **budget, **mode)  # type: ignore[arg-type]
+        assert 0.8 < s.median_ms / expected < 1.25, (mode, s.median_ms, expected)
