@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from perfbudget.budgets import Budget, BudgetFile, BudgetSet, decide, load_dir, parse_text
+from perfbudget.budgets.loader import read_text
 
 # The updater's file handling: one lock per folder, deterministic rendering, atomic replace.
 from perfbudget.budgets.update import _raw_doc, render_doc
@@ -238,7 +239,7 @@ def render(budgets: BudgetSet, result: Result) -> dict[Path, tuple[str | None, s
 
     def doc(path: Path, selector: dict[str, Any]) -> dict[str, Any]:
         if path not in docs:
-            old = path.read_text(encoding="utf-8") if path.exists() else None
+            old = read_text(path, budgets.root) if path.exists() or path.is_symlink() else None
             docs[path] = (old, _raw_doc(old, selector))
         return docs[path][1]
 

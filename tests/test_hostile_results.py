@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -168,3 +169,26 @@ def test_git_reads_a_commit_as_a_commit_never_as_an_option(tmp_path: Path) -> No
     written = tmp_path / "written"
     assert git_commit_info(f"--output={written}", cwd=Path(__file__).parent) is None
     assert not written.exists()
+
+
+def test_a_dry_run_never_reads_through_a_link_nor_copies_a_fifo(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "budgets"
+    root.mkdir()
+    (root / "cpu.yaml").write_text("schema: 1\ndevice: {type: cpu}\nbudgets: {}\n")
+    secret = tmp_path / "outside.yaml"
+    secret.write_text("note: SECRET_TOKEN\n")
+    (root / "leak.yaml").symlink_to(secret)
+    os.mkfifo(root / "pipe.yaml")
+    record = Record(nodeid="t.py::test_x", key="enc", metric="flops", outcome=Outcome.PASS, value=1.0, n=1,
+                    device=DeviceInfo(type="cpu", model="Test CPU", count=2, threads=1), kind="exact", direction="lower")
+    results = tmp_path / "results.json"
+    Results(records=[record]).write(results)
+    out = io.StringIO()
+    assert main(["update", str(results), "--budgets-dir", str(root), "--dry-run"], out=out) == ExitCode.USAGE
+    said = out.getvalue() + capsys.readouterr().err
+    assert "SECRET_TOKEN" not in said and "leak.yaml: cannot read: a symbolic link" in said
+    assert "pipe.yaml: cannot read: not a regular file" not in said  # not copied: the copy has no such file
+    # Nor a real run: a file that cannot be read might hold the entry; nothing is written until it reads.
+    before = (root / "cpu.yaml").read_text()
+    assert main(["update", str(results), "--budgets-dir", str(root)], out=io.StringIO()) == ExitCode.USAGE
+    assert (root / "cpu.yaml").read_text() == before

@@ -7,6 +7,7 @@ ratchet (``update``); 2 usage or input error (unreadable results, broken budget 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -240,6 +241,12 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
 # --------------------------------------------------------------------------- update
 
 
+def _not_plain(folder: str, names: list[str]) -> list[str]:
+    """The entries of ``folder`` a dry run does not copy: neither a folder, a regular file nor a link."""
+    return [n for n in names if not (os.path.islink(p := os.path.join(folder, n)) or os.path.isdir(p)
+                                     or os.path.isfile(p))]
+
+
 def _write_budgets(root: Path, dry_run: bool, write: Callable[[BudgetSet], UpdateReport],
                    out: TextIO) -> int:
     """Run ``write`` on the budgets at ``root`` (on a copy for a dry run) and print what it did;
@@ -248,7 +255,9 @@ def _write_budgets(root: Path, dry_run: bool, write: Callable[[BudgetSet], Updat
         with tempfile.TemporaryDirectory() as tmp:
             copy = Path(tmp) / "budgets"
             if root.is_dir():
-                shutil.copytree(root, copy)
+                # Links copied as links (the loader refuses them as in a real run, never reads what they
+                # lead to); a FIFO or device left out (copying /dev/zero would never end).
+                shutil.copytree(root, copy, symlinks=True, ignore=_not_plain)
             report = write(load_dir(copy))
             text = _render_update(report).replace(str(copy), str(root))
         out.write(f"dry run: nothing written to {root}\n{text}\n")

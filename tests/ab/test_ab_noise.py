@@ -94,7 +94,22 @@ def test_a_noise_file_is_named_relative_to_the_working_folder(tmp_path: Path, mo
      "checks.enc.step_ms.df: expected a number > 0, got 0"),
     ("schema: 1\nidentity: X\nchecks:\n  enc:\n    step_ms: {ss: -1, df: 2, runs: 1}\n",
      "checks.enc.step_ms.ss: expected a number >= 0, got -1"),
-    ("schema: 1\nidentity: X\nchecks: [1\n", "cannot read the noise file"),
+    ("schema: 1\nidentity: X\nchecks: [1\n", "invalid YAML"),
+    # Parsed as budget files are: a second block does not silently replace the first, ...
+    ("schema: 1\nidentity: X\nchecks:\n  enc: {step_ms: {ss: 0.1, df: 2, runs: 1}}\nchecks: {}\n",
+     ":5: checks: duplicate key (first defined on line 3)"),
+    # ... a number too large for a float, nesting and aliases that would exhaust the parser are errors.
+    ("schema: 1\nidentity: X\nchecks:\n  enc:\n    step_ms: {ss: 1" + "9" * 400 + ", df: 2, runs: 1}\n",
+     ":5: checks.enc.step_ms.ss: expected a number >= 0, got 1999"),
+    ("schema: 1\nidentity: X\nprovenance: " + "[" * 3000 + "]" * 3000 + "\n", "nested deeper than 32 levels"),
+    ("schema: 1\nidentity: X\n" + "\n".join([f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}" if i else "x"] * 10) + "]"
+                                           for i in range(9)]) + "\n", "more than 100000 values (aliases expanded)"),
+    ("schema: 1\nidentity: X\nchecks: {1: {step_ms: {ss: 0.1, df: 2, runs: 1}}}\n",
+     ":3: checks: a mapping key must be a string; quote it ('1')"),
+    # A turn length read back later as a float must be one.
+    ("schema: 1\nidentity: X\nchecks: {}\nprovenance:\n  - {file: r.json}\n  - {file: s.json, burst_ms: abc}\n",
+     ":6: provenance.1.burst_ms: expected a number of milliseconds > 0, got 'abc'"),
+    ("schema: 1\nidentity: X\nchecks: {}\nprovenance: [{burst_ms: 0}]\n", "provenance.0.burst_ms"),
 ])
 def test_a_bad_noise_file_is_an_error_naming_file_key_and_value(tmp_path: Path, text: str, where: str) -> None:
     (tmp_path / "noise").mkdir()
@@ -103,6 +118,23 @@ def test_a_bad_noise_file_is_an_error_naming_file_key_and_value(tmp_path: Path, 
     with pytest.raises(BudgetError) as err:
         load_noise(tmp_path)
     assert str(err.value).startswith(str(path)) and where in str(err.value)
+
+
+def test_a_noise_file_is_read_only_as_a_plain_file_inside_the_budgets_folder(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / f"{ID}.yaml").write_text(f"schema: 1\nidentity: {ID}\nchecks: {{}}\n")
+    budgets = tmp_path / "budgets"
+    (budgets / "noise").mkdir(parents=True)
+    link = budgets / "noise" / f"{ID}.yaml"
+    link.symlink_to(outside / f"{ID}.yaml")
+    with pytest.raises(BudgetError, match=rf"^{link}: cannot read: a symbolic link \(to {outside}/"):
+        load_noise(budgets)
+    link.unlink()
+    (budgets / "noise").rmdir()
+    (budgets / "noise").symlink_to(outside)  # the folder a link: its files lie outside
+    with pytest.raises(BudgetError, match=rf"^{link}: cannot read: it lies outside the budgets folder"):
+        load_noise(budgets)
 
 
 def policy_with(sd: float, df: float, metric: str = "step_ms") -> ABPolicy:

@@ -109,3 +109,19 @@ def test_side_env_puts_the_shim_first_and_keeps_the_rest(tmp_path: Path) -> None
     env = side_env(tmp_path / "shim", base_env={"PYTHONPATH": "/x:/y", "KEEP": "1"}, PERFBUDGET_AB_SPEC="base.spec.json")
     assert env == {"PYTHONPATH": f"{tmp_path / 'shim'}:/x:/y", "KEEP": "1", "PERFBUDGET_AB_SPEC": "base.spec.json"}
     assert side_env(tmp_path / "s", base_env={})["PYTHONPATH"] == str(tmp_path / "s")
+
+
+@pytest.mark.parametrize("link", [".perfbudget", ".perfbudget/ab"])
+def test_a_checked_in_link_on_the_way_to_the_base_worktree_is_refused_and_what_it_leads_to_survives(
+        make_repo: Callable[..., Path], tmp_path: Path, link: str) -> None:
+    # A pull request commits the link: the old clean-up removed the folder it led to.
+    outside = tmp_path / "outside"
+    marker = outside / "ab" / "base" / "marker.txt" if link == ".perfbudget" else outside / "base" / "marker.txt"
+    write_tree(marker.parent, {marker.name: "keep me\n"})
+    repo = make_repo({"a.txt": "a\n"})
+    (repo / link).parent.mkdir(parents=True, exist_ok=True)
+    (repo / link).symlink_to(outside, target_is_directory=True)
+    with pytest.raises(GitError, match=rf"{link}: a symbolic link \(to {outside}\).*remove the link"):
+        prepare_base(repo, "HEAD")
+    assert marker.read_text() == "keep me\n"
+    assert not any(p.name == "worktrees.lock" for p in outside.rglob("*"))  # nor was the lock opened there

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import threading
 from pathlib import Path
 
 import pytest
 
-from perfbudget.budgets import BudgetError, load_dir, parse_text
+from perfbudget.budgets import BudgetError, BudgetSet, load_dir, parse_text
+from perfbudget.budgets.loader import load_file
 from perfbudget.device import DeviceInfo
 
 CPU = DeviceInfo(type="cpu", model="AMD EPYC 7763 64-Core Processor", count=2, torch="2.13.0+cpu", threads=1)
@@ -267,3 +270,42 @@ def test_file_errors_are_listed_whatever_device_the_file_selects(tmp_path: Path)
     assert len(bs.errors_for("encoder-train", CPU)) == 3
     assert len(bs.errors_for("encoder-train", GPU)) == 3
     assert bs.resolve("encoder-train", "flops", CPU) is not None  # the good file still resolves
+
+
+@pytest.mark.parametrize(("key", "quoted"), [("1", "'1'"), ("yes", "'yes'"), ("0x10", "'0x10'"), ("2.5", "'2.5'")])
+def test_a_key_yaml_reads_as_a_number_or_boolean_is_an_error_asking_for_quotes(key: str, quoted: str) -> None:
+    # Turned into text it would read as another key ("yes" -> "True", "0x10" -> "16"), and the
+    # updater, reading the file's keys as YAML gives them, could not sort them beside strings.
+    e = one_error(GOOD.replace("  encoder-train:", f"  {key}:"))
+    assert str(e).startswith(f"budgets/cpu.yaml:4: budgets: a mapping key must be a string; quote it ({quoted})")
+    assert parse_text(GOOD.replace("  encoder-train:", f"  {quoted}:"), "budgets/cpu.yaml").errors == []
+
+
+def test_a_budget_file_that_is_a_link_or_not_a_plain_file_is_refused_unread(tmp_path: Path) -> None:
+    budgets = tmp_path / "budgets"
+    budgets.mkdir()
+    secret = tmp_path / "outside" / "secret.yaml"
+    secret.parent.mkdir()
+    secret.write_text("SECRET: the text of a file outside the budgets folder\n")
+    (budgets / "a.yaml").symlink_to(Path("..") / "outside" / "secret.yaml")
+    (budgets / "b.yaml").symlink_to(budgets / "c.yml")  # a link inside the folder: still a link
+    (budgets / "c.yml").write_text(GOOD)
+    os.mkfifo(budgets / "fifo.yaml")  # reading it would wait for a writer forever
+    (budgets / "folder.yaml").mkdir()
+    (budgets / "big.yaml").write_text(GOOD + "#" * (1 << 20))
+    loaded: list[BudgetSet] = []
+    reader = threading.Thread(target=lambda: loaded.append(load_dir(budgets)), daemon=True)
+    reader.start()
+    reader.join(30)
+    assert loaded, "load_dir hung"
+    got = sorted(str(e) for e in loaded[0].file_errors)
+    assert got == [
+        f"{budgets}/a.yaml: cannot read: a symbolic link (to ../outside/secret.yaml); budgets must be plain files",
+        f"{budgets}/b.yaml: cannot read: a symbolic link (to {budgets}/c.yml); budgets must be plain files",
+        f"{budgets}/big.yaml: cannot read: larger than 1 MiB",
+        f"{budgets}/fifo.yaml: cannot read: not a regular file",
+        f"{budgets}/folder.yaml: cannot read: not a regular file",
+    ]
+    assert "SECRET" not in "".join(got)
+    assert loaded[0].resolve("encoder-train", "flops", CPU) is not None  # c.yml itself loads
+    assert "outside the budgets folder" in str(load_file(secret, budgets).errors[0])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -93,6 +94,7 @@ def test_failed_write_leaves_the_old_file_and_no_temp(tmp_path: Path, monkeypatc
     monkeypatch.setattr(os, "replace", boom)
     rep = apply_updates([m("step_ms", 30.0)], load_dir(tmp_path))
     assert rep.errors and "No space left" in str(rep.errors[0])
+    assert rep.changes == [] and "tightened" not in rep.render()  # not written: not reported as done
     assert path.read_text() == before
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
 
@@ -126,6 +128,87 @@ def test_widen_tolerances_only_raises_and_notes_why(tmp_path: Path) -> None:
     assert step.value == 40.0  # the budget itself is untouched
     assert ttft is not None and ttft.tolerance == 0.05  # never narrowed
     assert [c.metric for c in rep.changes] == ["step_ms"] and len(rep.diffs) == 1
+
+
+DEVICE_FILE = "cpu-amd-epyc-7763-64-core-processor.yaml"
+
+
+def test_a_crash_in_one_file_leaves_the_files_already_written_reported(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from perfbudget.budgets import update
+
+    write = update.atomic_write
+
+    def crash_on_cpu_yaml(path: Path, text: str) -> Path:
+        if path.name == "cpu.yaml":
+            raise RuntimeError("disk on fire")
+        return write(path, text)
+
+    monkeypatch.setattr(update, "atomic_write", crash_on_cpu_yaml)
+    rep = apply_updates([m("step_ms", 40.0), m("flops", 1000)], load_dir(tmp_path))
+    assert list(rep.diffs) == [tmp_path / DEVICE_FILE] and "+    step_ms:" in rep.render()
+    assert [str(e) for e in rep.errors] == [f"{tmp_path}/cpu.yaml: not updated: RuntimeError: disk on fire"]
+    assert [(c.metric, c.action) for c in rep.changes] == [("step_ms", "added")]  # flops was never written
+    assert not (tmp_path / "cpu.yaml").exists()
+
+
+def test_a_key_yaml_reads_as_a_number_stops_the_update_with_a_hint(tmp_path: Path) -> None:
+    # The loader used to read key 1 as "1" and the updater as 1: sorting them crashed mid-update. Now the
+    # file does not read, and a folder with a file that does not read is not updated at all (it might hold
+    # the entry, or a more specific file).
+    bad = "schema: 1\ndevice: {type: cpu}\nbudgets:\n  1:\n    flops: 10\n"
+    (tmp_path / "cpu.yaml").write_text(bad)
+    rep = apply_updates([m("step_ms", 40.0), m("flops", 5, key="1")], load_dir(tmp_path))
+    assert rep.diffs == {} and not (tmp_path / DEVICE_FILE).exists()
+    assert [str(e) for e in rep.errors] == [
+        f"{tmp_path}/cpu.yaml:4: budgets: a mapping key must be a string; quote it ('1'), got 1"]
+    assert (tmp_path / "cpu.yaml").read_text() == bad
+
+
+def test_a_budget_file_that_is_a_link_is_neither_read_nor_replaced(tmp_path: Path) -> None:
+    (tmp_path / "other.txt").write_text("schema: 1\ndevice: {type: cpu}\nbudgets: {}\n")
+    (tmp_path / "cpu.yaml").symlink_to("other.txt")
+    rep = apply_updates([m("flops", 1000)], load_dir(tmp_path))
+    assert [str(e) for e in rep.errors] == [
+        f"{tmp_path}/cpu.yaml: cannot read: a symbolic link (to other.txt); budgets must be plain files"]
+    assert (tmp_path / "cpu.yaml").is_symlink() and rep.diffs == {}
+
+
+def test_one_bad_measured_value_is_refused_alone_and_the_rest_of_its_file_written(tmp_path: Path) -> None:
+    def bad(key: str, *, value: float = 1.0, samples: int = 30, cv: float = 0.02, **k: float) -> Measured:
+        return Measured(key=key, metric="step_ms", value=value, samples=samples, cv=cv, device=CPU, **k)
+
+    rep = apply_updates([m("step_ms", 38.0), bad("k1", cv=math.inf), bad("k2", value=-1.0), bad("k3", samples=-1),
+                         bad("k4", ref_ms=math.nan), bad("k5", noise=math.inf), bad("k6", value=math.inf)],
+                        load_dir(tmp_path))
+    assert not rep.errors and list(rep.diffs) == [tmp_path / DEVICE_FILE]
+    assert [(c.key, c.action, c.why) for c in rep.changes] == [
+        ("enc", "added", ""),
+        ("k1", "refused", "measured cv inf: expected a finite non-negative number"),
+        ("k2", "refused", "measured value -1.0: expected a finite non-negative number"),
+        ("k3", "refused", "measured samples -1: expected a non-negative integer"),
+        ("k4", "refused", "measured ref_ms nan: expected a finite non-negative number"),
+        ("k5", "refused", "measured noise inf: expected a finite non-negative number"),
+        ("k6", "refused", "measured value inf: expected a finite non-negative number"),
+    ]
+    assert f"  refused  {DEVICE_FILE}  k1.step_ms: measured cv inf" in rep.render()
+    assert "added" not in rep.render().replace("    added  " + DEVICE_FILE + "  enc.step_ms", "")
+    bs = load_dir(tmp_path)
+    assert bs.resolve("enc", "step_ms", CPU).value == 38.0  # type: ignore[union-attr]
+    assert all(bs.resolve(f"k{i}", "step_ms", CPU) is None for i in range(1, 7))
+
+
+def test_a_noise_that_is_not_finite_gives_no_tolerance(tmp_path: Path) -> None:
+    from perfbudget.budgets.update import measured_value, noise_tolerance
+
+    wide = measured_value(key="enc", metric="step_ms", value=1.0, n=30, cv=0.02, device=CPU, ci=(-1e308, 1e308))
+    tiny = measured_value(key="dec", metric="step_ms", value=5e-324, n=30, cv=0.02, device=CPU, ci=(0.0, 1.0))
+    assert wide is not None and wide.noise is None and tiny is not None and tiny.noise is None
+    assert noise_tolerance(0.05, math.inf) == 0.05 and noise_tolerance(0.05, math.nan) == 0.05
+    assert noise_tolerance(0.05, 1e308) == 1.0  # finite, but 3x of it overflows
+    rep = apply_updates([wide, tiny], load_dir(tmp_path))
+    assert not rep.errors and [c.action for c in rep.changes] == ["added", "added"]
+    assert load_dir(tmp_path).resolve("enc", "step_ms", CPU).tolerance == 0.05  # type: ignore[union-attr]
 
 
 CI_VARIABLES = ("GITHUB_ACTIONS", "GITHUB_SHA", "GITLAB_CI", "CI_COMMIT_SHA")

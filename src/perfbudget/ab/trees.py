@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -94,7 +95,8 @@ def prepare_base(root: Path, ref: str, *, merge_base: bool = False, path: Path |
             once (timing and instruction counts) each use their own.
 
     Raises:
-        GitError: ``ref`` is not a commit here, or the worktree cannot be made.
+        GitError: ``ref`` is not a commit here, the worktree cannot be made, or ``path`` or the
+            lock beside it would be reached through a symbolic link (:func:`_real_folders`).
     """
     try:
         commit = git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", cwd=root)
@@ -104,9 +106,14 @@ def prepare_base(root: Path, ref: str, *, merge_base: bool = False, path: Path |
     if merge_base:
         commit = git("merge-base", "HEAD", commit, cwd=root)
     path = root / AB_DIR / "base" if path is None else path
+    worktrees_lock = root / AB_DIR / "worktrees.lock"
+    for folder in (path, worktrees_lock.parent):
+        _real_folders(root, folder)
+    if worktrees_lock.is_symlink():
+        raise GitError(f"{worktrees_lock}: a symbolic link (to {os.readlink(worktrees_lock)}); remove it")
     # One run at a time changes the repository's worktree list (git's own files are not safe
     # against two `worktree add/remove/prune` at once).
-    with lock(root / AB_DIR / "worktrees.lock"):
+    with lock(worktrees_lock):
         # Refresh: a worktree left by an earlier run may hold another commit or build outputs.
         if path.exists():
             try:
@@ -117,6 +124,36 @@ def prepare_base(root: Path, ref: str, *, merge_base: bool = False, path: Path |
         path.parent.mkdir(parents=True, exist_ok=True)
         git("worktree", "add", "--detach", "--force", str(path), commit, cwd=root)
     return BaseTree(path=path, ref=ref, commit=commit, merge_base=merge_base)
+
+
+def _real_folders(root: Path, path: Path) -> None:
+    """Raise unless every part of ``path`` below ``root`` that exists is a real folder (no symbolic
+    link) and ``path`` resolves inside ``root``.
+
+    A pull request can commit ``.perfbudget`` (or ``.perfbudget/ab``) as a link: the base
+    worktree's clean-up would then delete the folder it leads to, outside the repository.
+
+    Raises:
+        GitError: naming the part and where it leads.
+    """
+    try:
+        parts = Path(os.path.abspath(path)).relative_to(os.path.abspath(root)).parts
+    except ValueError:
+        raise GitError(f"{path}: not inside the repository {root}") from None
+    here = Path(os.path.abspath(root))
+    for part in parts:
+        here /= part
+        try:
+            mode = here.lstat().st_mode
+        except FileNotFoundError:
+            break
+        if stat.S_ISLNK(mode):
+            raise GitError(f"{here}: a symbolic link (to {os.readlink(here)}), where an A/B run keeps its "
+                           "base worktree; it must be a plain folder of this checkout: remove the link")
+        if not stat.S_ISDIR(mode):
+            raise GitError(f"{here}: not a folder, where an A/B run keeps its base worktree; remove it")
+    if not path.resolve().is_relative_to(root.resolve()):
+        raise GitError(f"{path}: leads outside the repository {root}")
 
 
 def instrument_dir(root: Path) -> Path:

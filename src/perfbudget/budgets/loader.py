@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +24,7 @@ from ..metrics import UnknownMetricError, parse_name
 from ..rule import tolerance_for
 from .schema import PROVENANCE_FIELDS, SCHEMA_VERSION, Budget, BudgetError, BudgetFile, Provenance
 
-__all__ = ["BudgetSet", "load_dir", "load_file", "parse_text"]
+__all__ = ["MAX_FILE_BYTES", "BudgetSet", "load_dir", "load_file", "parse_text", "read_text"]
 
 _TOP_KEYS = ("schema", "device", "budgets", "note")
 _ENTRY_KEYS = ("value", "tolerance", "ab_tolerance", "provenance", "note")
@@ -36,6 +38,8 @@ MAX_DEPTH = 32
 #: Most values a file may expand to, aliases included: a few aliases can otherwise
 #: expand to billions of values ("billion laughs").
 MAX_NODES = 100_000
+#: Largest file the budgets folder may hold that perfbudget reads (a real one is a few KiB).
+MAX_FILE_BYTES = 1 << 20
 
 
 def _short_tag(tag: str | None) -> str:
@@ -116,11 +120,11 @@ class _Doc:
             if not isinstance(knode, yaml.ScalarNode):
                 raise self._fail("invalid YAML: mapping keys must be plain strings, got a collection",
                                  knode, keypath)
-            key = self._scalar(loader, knode, keypath)
-            if key is None or not isinstance(key, (str, int, float, bool)):
-                raise BudgetError("mapping keys must be plain strings", path=self.path,
-                                  line=knode.start_mark.line + 1, keypath=keypath, value=key)
-            skey = str(key)
+            skey = self._scalar(loader, knode, keypath)
+            if not isinstance(skey, str):
+                # YAML reads 1, yes and 0x10 as a number or a boolean, not as the text written.
+                raise BudgetError(f"a mapping key must be a string; quote it ('{knode.value}')",
+                                  path=self.path, line=knode.start_mark.line + 1, keypath=keypath, value=skey)
             sub = (*keypath, skey)
             if skey in out:
                 raise BudgetError(
@@ -342,20 +346,51 @@ def parse_text(text: str, path: str | Path) -> BudgetFile:
     return BudgetFile(path=path, selector=selector, entries=entries, errors=v.errors, note=note)
 
 
-def load_file(path: str | Path) -> BudgetFile:
-    """Read and validate one budget file."""
+def read_text(path: str | Path, root: str | Path) -> str:
+    """The text of ``path``, a file the budgets folder ``root`` holds, which a pull request may have written.
+
+    Refused unless it is a regular file of at most :data:`MAX_FILE_BYTES`, not a symbolic link,
+    inside ``root``: a link could show another file's text in messages, a FIFO hang the reader
+    and ``/dev/zero`` exhaust its memory.
+
+    Raises:
+        BudgetError: naming the file (and the line of a byte that is not UTF-8).
+    """
+    path = Path(path)
+
+    def refuse(why: str, line: int | None = None) -> BudgetError:
+        return BudgetError(f"cannot read: {why}", path=path, line=line)
+
+    if path.is_symlink():
+        raise refuse(f"a symbolic link (to {os.readlink(path)}); budgets must be plain files")
+    if not path.resolve().is_relative_to(Path(root).resolve()):
+        raise refuse(f"it lies outside the budgets folder {root}")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise refuse(exc.strerror or str(exc)) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise refuse("not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            data = fh.read(MAX_FILE_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_FILE_BYTES:
+        raise refuse(f"larger than {MAX_FILE_BYTES // (1 << 20)} MiB")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise refuse(f"not UTF-8 (byte {data[exc.start]:#04x})", data.count(b"\n", 0, exc.start) + 1) from None
+
+
+def load_file(path: str | Path, root: str | Path | None = None) -> BudgetFile:
+    """Read (:func:`read_text`) and validate one budget file of the folder ``root`` (default: its own folder)."""
     path = Path(path)
     try:
-        data = path.read_bytes()
-    except OSError as exc:
-        return BudgetFile(path=path, selector=None,
-                          errors=[BudgetError(f"cannot read: {exc.strerror or exc}", path=path)])
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        err = BudgetError(f"cannot read: not UTF-8 (byte {data[exc.start]:#04x})", path=path, line=line)
-        return BudgetFile(path=path, selector=None, errors=[err])
+        text = read_text(path, path.parent if root is None else root)
+    except BudgetError as exc:
+        return BudgetFile(path=path, selector=None, errors=[exc])
     return parse_text(text, path)
 
 
@@ -472,5 +507,5 @@ def load_dir(root: str | Path) -> BudgetSet:
         bs.errors.append(BudgetError("budgets path is not a folder", path=root))
         return bs
     for p in sorted([*root.glob("*.yaml"), *root.glob("*.yml")]):
-        bs.files.append(load_file(p))
+        bs.files.append(load_file(p, root))
     return bs

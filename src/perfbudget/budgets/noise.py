@@ -21,7 +21,7 @@ The file pools exactly: ``ss`` (the sum of squares) and ``df`` add up run after 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ import yaml
 
 from ..fileio import atomic_write, shown_path
 from ..measure.stats import t_quantile
+from .loader import _Doc, _finite, read_text
 from .schema import BudgetError
 
 __all__ = [
@@ -152,12 +153,14 @@ def load_noise(budgets_dir: str | Path) -> dict[str, NoiseTable]:
     """Every noise file of ``budgets_dir``, by identity (none when the folder has no ``noise/``).
 
     Raises:
-        BudgetError: a file that cannot be read or parsed, or a bad entry (naming file, key, value).
+        BudgetError: a file that cannot be read (:func:`~.loader.read_text`: inside the budgets
+            folder, a regular file, no link) or parsed (the budget files' YAML rules), or a bad
+            entry (naming file, line, key, value).
     """
     folder = Path(budgets_dir) / NOISE_DIR
     tables: dict[str, NoiseTable] = {}
     for path in sorted([*folder.glob("*.yaml"), *folder.glob("*.yml")]) if folder.is_dir() else ():
-        table = _parse(path)
+        table = _parse(path, budgets_dir)
         if table.identity in tables:
             raise BudgetError(f"a second noise file for {table.identity} (the first is {tables[table.identity].where})",
                               path=path, keypath=("identity",), value=table.identity)
@@ -165,46 +168,51 @@ def load_noise(budgets_dir: str | Path) -> dict[str, NoiseTable]:
     return tables
 
 
-def _parse(path: Path) -> NoiseTable:
-    try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise BudgetError(f"cannot read the noise file: {exc}", path=path) from None
-    if not isinstance(doc, dict):
-        raise BudgetError("expected a mapping with schema, identity and checks", path=path, value=doc)
-    if doc.get("schema") != NOISE_SCHEMA:
-        raise BudgetError(f"expected schema {NOISE_SCHEMA}", path=path, keypath=("schema",), value=doc.get("schema"))
-    identity = doc.get("identity")
+def _parse(path: Path, budgets_dir: str | Path) -> NoiseTable:
+    """One noise file, read and parsed as budget files are (:func:`~.loader.read_text`, the loader's YAML)."""
+    doc = _Doc(read_text(path, budgets_dir), path)
+
+    def fail(message: str, keypath: tuple[str, ...], value: Any) -> BudgetError:
+        return BudgetError(message, path=path, line=doc.line(keypath), keypath=keypath, value=value)
+
+    data = doc.data
+    if not isinstance(data, dict):
+        raise fail("expected a mapping with schema, identity and checks", (), data)
+    if data.get("schema") != NOISE_SCHEMA:
+        raise fail(f"expected schema {NOISE_SCHEMA}", ("schema",), data.get("schema"))
+    identity = data.get("identity")
     if not isinstance(identity, str) or not identity or identity != path.stem:
-        raise BudgetError(f"expected the identity the file is named after ({path.stem!r})", path=path,
-                          keypath=("identity",), value=identity)
-    raw = doc.get("checks") or {}
+        raise fail(f"expected the identity the file is named after ({path.stem!r})", ("identity",), identity)
+    raw = data.get("checks") or {}
     if not isinstance(raw, dict):
-        raise BudgetError("expected a mapping of key -> metric -> noise", path=path, keypath=("checks",), value=raw)
+        raise fail("expected a mapping of key -> metric -> noise", ("checks",), raw)
     checks: dict[tuple[str, str], CheckNoise] = {}
     for key, metrics in raw.items():
         if not isinstance(metrics, dict):
-            raise BudgetError("expected a mapping of metric -> noise", path=path, keypath=("checks", str(key)),
-                              value=metrics)
+            raise fail("expected a mapping of metric -> noise", ("checks", key), metrics)
         for metric, entry in metrics.items():
-            kp = ("checks", str(key), str(metric))
+            kp = ("checks", key, metric)
             if not isinstance(entry, dict):
-                raise BudgetError("expected a mapping with ss, df, runs", path=path, keypath=kp, value=entry)
-            wants = {"ss": ("a number >= 0", lambda v: _number(v) and v >= 0),
-                     "df": ("a number > 0", lambda v: _number(v) and v > 0),
-                     "runs": ("an integer > 0", lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0),
-                     "spread": ("'pairs' or 'runs'", lambda v: v in ("pairs", "runs"))}
+                raise fail("expected a mapping with ss, df, runs", kp, entry)
             got: dict[str, Any] = {"spread": "pairs", **entry}
-            for name, (want, ok) in wants.items():
+            for name, (want, ok) in _WANTS.items():
                 if not ok(got.get(name)):
-                    raise BudgetError(f"expected {want}", path=path, keypath=(*kp, name), value=got.get(name))
-            checks[(str(key), str(metric))] = CheckNoise(ss=float(got["ss"]), df=float(got["df"]), runs=int(got["runs"]),
-                                                         spread=str(got["spread"]))
-    prov = doc.get("provenance") or []
+                    raise fail(f"expected {want}", (*kp, name), got.get(name))
+            checks[(key, metric)] = CheckNoise(ss=float(got["ss"]), df=float(got["df"]), runs=int(got["runs"]),
+                                               spread=str(got["spread"]))
+    prov = data.get("provenance") or []
     if not isinstance(prov, list) or not all(isinstance(p, dict) for p in prov):
-        raise BudgetError("expected a list of mappings", path=path, keypath=("provenance",), value=prov)
+        raise fail("expected a list of mappings", ("provenance",), prov)
+    for i, p in enumerate(prov):
+        if p.get("burst_ms") is not None and not (_finite(p["burst_ms"]) and p["burst_ms"] > 0):
+            raise fail("expected a number of milliseconds > 0", ("provenance", str(i), "burst_ms"), p["burst_ms"])
     return NoiseTable(identity=identity, checks=checks, provenance=tuple(prov), path=path)
 
 
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+#: Each field of a check's noise: what it must be, and the test.
+_WANTS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "ss": ("a number >= 0", lambda v: _finite(v) and v >= 0),
+    "df": ("a number > 0", lambda v: _finite(v) and v > 0),
+    "runs": ("an integer > 0", lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0),
+    "spread": ("'pairs' or 'runs'", lambda v: v in ("pairs", "runs")),
+}

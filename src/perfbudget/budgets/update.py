@@ -21,7 +21,7 @@ from ..fileio import atomic_write, lock
 from ..measure.stats import normal_quantile
 from ..metrics import parse_name
 from ..rule import tolerance_for
-from .loader import BudgetSet, parse_text
+from .loader import BudgetSet, _Doc, _finite, parse_text, read_text
 from .schema import SCHEMA_VERSION, BudgetError
 
 __all__ = [
@@ -80,13 +80,15 @@ def measured_value(
     ref_ms: float | None = None,
 ) -> Measured | None:
     """The :class:`Measured` for a judged value, with its noise (relative standard error)
-    taken from its CI at the CI's own confidence; ``None`` when ``value`` is not finite."""
+    taken from its CI at the CI's own confidence; ``None`` when ``value`` is not finite. A noise
+    that is not finite (a CI of +-1e308, a value of 5e-324) is left out: no tolerance follows from it."""
     if not math.isfinite(value):
         return None
     noise = None
     if ci is not None and value and all(math.isfinite(x) for x in ci):
         z = normal_quantile(0.5 + (confidence or 0.95) / 2)
         noise = abs(ci[1] - ci[0]) / (2 * z * abs(value))
+        noise = noise if math.isfinite(noise) else None
     return Measured(key=key, metric=metric, value=float(value), samples=n, cv=cv, device=device,
                     ref_ms=ref_ms, noise=noise)
 
@@ -278,10 +280,15 @@ def _target(measured: Measured, budgets: BudgetSet) -> tuple[Path, dict[str, Any
     return _new_file(budgets.root, device_file_stem(info), measured), selector
 
 
-def _raw_doc(text: str | None, selector: dict[str, Any]) -> dict[str, Any]:
+def _raw_doc(text: str | None, selector: dict[str, Any], path: Path | None = None) -> dict[str, Any]:
+    """The budget file's text as plain data, parsed as the loader parses it (every key a string).
+
+    Raises:
+        BudgetError: the text is not YAML the loader accepts (naming ``path``, the line and key).
+    """
     if text is None:
         return {"schema": SCHEMA_VERSION, "device": selector, "budgets": {}}
-    data = yaml.safe_load(text) or {}
+    data = _Doc(text, path or Path("<budget file>")).data or {}
     data.setdefault("budgets", {})
     if data["budgets"] is None:
         data["budgets"] = {}
@@ -309,12 +316,21 @@ NOISE_MULTIPLE = 3
 
 def noise_tolerance(default: float, noise: float | None) -> float:
     """The tolerance for a new budget: the kind's default, widened to 3x the measured noise
-    (rounded up to whole percent, capped at 1)."""
-    if noise is None:
+    (rounded up to whole percent, capped at 1); a noise that is not finite widens nothing."""
+    if noise is None or not math.isfinite(noise):
         return default
-    import math
+    return min(1.0, max(default, math.ceil(min(1.0, NOISE_MULTIPLE * noise) * 100) / 100))
 
-    return min(1.0, max(default, math.ceil(NOISE_MULTIPLE * noise * 100) / 100))
+
+def _unfit(m: Measured) -> str:
+    """Why ``m`` cannot go into a budget file (which holds only finite, non-negative numbers), or ``""``."""
+    for name in ("value", "cv", "noise", "ref_ms"):
+        v = getattr(m, name)
+        if (v is not None or name == "value") and not (_finite(v) and v >= 0):
+            return f"measured {name} {v!r}: expected a finite non-negative number"
+    if isinstance(m.samples, bool) or not isinstance(m.samples, int) or m.samples < 0:
+        return f"measured samples {m.samples!r}: expected a non-negative integer"
+    return ""
 
 
 def _decide(entry: Any, m: Measured, allow_loosen: bool) -> tuple[Action, float | None, str]:
@@ -358,7 +374,8 @@ def apply_updates(
 
     Tightens only, unless ``allow_loosen``. Each file is rewritten at most once,
     under a folder lock, re-read inside the lock so concurrent updaters lose no
-    entry, and replaced atomically. A file with validation errors is not touched.
+    entry, and replaced atomically. A file with validation errors is not touched, and none
+    is while a file of the folder cannot be read at all.
 
     Args:
         measured: values to write.
@@ -373,6 +390,11 @@ def apply_updates(
         The :class:`UpdateReport` (diffs to print, per-entry actions, errors).
     """
     report = UpdateReport()
+    if budgets.file_errors:
+        # A file that cannot be read may hold an entry (or a more specific file) that decides where a value
+        # goes: nothing is written until it reads.
+        report.errors.extend(budgets.file_errors)
+        return report
     date = date or _dt.date.today().isoformat()
     per_file: dict[Path, tuple[dict[str, Any], list[Measured]]] = {}
     for m in measured:
@@ -393,8 +415,13 @@ def apply_updates(
     try:
         with lock(root):
             for path, (selector, items) in sorted(per_file.items()):
-                _update_file(path, selector, items, report, allow_loosen=allow_loosen,
-                             commit=commit, date=date, reason=reason)
+                try:  # one file's failure leaves the files already written, and their diffs, reported
+                    _update_file(path, root, selector, items, report, allow_loosen=allow_loosen,
+                                 commit=commit, date=date, reason=reason)
+                except BudgetError as exc:
+                    report.errors.append(exc)
+                except Exception as exc:
+                    report.errors.append(BudgetError(f"not updated: {type(exc).__name__}: {exc}", path=path))
     except OSError as exc:
         report.errors.append(BudgetError(f"cannot lock the budgets folder: {exc.strerror}", path=root))
     if commit is None and report.diffs:
@@ -407,6 +434,7 @@ def apply_updates(
 
 def _update_file(
     path: Path,
+    root: Path,
     selector: dict[str, Any],
     items: list[Measured],
     report: UpdateReport,
@@ -416,7 +444,7 @@ def _update_file(
     date: str,
     reason: str | None,
 ) -> None:
-    old_text = path.read_text(encoding="utf-8") if path.exists() else None
+    old_text = read_text(path, root) if os.path.lexists(path) else None
     if old_text is not None:
         parsed = parse_text(old_text, path)
         if parsed.errors:
@@ -425,9 +453,14 @@ def _update_file(
                             path=path)
             )
             return
-    data = _raw_doc(old_text, selector)
-    changed = False
+    data = _raw_doc(old_text, selector, path)
+    changes: list[Change] = []  # reported once the file is written (kept and refused ones in any case)
     for m in items:
+        why = _unfit(m)
+        if why:  # refused alone: the file's other values are still written
+            changes.append(Change(path=path, key=m.key, metric=m.metric, action="refused", old=None,
+                                  new=None, why=why))
+            continue
         entries = data["budgets"].setdefault(m.key, {})
         entry = entries.get(m.metric)
         action, old, why = _decide(entry, m, allow_loosen)
@@ -437,8 +470,8 @@ def _update_file(
                 f"{path.name} {m.key}.{m.metric}: tolerance {float(tol):.1%} is below {NOISE_MULTIPLE}x the "
                 f"measured noise ({m.noise:.1%}): expect false alarms; widen it or measure more samples"
             )
-        report.changes.append(Change(path=path, key=m.key, metric=m.metric, action=action, old=old,
-                                     new=_round(m.metric, m.value), why=why))
+        changes.append(Change(path=path, key=m.key, metric=m.metric, action=action, old=old,
+                              new=_round(m.metric, m.value), why=why))
         if action in ("kept", "refused"):
             continue
         info = parse_name(m.metric).metric
@@ -464,19 +497,28 @@ def _update_file(
             prov["reason"] = reason
         new_entry["provenance"] = prov
         entries[m.metric] = new_entry
-        changed = True
-    new_text = render_doc(data)
-    if not changed or new_text == old_text:
-        return
+    written = False
+    try:
+        written = any(c.action not in ("kept", "refused") for c in changes) and \
+            _write(path, old_text, render_doc(data), report)
+    finally:
+        report.changes.extend(c for c in changes if written or c.action in ("kept", "refused"))
+
+
+def _write(path: Path, old_text: str | None, new_text: str, report: UpdateReport) -> bool:
+    """Replace ``path``'s ``old_text`` with ``new_text`` (checked to read back), reporting its diff;
+    whether ``path`` now holds ``new_text``."""
+    if new_text == old_text:
+        return True
     check = parse_text(new_text, path)
     if check.errors:  # never write a file we could not read back
         report.errors.append(BudgetError(f"refusing to write an invalid file: {check.errors[0]}", path=path))
-        return
+        return False
     try:
         atomic_write(path, new_text)
     except OSError as exc:
         report.errors.append(BudgetError(f"cannot write: {exc.strerror or exc}", path=path))
-        return
+        return False
     diff = difflib.unified_diff(
         (old_text or "").splitlines(keepends=True),
         new_text.splitlines(keepends=True),
@@ -484,6 +526,7 @@ def _update_file(
         tofile=f"b/{path.name}",
     )
     report.diffs[path] = "".join(diff)
+    return True
 
 
 def _keyed_by_identity(path: Path, budgets: BudgetSet, identity: str | None) -> bool:
@@ -583,8 +626,8 @@ def widen_tolerances(
             per_file.setdefault(Path(b.source), {})[(key, metric)] = min(1.0, floor)
     with lock(budgets.root):
         for path, items in sorted(per_file.items()):
-            old_text = path.read_text(encoding="utf-8")
-            data = _raw_doc(old_text, {})
+            old_text = read_text(path, budgets.root)
+            data = _raw_doc(old_text, {}, path)
             for (key, metric), tol in items.items():
                 entry = data["budgets"][key][metric]
                 if not isinstance(entry, dict):
