@@ -137,3 +137,25 @@ def test_p90_metrics_judge_the_90th_percentile() -> None:
     assert v.value == pytest.approx(90.1) and v.ci == (84.0, 96.0) and v.outcome == "pass"
     v = decide("k", "e2e_ms_p90", xs, budget("e2e_ms_p90", 70.0, 0.05))  # limit 73.5 < 84
     assert v.outcome == "fail"
+
+
+def test_a_tail_quantile_of_too_few_samples_is_measured_more_before_it_passes() -> None:
+    """Ten samples all under a p90 limit happen 35 % of the time when the true p90 is over it: their
+    [min, max] holds p90 with 65 % coverage, no 95 % interval. More samples are taken, then the point
+    estimate decides, and the reason says why; a failure (all ten over the limit) needs no more."""
+    few = [10.0 + i * 0.1 for i in range(10)]
+    calls: list[int] = []
+
+    def more() -> list[float]:
+        calls.append(1)
+        return [10.0 + i * 0.1 for i in range(10)]
+
+    b = budget("e2e_ms_p90", 11.0, 0.05)  # limit 11.55; p90 of the samples ~10.8
+    v = decide("k", "e2e_ms_p90", few, b, more=more)
+    assert calls and v.outcome == "pass" and v.n > len(few)
+    alone = decide("k", "e2e_ms_p90", few, b)
+    assert alone.outcome == "pass" and "10 samples give the interval of the 0.9 quantile only 65% coverage" in alone.reason
+    assert decide("k", "e2e_ms_p90", [x + 10 for x in few], b).outcome == "fail"
+    # The median of the same ten has a 95 % interval: decided at once.
+    calls.clear()
+    assert decide("k", "step_ms", few, budget("step_ms", 10.5, 0.05), more=more).outcome == "pass" and not calls
