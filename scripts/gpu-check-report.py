@@ -20,6 +20,7 @@ import json
 import re
 import sys
 import tarfile
+import unicodedata
 import xml.etree.ElementTree as ET
 from collections import Counter
 from pathlib import Path
@@ -77,9 +78,23 @@ def load(path: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+def _dict(x: object) -> dict:
+    return x if isinstance(x, dict) else {}
+
+
+def _num(x: object) -> str:
+    """A number to 4 decimals, ``?`` for anything else (a results file is a test's output: any JSON)."""
+    return f"{x:.4f}" if isinstance(x, (int, float)) and not isinstance(x, bool) else "?"
+
+
+def plain(text: str) -> str:
+    """``text`` with each control or format character (an ANSI escape, a newline) shown as a space."""
+    return "".join(" " if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") else c for c in text)
+
+
 def unfinished(path: Path) -> bool:
     data = load(path)
-    return data is None or bool(data.get("meta", {}).get("unfinished"))
+    return data is None or bool(_dict(data.get("meta")).get("unfinished"))
 
 
 def junit(path: Path) -> list[tuple[str, str, float, str]] | None:
@@ -118,16 +133,18 @@ def part_line(name: str, status: str, wall: str, bound: str, note: str, folder: 
     if cases is not None:
         counts = Counter(o for _, o, _, _ in cases)
         bits.append("tests " + ", ".join(f"{n} {o}" for o, n in sorted(counts.items())))
+    records = [r for r in results.get("records", []) if isinstance(r, dict)] \
+        if results is not None and isinstance(results.get("records"), list) else []
     if results is not None:
-        records = results.get("records", [])
-        tests = {r.get("nodeid") for r in records if r.get("nodeid")}
+        meta = _dict(results.get("meta"))
+        tests = {str(r.get("nodeid")) for r in records if r.get("nodeid")}
         if cases is None:
             bits.append(f"{len(tests)} test(s) recorded")
-        outcomes = Counter(r.get("outcome") for r in records)
+        outcomes = Counter(str(r.get("outcome")) for r in records)
         bits.append(f"{len(records)} records (" + ", ".join(f"{n} {o}" for o, n in sorted(outcomes.items())) + ")")
-        if results.get("meta", {}).get("unfinished"):
+        if meta.get("unfinished"):
             bits.append("unfinished: the records of the tests finished before the kill")
-        ab = results.get("meta", {}).get("ab")
+        ab = meta.get("ab")
         if isinstance(ab, dict):
             bits.append(f"stopped: {ab.get('stopped', '?')}")
     elif status != "skipped":
@@ -145,13 +162,14 @@ def part_line(name: str, status: str, wall: str, bound: str, note: str, folder: 
         for test, _, seconds, _ in cases:
             est = planned.get(test.removesuffix("[cpu]") + "[cuda]" if test.endswith("[cpu]") else test)
             lines.append(f"{'':<8} {seconds:6.1f} s (plan {'-' if est is None else f'{est:.1f}':>5})  {test}")
-    if results is not None and name == "a/a":
-        for r in results.get("records", []):
-            base = r.get("base") or {}
+    if name == "a/a":
+        for r in records:
+            base = _dict(r.get("base"))
             if r.get("metric") == "step_ms" and base.get("ratio") is not None:
-                ci = base.get("ratio_ci") or ["?", "?"]
-                lines.append(f"{'':<8} {r.get('key')}.step_ms head/base {base['ratio']:.4f} "
-                             f"[{ci[0]:.4f}, {ci[1]:.4f}] over {base.get('pairs')} pair(s): {r.get('outcome')}")
+                ci = base.get("ratio_ci")
+                lo, hi = ci if isinstance(ci, list) and len(ci) == 2 else ("?", "?")
+                lines.append(f"{'':<8} {r.get('key')}.step_ms head/base {_num(base['ratio'])} "
+                             f"[{_num(lo)}, {_num(hi)}] over {base.get('pairs')} pair(s): {r.get('outcome')}")
     return lines
 
 
@@ -183,7 +201,8 @@ def summary(run: Path, out: Path) -> str:
     files = sorted(p for p in out.rglob("*") if p.is_file())
     lines.append("OUT      " + ", ".join(f"{p.relative_to(out)} ({p.stat().st_size / 2**20:.1f} MiB)" for p in files)
                  + "; unpack: tar -xzf gpu-check.tar.gz")
-    return "\n".join(lines)
+    # Names, messages and outcomes come from the tests' files: no escape sequence reaches the terminal.
+    return "\n".join(plain(line) for line in lines)
 
 
 def check_out(out: Path) -> list[str]:
@@ -226,7 +245,7 @@ def rehearsal_check(out: Path, unpacked: Path) -> list[str]:
         data = load(run / folder / "results.json")
         if data is None or not data.get("records"):
             problems.append(f"{folder}/results.json: missing, unreadable or without records")
-        elif finished and bool(data.get("meta", {}).get("unfinished")):
+        elif finished and bool(_dict(data.get("meta")).get("unfinished")):
             problems.append(f"{folder}/results.json: unfinished")
     if not list((run / "budgets").glob("*.yaml")):
         problems.append("budgets/: the update pass wrote no budget file")

@@ -124,9 +124,9 @@ def serve(state: FakeGitHub) -> Iterator[str]:
 
 def job_environ(home: Path, url: str, head: str, *, job: str = "perf",
                 event_name: str = "pull_request", event: dict[str, Any] | None = None,
-                head_repo: str = REPO, token: str = TOKEN) -> dict[str, str]:
-    """A job's environment on a pull request's event (``event`` replaces the payload), its
-    summary, output and payload files under ``home``."""
+                head_repo: str = REPO, token: str = TOKEN, actor: str = "octocat") -> dict[str, str]:
+    """A job's environment on a pull request's event (``event`` replaces the payload), started by
+    ``actor``; its summary, output and payload files under ``home``."""
     if event is None:
         pr = {"number": PR, "head": {"sha": head, "repo": {"full_name": head_repo}},
               "base": {"sha": "b" * 40, "ref": "main", "repo": {"full_name": REPO}}}
@@ -135,5 +135,5 @@ def job_environ(home: Path, url: str, head: str, *, job: str = "perf",
     return {"PATH": "/usr/bin:/bin", "HOME": str(home), "GITHUB_ACTIONS": "true",
             "GITHUB_EVENT_NAME": event_name, "GITHUB_EVENT_PATH": str(home / "event.json"),
             "GITHUB_REPOSITORY": REPO, "GITHUB_API_URL": url, "GITHUB_GRAPHQL_URL": f"{url}/graphql",
-            "GITHUB_TOKEN": token, "GITHUB_JOB": job, "GITHUB_SHA": "c" * 40,
+            "GITHUB_TOKEN": token, "GITHUB_JOB": job, "GITHUB_SHA": "c" * 40, "GITHUB_ACTOR": actor,
             "GITHUB_STEP_SUMMARY": str(home / "summary.md"), "GITHUB_OUTPUT": str(home / "output")}

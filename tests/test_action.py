@@ -259,6 +259,21 @@ def test_missing_results_are_said_in_the_summary_and_fail_the_step(
     assert f"{tmp_path / 'nothing.json'}: cannot read results" in capsys.readouterr().out
 
 
+def test_a_refused_results_file_is_named_in_the_summary_as_text(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from markdown_it import MarkdownIt
+
+    job = Job(repo=tmp_path, home=tmp_path, api_url="http://127.0.0.1:9", head="a" * 40)
+    name = "x<img src=https://evil.example/x.png>\n# PWNED @octocat #1.json"
+    assert github.main(["prepare", str(tmp_path / name), "--out", str(tmp_path / "up")], environ=job.env()) == 2
+    summary = (tmp_path / "summary.md").read_text()
+    html = MarkdownIt("commonmark", {"html": True}).render(summary)
+    assert "<img" not in html and "<h1>" not in html and "@octocat" not in html and "#1" not in html
+    assert "img src" in summary  # named, as text
+    error = [line for line in capsys.readouterr().out.splitlines() if line.startswith("::error::")]
+    assert len(error) == 1 and "PWNED" in error[0]  # one workflow command, on one line
+
+
 # --------------------------------------------------------------------------- running the checks
 
 
@@ -361,7 +376,7 @@ def test_this_repositorys_workflows_use_the_action_with_declared_inputs(
                                                       ("perf-comment.yml", "comment")]
     for _, _, given in uses:
         assert set(given) <= set(action["inputs"]) and given["mode"] == "report"
-        assert given["results"] == "perf-report/results.json"
+    assert uses[0][2]["results"] == "perf-report/results.json"
     assert uses[0][2]["comment"] is False and uses[0][2]["artifact"] == "perf-report"
     assert flows["perf.yml"]["jobs"]["report"]["permissions"] == {"contents": "read"}
     comment = flows["perf-comment.yml"]["jobs"]["comment"]
@@ -369,3 +384,9 @@ def test_this_repositorys_workflows_use_the_action_with_declared_inputs(
     assert flows["perf-comment.yml"][True]["workflow_run"]["workflows"] == [flows["perf.yml"]["name"]]
     download = next(s for s in comment["steps"] if "download-artifact" in s.get("uses", ""))
     assert download["with"]["name"] == "perf-report" and download["continue-on-error"] is True
+    # The write-token job: the untrusted artifact outside the checkout that `uses: ./` and its pip install
+    # read, and no token left in .git.
+    assert download["with"]["path"] == "${{ runner.temp }}/perf-report"
+    assert uses[1][2]["results"] == "${{ runner.temp }}/perf-report/results.json"
+    checkouts = [s for s in comment["steps"] if str(s.get("uses", "")).startswith("actions/checkout")]
+    assert checkouts and all(s["with"]["persist-credentials"] is False for s in checkouts)

@@ -163,6 +163,19 @@ def test_the_accept_command_names_what_the_reader_has(tmp_path: Path,
         f"perfbudget accept r.json --commit abc1234 --reason {WHY}"
 
 
+@pytest.mark.parametrize("where", ["../../.github/workflows", "/etc/elsewhere", "perf/../../up",
+                                   "..\\..\\up", "b" * 201])
+def test_the_accept_command_never_repeats_a_budgets_folder_outside_the_checkout(where: str) -> None:
+    results = Results(records=[rec("flops", "fail", 2.0, kind="exact", budget=1.0, tol=0.0)],
+                      meta=RunInfo(budgets_dir=where))
+    assert accept_command(results, "r.json", commit=SHA) == f"perfbudget accept r.json --commit {SHA} --reason {WHY}"
+    text = pr_comment(results, results_name="r.json", commit=SHA)
+    assert "--budgets-dir" in text and "budgets folder is left out: absolute, outside this checkout" in text
+    inside = Results(records=results.records, meta=RunInfo(budgets_dir="perf/budgets"))
+    assert "--budgets-dir perf/budgets " in accept_command(inside, "r.json", commit=SHA)
+    assert "left out" not in pr_comment(inside, results_name="r.json", commit=SHA)
+
+
 def test_perfbudget_report_renders_the_comment() -> None:
     out = io.StringIO()
     code = main(["report", str(DATA / "ab.json"), "-f", "comment", "--title", "perf (cpu)",

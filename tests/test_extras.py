@@ -104,3 +104,32 @@ def test_operator_moves_refuse_bad_shapes_naming_key_and_value() -> None:
         OperatorMoves.from_extra({MOVED_OPERATORS: {"moves": [{"op": "aten::mm", "family": "op_self_ms", "before": "8"}]}})
     with pytest.raises(ExtraError, match=r"against: expected one of .*got 'yesterday'"):
         OperatorMoves.from_extra({MOVED_OPERATORS: {"moves": [{"op": "a", "family": "op_count", "against": "yesterday"}]}})
+
+
+@pytest.mark.parametrize(("field", "value", "said"), [
+    ("note", "n" * 201, r"moved_ops.note'\]: expected a string of at most 200 characters, got 'nnn.*\.\.\."),
+    ("note", ["a list"], r"moved_ops.note'\]: expected a string of at most 200 characters, got \['a list'\]"),
+    ("unit", "ms<img src=x>", r"moved_ops.moves\[0\].unit'\]: expected a string matching"),
+    ("unit", 7, r"moved_ops.moves\[0\].unit'\]: expected a string matching .*got 7"),
+    ("outcome", "</details># PWNED", r"moved_ops.moves\[0\]'\]\.outcome: expected an outcome \(pass, .*got '</details>"),
+    ("op", "a" * 1_001, r"moved_ops.moves\[0\].op'\]: expected a string of at most 1000 characters"),
+    ("family", "op self\rms", r"moved_ops.moves\[0\].family'\]: expected a string matching"),
+])
+def test_operator_moves_refuse_strings_a_report_could_not_show_as_they_are(field: str, value: object, said: str) -> None:
+    move = {"op": "aten::mm", "family": "op_self_ms", "unit": "ms", "outcome": "fail", "before": 8.0, "after": 12.0}
+    value_of = {"moves": [move], "note": "profiled when step_ms failed"}
+    if field == "note":
+        value_of["note"] = value
+    else:
+        move[field] = value
+    with pytest.raises(ExtraError, match=said):
+        OperatorMoves.from_extra({MOVED_OPERATORS: value_of})
+    move.update(outcome="", unit="1")  # nothing judged it; a count's unit
+    assert OperatorMoves.from_extra({MOVED_OPERATORS: {"moves": [move | {"op": "aten::mm", "family": "op_count"}]}})
+
+
+def test_a_moves_unit_is_held_to_a_records_pattern() -> None:
+    from perfbudget.extras import UNIT
+    from perfbudget.results import _NAME_PATTERNS
+
+    assert UNIT.pattern == _NAME_PATTERNS["unit"].pattern

@@ -110,6 +110,7 @@ def test_the_two_fork_workflows_fit_together() -> None:
     assert download["with"]["name"] == run["artifact"]
     assert download["with"]["run-id"] == "${{ github.event.workflow_run.id }}"
     assert post["results"] == f"{download['with']['path']}/results.json"  # the action's default name
+    assert download["with"]["path"].startswith("${{ runner.temp }}/")  # untrusted: outside the workspace
     assert post["artifact"] != run["artifact"]
     assert comment_job["permissions"] == {"actions": "read", "pull-requests": "write"}
     action = yaml.safe_load((ROOT / "action.yml").read_text())

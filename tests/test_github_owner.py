@@ -125,11 +125,23 @@ def test_a_403_fails_the_step_and_only_a_forks_pull_request_goes_without(
     state.calls.clear()
     assert comment(tmp_path, url, head_repo="mallory/model") == 0
     assert state.calls == [] and "a pull request from a fork" in capsys.readouterr().out
-    # Dependabot's pull requests come from this repository, yet with a read-only token too.
+    # A run Dependabot started comes from this repository, yet with a read-only token too.
+    assert comment(tmp_path, url, actor="dependabot[bot]") == 0
+    assert state.calls == [] and "a pull request's run Dependabot started" in capsys.readouterr().out
+
+
+def test_who_started_the_run_decides_dependabots_read_only_token_not_who_opened_the_pull_request(
+        tmp_path: Path, gh: tuple[FakeGitHub, str], capsys: pytest.CaptureFixture[str]) -> None:
+    state, url = gh
     pr = {"number": PR, "user": {"login": "dependabot[bot]"}, "head": {"sha": HEAD, "repo": {"full_name": REPO}},
           "base": {"sha": "b" * 40, "ref": "main", "repo": {"full_name": REPO}}}
-    assert comment(tmp_path, url, event={"action": "opened", "number": PR, "pull_request": pr}) == 0
-    assert state.calls == [] and "opened by Dependabot" in capsys.readouterr().out
+    event = {"action": "synchronize", "number": PR, "pull_request": pr}
+    # A maintainer's push to Dependabot's pull request: a write token, so the comment is written.
+    assert comment(tmp_path, url, event=event, actor="maintainer") == 0
+    assert len(state.by(BOT)) == 1 and "Dependabot" not in capsys.readouterr().out
+    state.calls.clear()
+    assert comment(tmp_path, url, event=event, actor="dependabot[bot]") == 0
+    assert state.calls == [] and "Dependabot started" in capsys.readouterr().out
 
 
 def test_the_comment_names_the_head_and_a_push_without_results_marks_it_stale(

@@ -62,6 +62,25 @@ def test_out_within_the_devices_limits_passes_and_each_breach_is_named(report: M
     assert "10 files, over 8" in problems
 
 
+def test_the_aa_lines_of_any_results_file_neither_crash_nor_reach_the_terminal_raw(report: ModuleType,
+                                                                                  tmp_path: Path) -> None:
+    run, out = tmp_path / "gpu-check", tmp_path / "out"
+    (run / "aa").mkdir(parents=True)
+    out.mkdir()
+    (run / "parts.tsv").write_text("a/a\tok\t60\t-\t\n")
+    records = [{"metric": "step_ms", "key": "enc\x1b[2J\x1b]0;pwned\x07", "outcome": "pass",
+                "base": {"ratio": 1.012, "ratio_ci": None, "pairs": 3}},
+               {"metric": "step_ms", "key": "dec", "outcome": "fail\u2028x", "base": {"ratio": "nan", "ratio_ci": [1, "x"]}},
+               {"metric": "step_ms", "key": "mlp", "outcome": "pass", "base": {"ratio": 1.0, "ratio_ci": [0.99, 1.02]}},
+               "not a record", {"metric": "step_ms", "base": ["not", "a", "mapping"]}]
+    (run / "aa" / "results.json").write_text(json.dumps({"schema": 1, "meta": "x", "records": records}))
+    text = report.summary(run, out)
+    assert "enc [2J ]0;pwned .step_ms head/base 1.0120 [?, ?] over 3 pair(s): pass" in text
+    assert "dec.step_ms head/base ? [1.0000, ?] over None pair(s): fail x" in text
+    assert "mlp.step_ms head/base 1.0000 [0.9900, 1.0200] over None pair(s): pass" in text
+    assert not re.search("[\x00-\x09\x0b-\x1f\x7f\u2028]", text)
+
+
 def test_summary_names_each_parts_state_and_a_cut_off_results_file(report: ModuleType, tmp_path: Path) -> None:
     run, out = tmp_path / "gpu-check", tmp_path / "out"
     (run / "update").mkdir(parents=True)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from markdown_it import MarkdownIt
 
+from perfbudget.device import DeviceInfo
 from perfbudget.report import (
     CommentLinks,
     diff_results,
@@ -20,9 +21,11 @@ from perfbudget.report import (
     render_diff,
 )
 from perfbudget.report.comment import MAX_COMMENT_CHARS
-from perfbudget.report.common import md_text
+from perfbudget.report.common import md_cell, md_text
+from perfbudget.report.markdown import MAX_SUMMARY_BYTES
 from perfbudget.report.terminal import terminal_report
-from perfbudget.results import Record, load_results
+from perfbudget.results import BaseSide, Record, Results, load_results
+from perfbudget.vocabulary import Outcome
 
 AB = Path(__file__).parent / "data" / "results" / "ab.json"
 HOSTILE = ("x` **bold** [link](https://e.com) ``` <img src=x onerror=y> @user www.e.com $x$ "
@@ -85,7 +88,7 @@ def test_the_comment_stays_under_githubs_limit_and_says_what_was_cut() -> None:
     many = [replace(r, key=f"{'k' * 900}{i}", reason="r" * 5000) for i, r in enumerate(results.records * 30)]
     text = pr_comment(replace(results, records=many))
     assert len(text) <= MAX_COMMENT_CHARS < 65_536
-    assert "more in the report" in text or "the comment is cut here" in text
+    assert "failing checks not shown" in text or "the comment is cut" in text
     # Whatever is cut, the accept command (what the reader acts on) stays, whole, in its fence.
     assert any(r.outcome == "fail" for r in many) and "**Accept this change**" in text
     assert MarkdownIt("commonmark").render(text).count('<code class="language-sh">') == 1
@@ -106,3 +109,95 @@ def test_the_html_report_draws_a_dollar_name_as_text() -> None:
     dollars = replace(results, records=[named(r, i, "$\\frac{x$") for i, r in enumerate(results.records)])
     html = render_html(dollars)
     assert "$\\frac{x$" in html
+
+
+def test_prose_refers_to_no_issue_and_draws_no_formula_and_a_cell_ends_at_no_line_break() -> None:
+    assert md_text("owner/repo#1, #2 and GH-3 cost $x$") == \
+        "owner/repo#\u200d1, #\u200d2 and GH\u200d-3 cost \\$x\\$"
+    assert md_text("gh-4 high-level") == "gh\u200d-4 high-level"
+    assert md_text("a\rb\u2028c\u2029d\x0be\x0cf\x85g") == "a b c d e f g"
+    assert md_cell("a\rb\u2028c\u2029d\x0be\x0cf\x85g\r\nh|") == "a b c d e f g  h\\|"
+
+
+NOTE = "\r<img src=https://evil.example/x.png>\r@octocat #1\r</details>\r# PWNED"
+
+
+def test_a_moved_operators_note_from_a_results_file_renders_as_text() -> None:
+    results = load_results(AB)
+
+    def noted(note: str) -> str:
+        records = []
+        for r in results.records:
+            moved = r.extra.get("moved_ops")
+            extra = {**r.extra, "moved_ops": {**moved, "note": note}} if moved else r.extra
+            records.append(replace(r, extra=extra))
+        return markdown_report(replace(results, records=records))
+
+    tame, hostile = noted("profiled when step_ms failed"), noted(NOTE)
+    assert "Top moved operators (" in hostile and "PWNED" in hostile
+    assert html_shape(hostile) == html_shape(tame)
+    html = MarkdownIt("commonmark", {"html": True}).enable("table").render(hostile)
+    assert "@octocat" not in html and "#1" not in html
+
+
+CPU = DeviceInfo(type="cpu", model="Test CPU", count=2, threads=1, cpuid="6/207/2", isa_class="avx2")
+
+
+def test_the_summary_stays_under_githubs_step_summary_limit_and_says_what_it_left_out() -> None:
+    failing = [Record(nodeid=f"t.py::test_{i}", key=f"k{i}", metric="step_ms", outcome=Outcome.FAIL, value=2.0,
+                      kind="timing", direction="lower", unit="ms", device=CPU, reason="r" * 300) for i in range(2_000)]
+    text = markdown_report(failing)
+    assert len(text.encode()) <= MAX_SUMMARY_BYTES
+    assert text.count("#### ") == 50 and "… 1950 more failing tests: every one is in the HTML report" in text
+    # Past the limits of every section, the whole summary is cut at GitHub's, whole lines only.
+    wide = "🔥" * 200
+    many = [Record(nodeid=f"t.py::test_{wide}{i}", key=f"{wide}{i}", metric=f"op_self_ms[{wide}{i}]",
+                   outcome=Outcome.UNBUDGETED, value=1.0, kind="timing", direction="lower", unit="ms", device=CPU,
+                   reason=wide) for i in range(3_000)]
+    text = markdown_report([*failing[:3], *many])
+    assert len(text.encode()) <= MAX_SUMMARY_BYTES < 2**20
+    assert "… the summary is cut here" in text and "every record is in the HTML report and the results JSON" in text
+    assert text.count("#### ") == 3  # the regressions, first, are whole
+    html = MarkdownIt("commonmark", {"html": True}).enable("table").render(text)
+    assert html.count("<details>") == html.count("</details>")
+
+
+def test_a_comment_of_many_devices_keeps_its_failing_checks_table() -> None:
+    model = "M" * 190
+    records = [Record(nodeid=f"t.py::test_{i}", key=f"k{i}", metric="step_ms", outcome=Outcome.FAIL if i < 3 else
+                      Outcome.PASS, value=2.0, kind="timing", direction="lower", unit="ms",
+                      device=replace(CPU, model=f"{model}{i}")) for i in range(200)]
+    text = pr_comment(Results(records=records))
+    assert len(text) <= MAX_COMMENT_CHARS
+    how = next(line for line in text.splitlines() if line.startswith("Against the stored budgets on "))
+    assert how.endswith(" and 197 more devices") and len(how) < 1_000
+    assert [line.split("|")[2].strip() for line in text.splitlines() if line.startswith("| ❌")] == \
+        ["`k0` `step_ms`", "`k1` `step_ms`", "`k2` `step_ms`"]
+
+
+def test_a_line_too_long_for_the_comment_is_left_out_not_the_failing_checks_table() -> None:
+    results = load_results(AB)
+    text = pr_comment(results, links=CommentLinks(history_url="https://ci/" + "r" * 70_000))
+    assert len(text) <= MAX_COMMENT_CHARS and "r" * 1_000 not in text
+    assert sum(line.startswith("| ❌") for line in text.splitlines()) == 3
+    assert "the comment is cut" in text and "**Accept this change**" in text
+    html = MarkdownIt("commonmark", {"html": True}).enable("table").render(text)
+    assert html.count("<details>") == html.count("</details>")
+
+
+def test_the_ab_summary_shows_no_control_characters() -> None:
+    from perfbudget.ab.cli import summary
+    from perfbudget.ab.merge import Comparison
+    from perfbudget.ab.run import ABRun
+    from perfbudget.results import ABRunInfo, PairClocks, RunInfo
+
+    bad = "\x1b]0;pwned\x07\x1b[2J\u2028"
+    r = Record(nodeid="t.py::test_a", key="k", metric="step_ms", outcome=Outcome.FAIL, value=2.0, kind="timing",
+               direction="lower", unit="ms", device=CPU, reason=f"slower {bad}",
+               base=BaseSide(value=1.0, ratio=2.0, pairs=1, compared=False, note=f"base lacks it {bad}"))
+    meta = RunInfo(ab=ABRunInfo(clocks=(PairClocks(pair=1, refused=f"clocks differ {bad}"),)))
+    run = ABRun(results=Results(records=[r], meta=meta), path=Path("results.json"), exit_code=1,  # type: ignore[arg-type]
+                comparison=Comparison(records=[r]), pairs=())
+    text = summary(run)
+    assert "slower" in text and "base lacks it" in text and "clocks differ" in text
+    assert not re.search("[\x00-\x09\x0b-\x1f\x7f\u2028]", text)

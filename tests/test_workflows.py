@@ -82,10 +82,23 @@ def test_gpu_job_is_a_matrix_of_self_hosted_gpu_runners_one_worker_per_gpu(wf: d
     assert "PERFBUDGET_GPU_MODELS" in str(job["strategy"]["matrix"]["gpu"])
     assert "vars.PERFBUDGET_GPU_RUNNERS" in job["if"]
     text = runs(job)
-    assert re.search(r"pytest perf_tests -m gpu -n auto\s+--perf-json=\.perfbudget/results-\$\{\{ matrix\.gpu \}\}\.json",
-                     text)
+    assert re.search(r'pytest perf_tests -m gpu -n auto\s+--perf-json="\.perfbudget/results-\$GPU\.json"', text)
     upload = next(s for s in steps(job) if str(s.get("uses", "")).startswith("actions/upload-artifact"))
     assert upload["with"]["name"].startswith("perf-shard-gpu-")
+
+
+def test_the_persistent_gpu_runners_run_no_forks_code_and_no_expression_in_a_script(wf: dict[str, Any]) -> None:
+    """The GPU runners keep .venv and the inductor cache between jobs: a fork's pull request never runs there."""
+    job = wf["jobs"]["gpu"]
+    assert " ".join(job["if"].split()) == (
+        "${{ vars.PERFBUDGET_GPU_RUNNERS == 'true' && (github.event_name != 'pull_request' "
+        "|| github.event.pull_request.head.repo.full_name == github.repository) }}")
+    assert job["env"]["GPU"] == "${{ matrix.gpu }}"
+    assert "${{" not in runs(job)  # the model through the environment, never spliced into a script
+    # Every job on a runner that outlives it (self-hosted) runs only this repository's code.
+    for name, other in wf["jobs"].items():
+        if "self-hosted" in other["runs-on"]:
+            assert "github.event.pull_request.head.repo.full_name == github.repository" in other["if"], name
 
 
 def test_report_job_merges_every_shard_and_is_the_gate(wf: dict[str, Any]) -> None:

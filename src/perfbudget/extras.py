@@ -9,6 +9,7 @@ key and the value when it is there but malformed.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from .measure.instructions import moves_between
 from .measure.operators import OpMove, OpRow, moved_operators
 from .measure.padding import PaddingStats, padding_rate_by_width
+from .vocabulary import Outcome
 
 if TYPE_CHECKING:
     from .measure.operators import OpTable
@@ -26,6 +28,7 @@ __all__ = [
     "MOVED_OPERATORS",
     "OPERATOR_TABLE",
     "PADDING_BY_WIDTH",
+    "UNIT",
     "ExtraError",
     "FailureArtifacts",
     "InstructionProfile",
@@ -211,6 +214,22 @@ class OperatorTable:
 
 
 _AGAINST = ("budget", "base", "table")
+#: A unit as a record's is held to where results are loaded: letters, digits and a slash (``ms``, ``samples/s``).
+UNIT = re.compile(r"[A-Za-z0-9/]{0,16}")
+#: A family of per-operator metrics (``op_self_ms``).
+_FAMILY = re.compile(r"[a-z][a-z0-9_]{0,39}")
+#: The most characters of an operator's name (a name in a results file), and of the note.
+_MAX_OP = 1_000
+_MAX_NOTE = 200
+
+
+def _text(key: str, x: Any, limit: int, pattern: re.Pattern[str] | None = None) -> str:
+    """A string of at most ``limit`` characters (of ``pattern`` where given)."""
+    if not isinstance(x, str) or len(x) > limit or (pattern is not None and not pattern.fullmatch(x)):
+        shown = f"{x[:80]!r}..." if isinstance(x, str) and len(x) > 80 else repr(x)
+        rule = f"matching {pattern.pattern}" if pattern is not None else f"of at most {limit} characters"
+        raise ExtraError(f"extra[{key!r}]: expected a string {rule}, got {shown}")
+    return x
 
 
 def _optional_number(key: str, x: Any) -> float | None:
@@ -263,15 +282,20 @@ class OperatorMoves:
                 raise ExtraError(f"extra[{where!r}]: expected a mapping with 'op' and 'family', got {m!r}")
             if m.get("against", "budget") not in _AGAINST:
                 raise ExtraError(f"extra[{where!r}].against: expected one of {_AGAINST}, got {m.get('against')!r}")
+            outcome = m.get("outcome", "")
+            if outcome != "" and outcome not in set(Outcome):
+                raise ExtraError(f"extra[{where!r}].outcome: expected an outcome ({', '.join(Outcome)}) or '', "
+                                 f"got {outcome!r:.100}")
             moves.append(OpMove(
-                op=m["op"], family=m["family"], against=m.get("against", "budget"), unit=str(m.get("unit", "")),
+                op=_text(f"{where}.op", m["op"], _MAX_OP), family=_text(f"{where}.family", m["family"], 40, _FAMILY),
+                against=m.get("against", "budget"), unit=_text(f"{where}.unit", m.get("unit", ""), 16, UNIT),
                 before=_optional_number(f"{where}.before", m.get("before")),
                 after=_optional_number(f"{where}.after", m.get("after")),
                 tolerance=_number(f"{where}.tolerance", m.get("tolerance", 0.0)),
-                failing=bool(m.get("failing", False)), outcome=str(m.get("outcome", "")),
+                failing=bool(m.get("failing", False)), outcome=str(outcome),
                 ratio=_optional_number(f"{where}.ratio", m.get("ratio")),
             ))
-        return cls(moves=tuple(moves), note=str(value.get("note", "")))
+        return cls(moves=tuple(moves), note=_text(f"{key}.note", value.get("note", ""), _MAX_NOTE))
 
 
 # --------------------------------------------------------------------------- artifacts

@@ -43,6 +43,7 @@ from .report import (
     render_html,
     stale_comment,
 )
+from .report.common import md_text, plain
 from .results import Results, load_results
 
 __all__ = ["Comments", "GitHubEnv", "GitHubError", "check_command", "main", "prepare"]
@@ -51,10 +52,14 @@ __all__ = ["Comments", "GitHubEnv", "GitHubError", "check_command", "main", "pre
 _PER_PAGE = 100
 #: Seconds to wait for one answer of the comments API.
 _TIMEOUT_S = 30.0
+#: The most characters of an error message the job summary shows.
+_MAX_ERROR = 1_000
 #: The login the workflow's own token (``github.token``) writes as; that token cannot ask
 #: GraphQL's ``viewer`` (nor ``GET /user``) who it is.
 WORKFLOW_TOKEN_LOGIN = "github-actions[bot]"
 _SHA = re.compile(r"[0-9a-f]{40}")
+#: The actor of a run Dependabot started: GitHub gives it a read-only token.
+_DEPENDABOT = "dependabot[bot]"
 
 
 class GitHubError(RuntimeError):
@@ -83,6 +88,8 @@ class GitHubEnv:
     graphql_url: str = "https://api.github.com/graphql"
     job: str = ""
     """The job's id (``GITHUB_JOB``): the default check name of the comment."""
+    actor: str = ""
+    """Who started the run (``GITHUB_ACTOR``): what decides whether Dependabot's read-only token is the job's."""
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> GitHubEnv:
@@ -110,7 +117,7 @@ class GitHubEnv:
                    step_summary=path_of("GITHUB_STEP_SUMMARY"), output=path_of("GITHUB_OUTPUT"),
                    sha=environ.get("GITHUB_SHA", ""),
                    graphql_url=environ.get("GITHUB_GRAPHQL_URL") or cls.graphql_url,
-                   job=environ.get("GITHUB_JOB", ""))
+                   job=environ.get("GITHUB_JOB", ""), actor=environ.get("GITHUB_ACTOR", ""))
 
     @property
     def pull_request(self) -> int | None:
@@ -139,10 +146,10 @@ class GitHubEnv:
 
     @property
     def from_dependabot(self) -> bool:
-        """A ``pull_request`` event opened by Dependabot: from this repository, yet GitHub runs its
-        workflow with a read-only token too (its secrets are Dependabot's own)."""
-        return (self.event_name == "pull_request" and self.pull_request is not None
-                and self._get("pull_request", "user", "login") == "dependabot[bot]")
+        """A ``pull_request`` event whose run Dependabot started (``GITHUB_ACTOR``, whoever opened the pull
+        request): from this repository, yet GitHub runs it with a read-only token too (its secrets are
+        Dependabot's own). A maintainer's push to Dependabot's pull request runs with a write token."""
+        return self.event_name == "pull_request" and self.pull_request is not None and self.actor == _DEPENDABOT
 
     @property
     def run_head(self) -> tuple[str, str, str] | None:
@@ -392,8 +399,8 @@ def prepare(results_path: Path, out: Path, *, title: str, env: GitHubEnv) -> tup
 def _prepare(args: argparse.Namespace, env: GitHubEnv) -> int:
     try:
         kept, results = prepare(Path(args.results), Path(args.out), title=args.title, env=env)
-    except ValueError as exc:
-        env.append_summary(f"## ⚠️ {args.title}: no results\n\n{exc}\n\n"
+    except ValueError as exc:  # naming what a results file held: text, never Markdown
+        env.append_summary(f"## ⚠️ {args.title}: no results\n\n{md_text(exc, limit=_MAX_ERROR)}\n\n"
                            "See the log of the step that runs the checks.\n")
         raise
     print(f"perfbudget: {len(results.records)} records; summary written; upload {kept.parent}")
@@ -402,7 +409,8 @@ def _prepare(args: argparse.Namespace, env: GitHubEnv) -> int:
 
 def _comment(args: argparse.Namespace, env: GitHubEnv) -> int:
     if env.from_fork or env.from_dependabot:
-        print(f"::warning::perfbudget: a pull request {'from a fork' if env.from_fork else 'opened by Dependabot'}: "
+        who = "a pull request from a fork" if env.from_fork else "a pull request's run Dependabot started"
+        print(f"::warning::perfbudget: {who}: "
               "its workflow's token is read-only, so no comment; the verdict is in the job summary. To comment "
               "on such pull requests, see the docs page 'Pull requests from forks'.")
         return ExitCode.OK
@@ -487,8 +495,8 @@ def main(argv: Iterable[str] | None = None, environ: Mapping[str, str] | None = 
     try:
         env = GitHubEnv.from_environ(os.environ if environ is None else environ)
         return int(args.func(args, env))
-    except ValueError as exc:  # a results file or an environment variable, named
-        print(f"::error::perfbudget {args.command}: {exc}")
+    except ValueError as exc:  # a results file or an environment variable, named: one line, no workflow command
+        print(f"::error::perfbudget {args.command}: {plain(exc)}")
         return ExitCode.USAGE
 
 

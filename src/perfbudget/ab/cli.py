@@ -17,6 +17,7 @@ from typing import Any, TextIO
 
 from ..exitcodes import ExitCode
 from ..judging import DEFAULT_AB_PRECISION
+from ..report.common import plain
 from ..results import Record
 from ..vocabulary import Outcome, count_outcomes, tally_text
 from .pairs import parse_cpus
@@ -162,7 +163,8 @@ def summary(run: ABRun) -> str:
         shown = "; ".join(f"{_name(r)} ({b.note})" for r, b in not_compared[:5])
         lines.append(f"{len(not_compared)} check(s) not compared with the base (judged against the stored "
                      f"budgets): {shown}" + (" ..." if len(not_compared) > 5 else ""))
-    return "\n".join(lines)
+    # Names, reasons, notes and clock text come from the sides' results files: no escape sequence reaches the terminal.
+    return "\n".join(plain(line) for line in lines)
 
 
 def _name(r: Record) -> str:

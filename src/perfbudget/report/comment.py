@@ -3,11 +3,11 @@ passing group, the command that accepts the change; from a results file, so any 
 
 from __future__ import annotations
 
+import posixpath
 import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from urllib.parse import quote, unquote
 
 from ..fileio import shown_path
@@ -15,6 +15,7 @@ from ..results import Record, Results
 from ..vocabulary import Outcome
 from .common import (
     DECIDING_COLUMNS,
+    MD_MAX_TEXT,
     OUTCOME_ORDER,
     deciding,
     deciding_cells,
@@ -23,6 +24,7 @@ from .common import (
     failing_tests,
     has_base,
     headline,
+    md_fit,
     md_table,
     md_text,
     move_line,
@@ -49,6 +51,7 @@ _NEEDS_A_LOOK = (Outcome.ERROR, Outcome.FAIL, Outcome.INCONCLUSIVE)
 _MAX_ROWS = 25
 _MAX_GROUPS = 40
 _MAX_MOVES = 3
+_MAX_DEVICES = 3
 MAX_COMMENT_CHARS = 60_000
 """The longest comment written, below GitHub's 65,536 characters."""
 
@@ -76,12 +79,21 @@ def accept_command(results: Results, results_name: str, *, commit: str | None = 
     either, the command says ``--commit SHA`` for the reader to fill in.
     """
     argv = ["perfbudget", "accept", shlex.quote(results_name)]
-    budgets_dir = plain(shown_path(results.meta.budgets_dir or "budgets"))
-    if budgets_dir != "budgets" and not Path(budgets_dir).is_absolute():
+    budgets_dir = _budgets_dir(results)
+    if budgets_dir not in ("budgets", ""):
         argv += ["--budgets-dir", shlex.quote(budgets_dir)]
     if results.head_commit is None:
         argv += ["--commit", commit or "SHA"]
     return " ".join([*argv, "--reason", '"<why this change is expected>"'])
+
+
+def _budgets_dir(results: Results) -> str:
+    """The run's budgets folder as the accept command may name it: a relative, normalised path without
+    ``..`` (``budgets`` by default), of at most :data:`MD_MAX_TEXT` characters; empty for any other (absolute,
+    climbing out), which the results file, written by the pull request's code, could aim anywhere."""
+    shown = plain(shown_path(results.meta.budgets_dir or "budgets"))
+    inside = not posixpath.isabs(shown) and ".." not in re.split(r"[/\\]", shown) and len(shown) <= MD_MAX_TEXT
+    return shown if inside and shown == posixpath.normpath(shown) else ""
 
 
 def comment_marker(check: str, head: str) -> str:
@@ -143,44 +155,60 @@ def pr_comment(results: Results, *, title: str = "perf", links: CommentLinks | N
                   key=lambda r: (OUTCOME_ORDER.get(r.outcome, 9), r.key,
                                  op_of(r.metric) is not None, r.metric))
     icon, words = headline(records)
-    lines = [marker, f"### {icon} {title}: {words}", "", judged + _how(results, links), ""]
+    lead = [marker, f"### {icon} {title}: {words}", ""]
+    about = [judged + _how(results, links), ""]
     unlike = sorted({b.not_comparable for r in records if (b := r.base) is not None and b.not_comparable})
     if unlike:
-        lines += [f"**Not comparable with the base**: the sides measured differently ({md_text('; '.join(unlike))}, "
+        about += [f"**Not comparable with the base**: the sides measured differently ({md_text('; '.join(unlike))}, "
                   "base vs head). Measure both sides with the base's settings to compare them, or accept the "
                   "change with a reason.", ""]
-    if look:
-        header = ["", "check", *DECIDING_COLUMNS]
-        lines += md_table(header, (_row(r) for r in look[:_MAX_ROWS]))
-        if len(look) > _MAX_ROWS:
-            lines.append(f"\n… and {len(look) - _MAX_ROWS} more in the report.")
-        lines.append("")
-        lines += _moved(records, shown={(r.key, r.metric) for r in look[:_MAX_ROWS]})
-    lines += _groups([r for r in records if r.outcome not in _NEEDS_A_LOOK])
+    rest = _moved(records, shown={(r.key, r.metric) for r in look[:_MAX_ROWS]}) if look else []
+    rest += _groups([r for r in records if r.outcome not in _NEEDS_A_LOOK])
     accept = _accept(results, links, results_name, commit) \
         if any(r.outcome in (Outcome.FAIL, Outcome.STALE) for r in records) else []
-    return _capped(lines, tail=accept)
+    return _capped(lead, about, look, rest, tail=accept)
 
 
-def _capped(lines: list[str], *, tail: list[str]) -> str:
-    """The comment's lines, whole ones only, then ``tail`` (the accept command: what the reader acts
-    on), up to :data:`MAX_COMMENT_CHARS`; a cut of the lines says so (and closes a ``<details>`` it
-    left open)."""
-    text = "\n".join([*lines, *tail])
+#: Room kept for what a cut comment says of the cut (and the ``</details>`` it closes).
+_CUT_NOTE = 500
+
+
+def _capped(lead: list[str], about: list[str], look: list[Record], rest: list[str], *, tail: list[str]) -> str:
+    """The comment up to :data:`MAX_COMMENT_CHARS`: ``lead`` (marker, heading), ``about`` (how the run
+    compared, the links), the table of the checks that need a look (``look``, the first
+    :data:`_MAX_ROWS`), ``rest`` (what moved, the passing groups), ``tail`` (the accept command: what
+    the reader acts on).
+
+    ``lead``, ``tail`` and the table come first: the table's rows as many as fit, those not shown
+    said; ``about`` and ``rest`` fill the room left, a line that does not fit left out (whole lines
+    only, a ``<details>`` left open closed), and the cut said."""
+    rows = md_table(["", "check", *DECIDING_COLUMNS], (_row(r) for r in look[:_MAX_ROWS])) if look else []
+    text = "\n".join([*lead, *about, *_table(rows, look), *rest, *tail])
     if len(text) <= MAX_COMMENT_CHARS:
         return text
-    room = MAX_COMMENT_CHARS - 500 - len("\n".join(tail))
-    kept: list[str] = []
-    size = 0
-    for line in lines:
-        if size + len(line) + 1 > room:
-            break
-        kept.append(line)
-        size += len(line) + 1
-    if kept.count("</details>") < sum(line.startswith("<details>") for line in kept):
-        kept += ["", "</details>"]
-    return "\n".join([*kept, "", f"… the comment is cut here, at {size:,} of {len(text):,} characters "
-                       "(GitHub takes 65,536): the rest is in the report.", "", *tail])
+    room = MAX_COMMENT_CHARS - _CUT_NOTE - _size(lead) - _size(tail)
+    rows = md_fit(rows, room - _CUT_NOTE)
+    table = _table(rows if len(rows) > 2 else [], look)
+    about = md_fit(about, room - _size(table), skip=True)
+    rest = md_fit(rest, room - _size(table) - _size(about), skip=True)
+    size = _size([*lead, *about, *table, *rest])
+    return "\n".join([*lead, *about, *table, *rest, "", f"… the comment is cut, {size:,} of {len(text):,} "
+                      "characters shown (GitHub takes 65,536): the rest is in the report.", "", *tail])
+
+
+def _table(rows: list[str], look: list[Record]) -> list[str]:
+    """The table's lines (``rows``: header, rule and rows), then which of the checks in ``look`` it does
+    not show."""
+    cut = look[max(len(rows) - 2, 0):]
+    if not cut:
+        return [*rows, ""] if rows else []
+    failing = all(r.outcome in (Outcome.FAIL, Outcome.ERROR) for r in cut)
+    what = "failing" if failing else "failing or inconclusive"
+    return [*rows, "", f"… {len(cut)} {what} check{'s' if len(cut) != 1 else ''} not shown: see the report.", ""]
+
+
+def _size(lines: list[str]) -> int:
+    return sum(len(line) + 1 for line in lines)
 
 
 def _how(results: Results, links: CommentLinks) -> str:
@@ -196,7 +224,7 @@ def _how(results: Results, links: CommentLinks) -> str:
         how = "Lockstep A/B against the base commit"
     else:
         how = "Against the stored budgets"
-    parts = [how + " on " + ", ".join(md_text(d, code=True) for d in devices(results.records))]
+    parts = [how + " on " + _devices(results.records)]
     same = links.report_url and links.report_url == links.results
     named = (("HTML report and results" if same else "HTML report", links.report_url),
              ("history", links.history_url), ("results", "" if same else links.results))
@@ -204,6 +232,14 @@ def _how(results: Results, links: CommentLinks) -> str:
         if url:
             parts.append(f"[{label}]({url})")
     return " · ".join(parts)
+
+
+def _devices(records: Sequence[Record]) -> str:
+    """The records' devices: the first :data:`_MAX_DEVICES`, then how many more."""
+    labels = devices(records)
+    shown = ", ".join(md_text(d, code=True) for d in labels[:_MAX_DEVICES])
+    more = len(labels) - _MAX_DEVICES
+    return f"{shown} and {more} more device{'s' if more != 1 else ''}" if more > 0 else shown
 
 
 def _row(r: Record) -> list[str]:
@@ -259,8 +295,10 @@ def _accept(results: Results, links: CommentLinks, results_name: str,
     where = f"[the results]({url})" if url else "the results file"
     command = accept_command(results, results_name, commit=commit)
     fence = "`" * max([3, *(len(run) + 1 for run in re.findall("`+", command))])
+    outside = "" if _budgets_dir(results) else (" (the results' budgets folder is left out: absolute, outside this "
+                                                "checkout or too long; add --budgets-dir with yours unless it is budgets)")
     return [f"**Accept this change** after review: with {where} ({md_text(results_name, code=True)}) in this "
-            "branch's checkout, run", "",
+            f"branch's checkout, run{outside}", "",
             f"{fence}sh", command, fence, "",
             "and commit the budget files it writes. It writes exact, memory and numeric budgets, "
             "and timing only into a budget file keyed by the machine that measured it, run on "

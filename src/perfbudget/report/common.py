@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -52,6 +52,7 @@ __all__ = [
     "headline",
     "interval_text",
     "md_cell",
+    "md_fit",
     "md_table",
     "md_text",
     "move_change_text",
@@ -497,14 +498,22 @@ def text_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
 #: a longer one is cut, ending in "…", so rows of them stay under GitHub's 65,536-character comment.
 MD_MAX_TEXT = 200
 
-#: What starts markup; an underscore inside a word (``op_share``) never does.
-_MD_PUNCTUATION = re.compile(r"([\\`*\[\]<>&~]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9]))")
+#: What starts markup (``$``: GitHub's math); an underscore inside a word (``op_share``) never does.
+_MD_PUNCTUATION = re.compile(r"([\\`*\[\]<>&~$]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9]))")
+#: Where GitHub links text to something else: a mention, an issue (``#2``, ``owner/repo#1``,
+#: ``GH-3``), an autolink; each broken by a zero-width joiner.
+_MD_REFERENCE = re.compile(r"([@#]|:(?=//)|w(?=ww)|(?<![A-Za-z0-9])(?i:gh)(?=-))")
+#: Every line break a reader may honour: a table row or a Markdown line ends at none of them.
+_LINE_BREAK = re.compile("[\n\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")
+#: Unicode categories :func:`plain` shows as a space: control, format, line and paragraph separators.
+_NOT_PLAIN = ("Cc", "Cf", "Zl", "Zp")
 
 
 def plain(text: Any) -> str:
     """``text`` on one line: control and format characters (newlines, ANSI escapes, right-to-left
-    overrides) each shown as a space, for a terminal, a JUnit XML file or a Markdown line."""
-    return "".join(" " if unicodedata.category(c) in ("Cc", "Cf") else c for c in str(text))
+    overrides) and line separators each shown as a space, for a terminal, a JUnit XML file or a
+    Markdown line."""
+    return "".join(" " if unicodedata.category(c) in _NOT_PLAIN else c for c in str(text))
 
 
 def md_text(text: Any, *, code: bool = False, limit: int = MD_MAX_TEXT) -> str:
@@ -512,9 +521,10 @@ def md_text(text: Any, *, code: bool = False, limit: int = MD_MAX_TEXT) -> str:
     inert, on one line (:func:`plain`), cut at ``limit`` characters.
 
     ``code``: a code span whose fence is longer than any backtick run inside it (nothing renders
-    inside a code span). Else prose with Markdown's punctuation and ``<``/``&`` backslash-escaped
-    (no emphasis, link or raw HTML) and ``@`` (a mention), ``www``/``://`` (an autolink) broken by
-    a zero-width joiner. Pipes are :func:`md_cell`'s.
+    inside a code span). Else prose with Markdown's punctuation, ``<``/``&`` and ``$`` (math)
+    backslash-escaped (no emphasis, link, raw HTML or formula) and ``@`` (a mention), ``#`` and
+    ``GH-`` (a reference to an issue, here or in another repository), ``www``/``://`` (an
+    autolink) broken by a zero-width joiner. Pipes are :func:`md_cell`'s.
     """
     s = plain(text)
     if len(s) > limit:
@@ -524,12 +534,12 @@ def md_text(text: Any, *, code: bool = False, limit: int = MD_MAX_TEXT) -> str:
         pad = " " if s[:1] in ("`", " ") or s[-1:] in ("`", " ") else ""
         return f"{fence}{pad}{s}{pad}{fence}"
     s = _MD_PUNCTUATION.sub(r"\\\1", s)
-    return s.replace("@", "@\u200d").replace("://", ":\u200d//").replace("www", "w\u200dww")
+    return _MD_REFERENCE.sub("\\1\u200d", s)
 
 
 def md_cell(text: Any) -> str:
-    """A Markdown table cell: pipes escaped, newlines flattened."""
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    """A Markdown table cell: pipes escaped, line breaks (``\\r``, ``\\u2028`` too) flattened."""
+    return _LINE_BREAK.sub(" ", str(text).replace("|", "\\|"))
 
 
 def md_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
@@ -537,3 +547,23 @@ def md_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
     out = ["| " + " | ".join(md_cell(h) for h in header) + " |", "|" + "---|" * len(header)]
     out.extend("| " + " | ".join(md_cell(c) for c in row) + " |" for row in rows)
     return out
+
+
+def md_fit(lines: Iterable[str], room: int, *, size: Callable[[str], int] = len, skip: bool = False) -> list[str]:
+    """The ``lines`` that fit in ``room`` (each measured by ``size``, with its newline), in order: up to
+    the first that does not fit, or (``skip``) every one that does. A ``</details>`` with no
+    ``<details>`` open is left out, and one left open is closed (after ``room``)."""
+    kept: list[str] = []
+    used = depth = 0
+    for line in lines:
+        closes = line == "</details>"
+        if closes and not depth:
+            continue
+        if used + size(line) + 1 > room:
+            if skip:
+                continue
+            break
+        kept.append(line)
+        used += size(line) + 1
+        depth += line.startswith("<details>") - closes
+    return kept + ["", "</details>"] * depth

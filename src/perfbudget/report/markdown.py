@@ -21,6 +21,7 @@ from .common import (
     fmt_value,
     has_base,
     headline,
+    md_fit,
     md_table,
     md_text,
     move_change_text,
@@ -42,6 +43,13 @@ _NOT_JUDGED = (Outcome.UNBUDGETED, Outcome.NOT_JUDGED, Outcome.NOT_MEASURED, Out
 
 #: GitHub caps one step summary at 1 MiB; stay well under it.
 _MARKDOWN_MAX_ROWS = 400
+#: Failing tests explained one by one, and failing records of one test shown, in the Regressions section.
+_MAX_FAILING = 50
+_MAX_BAD = 25
+MAX_SUMMARY_BYTES = 1_000_000
+"""The longest summary written (UTF-8 bytes), below GitHub's 1 MiB (1,048,576 bytes) for one step's."""
+#: Room kept for what a cut summary says of the cut (and the ``</details>`` it closes).
+_CUT_NOTE = 500
 
 
 def markdown_report(results: Results | Iterable[Record], *, title: str = "perf budgets") -> str:
@@ -80,8 +88,12 @@ def markdown_report(results: Results | Iterable[Record], *, title: str = "perf b
     if bad:
         lines.append("### Regressions")
         lines.append("")
-        for t in failing_tests(records):
+        failing = failing_tests(records)
+        for t in failing[:_MAX_FAILING]:
             lines.extend(_regression(t))
+        if len(failing) > _MAX_FAILING:
+            lines += [f"… {len(failing) - _MAX_FAILING} more failing tests: every one is in the HTML report and "
+                      "the results JSON.", ""]
     stale = [r for r in records if r.outcome == Outcome.STALE]
     if stale:
         lines.append("### Stale budgets (better than budget beyond tolerance)")
@@ -140,26 +152,47 @@ def markdown_report(results: Results | Iterable[Record], *, title: str = "perf b
         lines.append("")
         lines.append(f"… {len(records) - _MARKDOWN_MAX_ROWS} more in the results JSON and the HTML report.")
     lines.extend(["", "</details>", ""])
-    return "\n".join(lines)
+    return _capped(lines)
+
+
+def _size(text: str) -> int:
+    return len(text.encode("utf-8"))
+
+
+def _capped(lines: list[str]) -> str:
+    """The summary's lines up to :data:`MAX_SUMMARY_BYTES`, whole ones only (a ``<details>`` left open
+    closed); a cut says so, and where the rest is."""
+    text = "\n".join(lines)
+    if _size(text) <= MAX_SUMMARY_BYTES:
+        return text
+    kept = md_fit(lines, MAX_SUMMARY_BYTES - _CUT_NOTE, size=_size)
+    shown = _size("\n".join(kept))
+    return "\n".join([*kept, "", f"… the summary is cut here, at {shown:,} of {_size(text):,} bytes (GitHub shows "
+                      "1 MiB): every record is in the HTML report and the results JSON.", ""])
 
 
 def _regression(t: FailingTest) -> list[str]:
     lines = [f"#### {ICON[t.worst]} {md_text(t.key, code=True)} — {md_text(t.nodeid, code=True)}", "",
              f"on {md_text(t.device, code=True)}", ""]
+    bad = t.bad[:_MAX_BAD]
     rows = [[md_text(r.metric, code=True), r.outcome, f"**{fmt_value(r.value, r.unit)}**", *deciding_cells(r), str(r.n),
-             cv_text(r)] for r in t.bad]
+             cv_text(r)] for r in bad]
     lines.extend(md_table(["metric", "verdict", "measured", *DECIDING_COLUMNS, "n", "cv"], rows))
     lines.append("")
-    for r in t.bad:
+    if len(t.bad) > _MAX_BAD:
+        lines += [f"… and {len(t.bad) - _MAX_BAD} more failing checks of this test in the HTML report.", ""]
+    for r in bad:
         if r.reason:
             lines.append(f"> {md_text(r.metric, code=True)}: {md_text(r.reason)}  ")
     lines.append("")
     if t.moves:
-        lines.append(f"Top moved operators ({t.moves_note}):" if t.moves_note else "Top moved operators:")
+        # Moves and their note come from a record's extra (a results file): every field through the door.
+        lines.append(f"Top moved operators ({md_text(t.moves_note)}):" if t.moves_note else "Top moved operators:")
         lines.append("")
-        lines.extend(md_table(["operator", "metric", t.moves[0].against, "measured", "change", "verdict"],
-                              ([md_text(m.op, code=True), md_text(m.family), fmt_value(m.before, m.unit), fmt_value(m.after, m.unit),
-                                move_change_text(m), m.outcome or "-"] for m in t.moves)))
+        lines.extend(md_table(["operator", "metric", md_text(t.moves[0].against), "measured", "change", "verdict"],
+                              ([md_text(m.op, code=True), md_text(m.family), md_text(fmt_value(m.before, m.unit)),
+                                md_text(fmt_value(m.after, m.unit)), move_change_text(m), md_text(m.outcome or "-")]
+                               for m in t.moves)))
         lines.append("")
     if t.attribution:
         lines.append("Attribution:")
