@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -192,3 +193,17 @@ def test_a_dry_run_never_reads_through_a_link_nor_copies_a_fifo(tmp_path: Path, 
     before = (root / "cpu.yaml").read_text()
     assert main(["update", str(results), "--budgets-dir", str(root)], out=io.StringIO()) == ExitCode.USAGE
     assert (root / "cpu.yaml").read_text() == before
+
+
+def test_every_report_says_the_run_did_not_finish_and_what_raised_escaped() -> None:
+    from perfbudget.report import markdown_report, pr_comment, terminal_report
+
+    fault = {"nodeid": "t.py::test_y", "key": "enc", "error": "RuntimeError: <img src=x> @octocat \x1b[31m"}
+    record = Record(nodeid="t.py::test_x", key="enc", metric="flops", outcome=Outcome.PASS, value=1.0, n=1)
+    for records in ([record], []):
+        results = Results(records=list(records), meta=RunInfo(unfinished="killed at test 3", errors=(fault,)))
+        md, comment, term = markdown_report(results), pr_comment(results), terminal_report(results)
+        for text in (md, comment, term):
+            assert "the run did not finish: killed at test 3" in text
+            assert "t.py::test_y: raised while measuring: RuntimeError:" in text and "\x1b" not in text
+        assert not re.search(r"(?<!\\)<img", md + comment) and "@octocat" not in comment  # escaped: inert

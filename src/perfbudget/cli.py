@@ -44,6 +44,7 @@ from .report import (
     regressions,
     render_diff,
     render_html,
+    run_problems,
     terminal_report,
 )
 from .report.common import plain
@@ -110,15 +111,7 @@ def _emit(text: str, output: str | None, out: TextIO) -> None:
 
 
 def _has_regressions(results: Results) -> bool:
-    return bool(regressions(results.records)) or bool(_run_problems(results))
-
-
-def _run_problems(results: Results) -> list[str]:
-    """What the run says went wrong beside its records: a run that did not finish (its file may lack tests), a
-    test whose measuring raised (pytest failed it; its records hold what it measured before)."""
-    meta = results.meta
-    out = [f"the run did not finish: {meta.unfinished}"] if meta.unfinished else []
-    return out + [f"{e.get('nodeid', '?')}: raised while measuring: {e.get('error', '?')}" for e in meta.errors]
+    return bool(regressions(results.records)) or bool(run_problems(results))
 
 
 # --------------------------------------------------------------------------- report / merge
@@ -149,7 +142,7 @@ def cmd_report(args: argparse.Namespace, out: TextIO) -> int:
     _emit(text, args.output, out)
     if args.output not in (None, "-"):
         print(f"perfbudget: wrote {fmt} report of {len(results.records)} records to {args.output}", file=sys.stderr)
-    for problem in _run_problems(results):
+    for problem in run_problems(results):
         print(f"perfbudget: {', '.join(args.results)}: {plain(problem)}", file=sys.stderr)
     return ExitCode.FAILED if _has_regressions(results) and not args.exit_zero else ExitCode.OK
 

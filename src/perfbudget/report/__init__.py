@@ -25,6 +25,7 @@ from .common import (
     moved_operators,
     moves_note,
     regressions,
+    run_problems,
     text_table,
 )
 from .diff import Change, diff_results, render_diff
@@ -58,6 +59,7 @@ __all__ = [
     "regressions",
     "render_diff",
     "render_html",
+    "run_problems",
     "stale_comment",
     "terminal_report",
     "text_table",

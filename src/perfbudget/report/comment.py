@@ -31,6 +31,7 @@ from .common import (
     op_of,
     ordered,
     plain,
+    run_problems,
     summary_line,
 )
 from .markdown import ICON
@@ -146,17 +147,19 @@ def pr_comment(results: Results, *, title: str = "perf", links: CommentLinks | N
     links = links or CommentLinks()
     records = ordered(results.records)
     judged = f"Judged {md_text(head[:12], code=True)} · " if head else ""
+    problems = [f"- ⚠️ {md_text(p)}" for p in run_problems(results)]
+    problems += [""] if problems else []
     if not records:
-        return "\n".join([marker, f"### ⚠️ {title}: no perf records", "",
-                          f"{judged}The run recorded no perf checks: did the selection pick any "
-                          "perf test?", ""])
+        return _capped([marker, f"### ⚠️ {title}: no perf records", ""],
+                       [f"{judged}The run recorded no perf checks: did the selection pick any perf test?", "",
+                        *problems], [], [], tail=[])
     # Worst first; within a test, the headline metrics before the per-operator ones.
     look = sorted((r for r in records if r.outcome in _NEEDS_A_LOOK),
                   key=lambda r: (OUTCOME_ORDER.get(r.outcome, 9), r.key,
                                  op_of(r.metric) is not None, r.metric))
     icon, words = headline(records)
     lead = [marker, f"### {icon} {title}: {words}", ""]
-    about = [judged + _how(results, links), ""]
+    about = [judged + _how(results, links), "", *problems]
     unlike = sorted({b.not_comparable for r in records if (b := r.base) is not None and b.not_comparable})
     if unlike:
         about += [f"**Not comparable with the base**: the sides measured differently ({md_text('; '.join(unlike))}, "

@@ -18,7 +18,7 @@ from ..metrics import (
     op_metric,
     parse_name,
 )
-from ..results import BaseSide, Record
+from ..results import BaseSide, Record, Results
 from ..rule import tolerance_for
 from ..vocabulary import Outcome, count_outcomes
 
@@ -361,6 +361,15 @@ def headline(records: Iterable[Record]) -> tuple[str, str]:
 def devices(records: Iterable[Record]) -> list[str]:
     """Device labels of the records, sorted."""
     return sorted({device_label(r) for r in records})
+
+
+def run_problems(results: Results) -> list[str]:
+    """What the run says went wrong beside its records: a run that did not finish (its file may lack tests), a
+    test whose measuring raised (pytest failed it; its records hold what it measured before). Untrusted text:
+    each renderer escapes it."""
+    meta = results.meta
+    out = [f"the run did not finish: {meta.unfinished}"] if meta.unfinished else []
+    return out + [f"{e.get('nodeid', '?')}: raised while measuring: {e.get('error', '?')}" for e in meta.errors]
 
 
 def regressions(records: Iterable[Record]) -> list[Record]:

@@ -28,6 +28,7 @@ from .common import (
     ordered,
     outcome_counts,
     regressions,
+    run_problems,
     sort_key,
 )
 from .terminal import gpu_steps
@@ -62,11 +63,13 @@ def markdown_report(results: Results | Iterable[Record], *, title: str = "perf b
     process pairs.
     """
     records = ordered(results.records if isinstance(results, Results) else results)
+    problems = [f"- ⚠️ {md_text(p)}" for p in run_problems(results)] if isinstance(results, Results) else []
+    problems += [""] if problems else []
     if not records:
-        return "\n".join([f"## ⚠️ {title}: no perf records", "", "No perf records were produced.", ""])
+        return "\n".join([f"## ⚠️ {title}: no perf records", "", *problems, "No perf records were produced.", ""])
     bad = regressions(records)
     icon, words = headline(records)
-    lines = [f"## {icon} {title}: {words}", ""]
+    lines = [f"## {icon} {title}: {words}", "", *problems]
     lines.append(" · ".join(f"{ICON.get(o, '')} **{n}** {o}" for o, n in outcome_counts(records).items()))
     lines.append("")
     lines.append("Devices: " + ", ".join(md_text(d, code=True) for d in devices(records)))

@@ -30,6 +30,7 @@ from .common import (
     outcome_text,
     plain,
     record_ci_text,
+    run_problems,
     sort_key,
     summary_line,
     text_table,
@@ -156,9 +157,10 @@ def detail_lines(t: FailingTest) -> list[str]:
 def terminal_report(results: Results | Iterable[Record]) -> str:
     """Plain-text report: the budget table per device, the counts, then each regression explained."""
     records = ordered(results.records if isinstance(results, Results) else results)
+    problems = [f"perf budgets: {p}" for p in run_problems(results)] if isinstance(results, Results) else []
     if not records:
-        return "perf budgets: no records"
-    out = []
+        return plain("\n".join([*problems, "perf budgets: no records"]))
+    out = [*problems]
     for dev in devices(records):
         out.append(f"perf budgets on {dev}")
         out.append(records_table([r for r in records if device_label(r) == dev], with_key=True))
