@@ -7,6 +7,7 @@ installing perfbudget failed.
   gpu-check-report.py select COLLECTED PLANNED  the [cpu] counterparts of the PLANNED [cuda] tests
                                               (one a line) among the COLLECTED ones, in PLANNED's order
   gpu-check-report.py unfinished RESULTS      exit 0 when RESULTS was cut off mid-run (or is missing)
+  gpu-check-report.py failures PASS_DIR       the tests a pass recorded as failed or in error
   gpu-check-report.py summary RUN_DIR OUT     print the summary (RUN_DIR/parts.tsv, plan.tsv and each
                                               part's files): each test's seconds beside the plan's
   gpu-check-report.py check-out OUT           exit 1, naming each problem, when OUT breaks a limit
@@ -90,6 +91,18 @@ def _num(x: object) -> str:
 def plain(text: str) -> str:
     """``text`` with each control or format character (an ANSI escape, a newline) shown as a space."""
     return "".join(" " if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") else c for c in text)
+
+
+def failures(folder: Path) -> int:
+    """Tests a pass in ``folder`` recorded as failed or in error: its junit.xml (pytest ends its session at the
+    bound's SIGINT), else its results (written after every test; a pass killed later wrote no junit)."""
+    cases = junit(folder / "junit.xml")
+    if cases is not None:
+        return sum(1 for _, outcome, _, _ in cases if outcome in ("failed", "error"))
+    data = load(folder / "results.json")
+    records = data.get("records") if data is not None else None
+    return sum(1 for r in records if isinstance(r, dict) and r.get("outcome") in ("fail", "error")) \
+        if isinstance(records, list) else 0
 
 
 def unfinished(path: Path) -> bool:
@@ -255,6 +268,9 @@ def rehearsal_check(out: Path, unpacked: Path) -> list[str]:
 def main(argv: list[str]) -> int:
     if len(argv) == 3 and argv[0] == "select":
         print("\n".join(select(Path(argv[1]), Path(argv[2]))))
+        return 0
+    if len(argv) == 2 and argv[0] == "failures":
+        print(failures(Path(argv[1])))
         return 0
     if len(argv) == 2 and argv[0] == "unfinished":
         return 0 if unfinished(Path(argv[1])) else 1

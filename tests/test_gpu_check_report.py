@@ -166,3 +166,23 @@ def test_the_script_declares_the_machine_stable_in_the_check_pass_only_and_sizes
         parts = {row.split("\t")[0]: row.split("\t") for row in member.read().decode().splitlines()}
     assert abs(float(minutes.group(1)) * 60 - int(parts["a/a"][3])) <= 0.3  # 63 s is 1.05, not 1.5
     assert "(plan " in (out / "summary.txt").read_text()
+
+
+def test_a_pass_cut_at_its_bound_counts_the_failures_it_recorded_before(report: ModuleType, tmp_path: Path) -> None:
+    """timeout's status hides pytest's: the junit of a pass cut by SIGINT, or the results of one killed later,
+    say whether a test had failed before the cut (scripts/gpu-check.sh's run_pass fails the pass then)."""
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    (cut / "junit.xml").write_text(
+        '<testsuites><testsuite><testcase classname="t" name="a"/><testcase classname="t" name="b">'
+        '<failure message="budget">x</failure></testcase><testcase classname="t" name="c"><skipped/></testcase>'
+        '<testcase classname="t" name="d"><error message="boom"/></testcase></testsuite></testsuites>')
+    assert report.failures(cut) == 2
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    (killed / "results.json").write_text(json.dumps({"records": [{"outcome": "pass"}, {"outcome": "fail"}, "junk"]}))
+    assert report.failures(killed) == 1
+    assert report.failures(tmp_path / "nothing") == 0
+    out = subprocess.run([sys.executable, str(SCRIPT), "failures", str(cut)], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "2"
+    assert 'failures "$R/$name"' in (ROOT / "scripts" / "gpu-check.sh").read_text()

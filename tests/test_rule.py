@@ -43,7 +43,7 @@ def test_a_bytes_floor_keeps_a_zero_budget_usable() -> None:
 
 @pytest.mark.parametrize(("state", "n", "least", "final", "want"), [
     ("pass", 1, 2, False, "undecided"),      # too little evidence while more can come
-    ("pass", 1, 2, True, "pass"),            # at the end, what there is decides
+    ("pass", 1, 2, True, "inconclusive"),    # at the end, too little evidence passes nothing either
     ("fail", 2, 2, False, "undecided"),      # a failure wants one piece more
     ("fail", 2, 2, True, "inconclusive"),
     ("fail", 3, 2, True, "fail"),

@@ -81,13 +81,14 @@ def with_evidence(state: State, *, n: int, least: int, final: bool, reachable: b
     """``state`` once its evidence is counted (``n`` pieces: process pairs).
 
     With fewer than ``least`` a check stays undecided while more can come, whatever its interval
-    (a first pair may be one side's start-up luck). A failure needs one piece more than ``least``,
-    as a stored failure is confirmed by a fresh round: without it, undecided, and inconclusive at
-    the end. An undecided check with two pieces or more that the evidence still to come would not
-    decide at the spread it shows (``reachable`` false) is ``beyond reach``: no more is spent on it.
+    (a first pair may be one side's start-up luck), and is inconclusive at the end (a run stopped for
+    time after one pair passes nothing on it). A failure needs one piece more than ``least``, as a
+    stored failure is confirmed by a fresh round: without it, undecided, and inconclusive at the end.
+    An undecided check with two pieces or more that the evidence still to come would not decide at
+    the spread it shows (``reachable`` false) is ``beyond reach``: no more is spent on it.
     """
-    if not final and n < least:
-        return "undecided"
+    if n < least:
+        return "inconclusive" if final else "undecided"
     if state == "fail" and n <= least:
         return "inconclusive" if final else "undecided"
     if state == "undecided" and n >= 2 and not reachable:

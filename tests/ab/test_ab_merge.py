@@ -125,7 +125,7 @@ def test_min_pairs_keeps_a_check_undecided_until_it_has_them() -> None:
     held = compare_pairs(quiet, budgets=budgets(), min_pairs=2)
     assert held.undecided == ((NODE, "x", "step_ms"),) and held.records[0].outcome == "pass"  # provisional
     final = compare_pairs(quiet, budgets=budgets(), min_pairs=2, final=True)
-    assert final.undecided == () and final.records[0].outcome == "pass"
+    assert final.undecided == () and final.records[0].outcome == "inconclusive"  # one pair passes nothing
 
 
 def test_a_failure_is_confirmed_by_one_more_pair_than_min_pairs() -> None:
@@ -398,3 +398,21 @@ def test_an_instruction_count_is_judged_against_the_base_and_names_the_functions
     more = one([pair([count(1_020_000, 1300.0)], [count(1_000_000, 900.0)])])
     assert more.outcome == "fail" and "worse than the base beyond its tolerance" in more.reason
     assert any("at::native::mm: 900 -> 1,300 per step (+400)" in x for x in more.attribution)
+
+
+def test_a_check_measured_on_another_device_by_the_base_is_not_compared() -> None:
+    """A pull request that adds or drops a gpu mark: CUDA-event times over CPU wall times are no change of code."""
+    from dataclasses import replace as with_
+
+    gpu = DeviceInfo(type="cuda", model="NVIDIA H200", count=1, compute_capability="9.0")
+    head = [with_(rec("step_ms", steps(2.0)), device=gpu)]
+    r = one([pair(head, [rec("step_ms", steps(10.0))]), pair(head, [rec("step_ms", steps(10.0))]),
+             pair(head, [rec("step_ms", steps(10.0))])], final=True)
+    assert r.vs_base is None or not r.vs_base.compared
+    assert "device cpu" in r.reason and "vs cuda" in r.reason
+
+
+def test_at_the_end_a_check_with_fewer_pairs_than_it_needs_is_inconclusive_not_passed() -> None:
+    """A run stopped for time after one pair: its single ratio passes nothing (--min-pairs 2)."""
+    r = one([pair([rec("step_ms", steps(10.0))], [rec("step_ms", steps(10.0))])], final=True, min_pairs=2)
+    assert r.outcome == "inconclusive" and "1 pair(s), fewer than the 2 a check needs (--min-pairs)" in r.reason

@@ -53,6 +53,23 @@ def test_calibration_pools_each_checks_per_pair_spread_about_its_runs_own_mean()
     assert [(p["file"], p["burst_ms"]) for p in table.provenance] == [("r1.json", 100.0), ("r2.json", 100.0)]
 
 
+def test_calibration_counts_the_pair_set_aside_as_outlying_too() -> None:
+    """The prior is the spread of pairs as they come: it is applied to runs of 2-3 pairs, where none is set
+    aside, so calibrating on the trimmed pairs would make it too narrow."""
+    from dataclasses import replace as with_
+
+    from perfbudget.results import SetAsidePair
+
+    run = ab_results({"step_ms": (1.00, 1.01, 0.99, 1.00)})
+    (r,) = run.records
+    assert r.base is not None
+    run.records = [with_(r, base=with_(r.base, set_aside=(SetAsidePair(pair=5, ratio=1.30, why="far"),)))]
+    (table,) = calibrate([("r.json", run)], date="2026-12-03").values()
+    n = table.get("enc", "step_ms")
+    ys = [math.log(x) for x in (1.00, 1.01, 0.99, 1.00, 1.30)]
+    assert n is not None and n.df == 4 and n.ss == pytest.approx(sum((y - sum(ys) / 5) ** 2 for y in ys))
+
+
 def test_counts_are_calibrated_from_aa_runs_only() -> None:
     aa = ab_results({}, head="c" * 40, base="c" * 40, counts={"instructions[callgrind]": 1.00002})
     ab = ab_results({}, counts={"instructions[callgrind]": 1.05})  # a real change: not noise

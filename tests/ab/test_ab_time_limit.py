@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from perfbudget.ab.coordinator import Coordinator, TurnLog
 from perfbudget.ab.merge import compare_pairs
 from perfbudget.ab.pairs import PairRun, SideRun
@@ -111,3 +113,41 @@ def test_a_halted_coordinator_grants_no_turn_and_names_the_sides_left_waiting(so
         assert got == b""  # no GO after the halt
         for c in clients.values():
             c.close()
+
+
+def test_sides_that_ignore_their_stop_are_killed_within_one_grace_for_all_with_what_they_left(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stopping a pair takes one kill grace for all its sides (STOP_S counts one), and a child a side left
+    behind (a server, a DataLoader worker) dies with it, though the side itself had exited."""
+    import subprocess
+    import sys
+
+    from perfbudget.ab import pairs as pairs_mod
+
+    monkeypatch.setattr(pairs_mod, "_KILL_GRACE_S", 1.0)
+    monkeypatch.setattr(pairs_mod, "_KILLED_S", 1.0)
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    marker = tmp_path / "child.pid"
+    leaver = (f"import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+              f"open({str(marker)!r}, 'w').write(str(p.pid))")
+    procs = [subprocess.Popen([sys.executable, "-c", code], start_new_session=True) for code in (stubborn, stubborn)]
+    left = subprocess.Popen([sys.executable, "-c", leaver], start_new_session=True)
+    left.wait(timeout=30)
+    child = int(marker.read_text())
+    time.sleep(0.5)  # the stubborn sides have set their handlers
+    t0 = time.monotonic()
+    pairs_mod._stop_all([*procs, left])
+    took = time.monotonic() - t0
+    assert all(p.poll() is not None for p in procs) and took < 2 * 1.0 + 1.0, took  # not one grace per side
+    stat = Path(f"/proc/{child}/stat")
+    _wait(lambda: not stat.exists() or stat.read_text().split()[2] == "Z")
+
+
+def test_a_head_stopped_in_the_first_pair_fails_the_run_for_the_tests_nobody_measured(tmp_path: Path) -> None:
+    from perfbudget.ab.run import _selection_cut
+
+    cut = pair(tmp_path, head=side(tmp_path, "head", [STEP], None), base=side(tmp_path, "base", [STEP], 0))
+    assert "pair 1's head was stopped at --max-minutes 2.6 before it ran every selected test" in \
+        _selection_cut([cut], 2.6)
+    finished = pair(tmp_path, head=side(tmp_path, "head", [STEP, OPS], 0), base=side(tmp_path, "base", [STEP], None))
+    assert _selection_cut([finished], 2.6) == ""  # the base's unreached checks are said as not compared

@@ -165,6 +165,10 @@ class Coordinator:
             self._thread.join(timeout=10)
         for c in list(self._conns.values()):
             c.sock.close()
+        # A connection accepted that never said which side it is has no entry in _conns: close it too.
+        for key in list(self._sel.get_map().values()):
+            if key.data not in ("accept", "wake"):
+                key.fileobj.close()  # type: ignore[union-attr]
         if self._server is not None:
             self._server.close()
         self._wake_r.close()

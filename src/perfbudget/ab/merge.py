@@ -380,9 +380,11 @@ def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_
     # processes can run in speed modes that two pairs may share by chance (benchmarks/process-modes-cpu.md).
     state: str = with_evidence(rv.state, n=rv.pairs, least=ctx.min_pairs, final=ctx.final,
                                reachable=ctx.pairs_left is None or can_decide(rv, ctx.pairs_left))
-    if state == "inconclusive" and rv.state == "fail":
-        rv = replace(rv, state="inconclusive", reason=f"{rv.reason}; not confirmed: a failure needs "
-                     f"{ctx.min_pairs + 1} pairs and the run ended before another: inconclusive")
+    if state == "inconclusive" and rv.state != "inconclusive":
+        short = f"not confirmed: a failure needs {ctx.min_pairs + 1} pairs" if rv.state == "fail" else \
+            f"{rv.pairs} pair(s), fewer than the {ctx.min_pairs} a check needs (--min-pairs)"
+        rv = replace(rv, state="inconclusive", reason=f"{rv.reason}; {short} and the run ended before another: "
+                                                      "inconclusive")
     base_value = stats.median(base_stats)
     measured = "" if prior.source.startswith("default") else f"; prior sd {prior.sd:.1%} per pair, {prior.source}"
     reason = f"{rv.reason} [tolerance from {source}{measured}]"
@@ -419,7 +421,14 @@ def _gap(u: _Used, *, on_gpu: bool) -> tuple[str, str]:
         return "problem", f"base {base.outcome}: {base.reason}" if base.reason else f"base {base.outcome}"
     if pair.unlike:
         return "unlike", pair.unlike
+    if _where(head) != _where(base):  # a test moved to another device (a gpu mark added or dropped)
+        return "unlike", f"device {_where(base)} vs {_where(head)}"
     return ("refused", pair.refused) if on_gpu and pair.refused else ("", "")
+
+
+def _where(r: Record) -> str:
+    """The device a record measured on, as comparable across sides: its type and identity."""
+    return "none" if r.device is None else f"{r.device.type} {r.device.identity or r.device.model}"
 
 
 def _unlike_reason(unlike: str) -> str:

@@ -323,8 +323,8 @@ def run_pair(
     # Unix socket paths are limited to ~107 bytes: keep it in a short temporary folder.
     sockdir = Path(tempfile.mkdtemp(prefix="perfbudget-ab-"))
     sockpath = sockdir / "turns.sock"
-    coordinator = Coordinator(sockpath, first=first).start() if lockstep else None
-    sampler = ClockSampler(lambda: coordinator.running) if coordinator is not None else None
+    coordinator: Coordinator | None = None
+    sampler: ClockSampler | None = None
     procs: dict[str, subprocess.Popen[bytes]] = {}
     started: dict[str, float] = {}
     ended: dict[str, float] = {}
@@ -336,8 +336,10 @@ def run_pair(
     timed_out = False
     stopped: set[str] = set()
     try:
-        if sampler is not None:
-            sampler.start()  # inside the try: the coordinator and its folder are closed if NVML fails
+        # Inside the try: the socket folder, the coordinator and the sampler are closed whatever fails.
+        if lockstep:
+            coordinator = Coordinator(sockpath, first=first).start()
+            sampler = ClockSampler(lambda: coordinator.running if coordinator is not None else None).start()
         for side in (first, *(s for s in SIDES if s != first)):
             told = replace(spec or RunSpec(side=side), side=side, report=str(reports[side]),
                            socket=str(sockpath) if coordinator is not None else "")
@@ -373,17 +375,17 @@ def run_pair(
                     if side in parked or late_s > STOP_GRACE_S:
                         _signal(procs[side], signal.SIGINT)
                         stopped.add(side)
-                if late_s > STOP_S:
+                if late_s > STOP_GRACE_S + INTERRUPT_GRACE_S:
                     break
             time.sleep(0.05)
     finally:
-        for side, proc in procs.items():
-            if proc.poll() is None:
-                _kill(proc)
-                stopped.add(side)
-                ended.setdefault(side, time.monotonic())
-                if coordinator is not None:
-                    coordinator.side_exited(side)
+        running = [side for side, proc in procs.items() if proc.poll() is None]
+        _stop_all(list(procs.values()))
+        for side in running:
+            stopped.add(side)
+            ended.setdefault(side, time.monotonic())
+            if coordinator is not None:
+                coordinator.side_exited(side)
         turn_log = coordinator.close() if coordinator is not None else TurnLog(turns=(), joined=(), left=())
         clocks = sampler.stop() if sampler is not None else {}
         shutil.rmtree(sockdir, ignore_errors=True)
@@ -436,15 +438,20 @@ def _signal(proc: subprocess.Popen[bytes], sig: int) -> None:
         os.killpg(proc.pid, sig)
 
 
-def _kill(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the side's process group, then SIGKILL what is left after a grace period."""
+def _stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM the process group of every side still running, SIGKILL what is left after one grace period for
+    them all (:data:`STOP_S` holds one, not one per side); then SIGKILL every side's group, whatever its main
+    process did: a child it left behind (a server, a DataLoader worker) would disturb the next pair's timing."""
+    running = [p for p in procs if p.poll() is None]
     for sig, wait_s in ((signal.SIGTERM, _KILL_GRACE_S), (signal.SIGKILL, _KILLED_S)):
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            return
-        try:
-            proc.wait(timeout=wait_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+        if not running:
+            break
+        for proc in running:
+            _signal(proc, sig)
+        until = time.monotonic() + wait_s
+        for proc in running:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(until - time.monotonic(), 0.0))
+        running = [p for p in running if p.poll() is None]
+    for proc in procs:
+        _signal(proc, signal.SIGKILL)

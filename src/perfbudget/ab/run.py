@@ -291,9 +291,15 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
         problems.append(f"no valid pair: every pair lost turn-taking ({', '.join(map(str, invalid))})")
     elif not comparison.records and not problems:
         problems.append("the head side recorded no checks (did the pytest args select any perf test?)")
+    cut = _selection_cut(runs, config.max_minutes)
+    if cut:
+        problems.append(cut)
     head_meta = next((p.head.meta for p in records if p.head is not None), RunInfo())
     wall_s = time.monotonic() - t0
-    results = Results(records=comparison.records, meta=replace(head_meta, mode=RunMode.AB, ab=ABRunInfo(
+    # Every side's measuring faults, of every pair: a base test that raised leaves its checks "not compared".
+    faults = {json.dumps(e, sort_keys=True): e for p in records for side, res in (("head", p.head), ("base", p.base))
+              if res is not None for e in ({**x, "side": side} for x in res.meta.errors)}
+    results = Results(records=comparison.records, meta=replace(head_meta, errors=tuple(faults.values()), mode=RunMode.AB, ab=ABRunInfo(
         base_ref=config.base, base_commit=base.commit, merge_base=base.merge_base, head_commit=head,
         pairs=len(runs), valid_pairs=len(records), invalid_pairs=invalid, min_pairs=config.min_pairs,
         max_pairs=config.max_pairs, stopped=stopped, strict=settings.strict,
@@ -313,7 +319,8 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
     first_head = runs[0].sides["head"].returncode if runs else None
     if first_head == 4 and not comparison.records:
         code = ExitCode.USAGE  # pytest's own usage error: the pytest args are wrong
-    elif bad or head_failed or missing_base or not comparison.records or (settings.strict and comparison.inconclusive):
+    elif bad or head_failed or missing_base or cut or not comparison.records or \
+            (settings.strict and comparison.inconclusive):
         code = ExitCode.FAILED
     else:
         code = ExitCode.OK
@@ -550,6 +557,15 @@ def _pair_records(run: PairRun) -> tuple[PairRecords, list[str]]:
     stopped = tuple(s for s, sr in run.sides.items() if sr.returncode is None)
     return PairRecords(head=read.get("head"), base=read.get("base"), base_problem=why.get("base", ""),
                        stopped=stopped, clocks=run.clocks), problems
+
+
+def _selection_cut(runs: Sequence[PairRun], max_minutes: float) -> str:
+    """Why the run did not measure its whole selection, or "": the first pair runs every selected test, and a head
+    stopped there at the time limit leaves the tests it did not reach measured by no pair, which no check says."""
+    if not runs or not runs[0].timed_out or runs[0].sides["head"].returncode is not None:
+        return ""
+    return (f"pair 1's head was stopped at --max-minutes {max_minutes:g} before it ran every selected test: those it "
+            "did not reach were measured by no pair; raise --max-minutes or select fewer tests")
 
 
 def _unreached(pair: PairRecords, max_minutes: float) -> list[str]:

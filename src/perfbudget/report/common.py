@@ -369,7 +369,8 @@ def run_problems(results: Results) -> list[str]:
     each renderer escapes it."""
     meta = results.meta
     out = [f"the run did not finish: {meta.unfinished}"] if meta.unfinished else []
-    return out + [f"{e.get('nodeid', '?')}: raised while measuring: {e.get('error', '?')}" for e in meta.errors]
+    return out + [f"{e.get('nodeid', '?')}: raised while measuring{' on the ' + e['side'] if e.get('side') else ''}: "
+                  f"{e.get('error', '?')}" for e in meta.errors]
 
 
 def regressions(records: Iterable[Record]) -> list[Record]:
