@@ -19,7 +19,7 @@ Values are moved, never typed: every entry keeps its value, tolerance, note and 
 Re-measure on each machine kind with ``pytest perf_tests --update-budgets``.
 
 Usage:
-    scripts/migrate-budgets.py [--budgets-dir budgets] [--dry-run]
+    scripts/migrate-budgets.py [--budgets-dir DIR] [--dry-run]    (default: the ini's perfbudget_budgets_dir)
     scripts/migrate-budgets.py --identity cpu-intel-xeon-processor-6-143-8-amx budgets/unidentified/X.yaml
 
 Exit status: 0 migrated (or nothing to do), 2 bad input.
@@ -38,6 +38,7 @@ from perfbudget.budgets import load_dir
 from perfbudget.budgets.update import render_doc
 from perfbudget.fileio import atomic_write, lock
 from perfbudget.metrics import UnknownMetricError, parse_name
+from perfbudget.settings import for_folder
 
 UNIDENTIFIED = "unidentified"
 
@@ -163,12 +164,16 @@ def rekey(path: Path, identity: str, root: Path, *, dry_run: bool = False) -> li
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--budgets-dir", default="budgets", type=Path)
+    ap.add_argument("--budgets-dir", default=None, type=Path,
+                    help="the budgets folder (default: the ini key perfbudget_budgets_dir as pytest reads it here, "
+                         "else budgets)")
     ap.add_argument("--dry-run", action="store_true", help="say what would change; write nothing")
     ap.add_argument("--identity", help="with FILE: key an unidentified file by this machine identity")
     ap.add_argument("file", nargs="?", type=Path, help="with --identity: the file to key")
     args = ap.parse_args(argv)
     try:
+        if args.budgets_dir is None:
+            args.budgets_dir = for_folder(Path.cwd()).budgets_dir
         if args.identity or args.file:
             if not (args.identity and args.file):
                 ap.error("--identity and FILE go together")

@@ -2,9 +2,12 @@
 # The pull-request and push-to-main perf check on any machine: timing judged by lockstep A/B
 # against the base commit, measured here in this one job; exact, memory and numeric checks
 # against the stored budgets (and shown against the base).
-#   base: $PERFBUDGET_AB_BASE, default HEAD~1, the first parent (for a merge into main: main
-#   before it). With PERFBUDGET_AB_MERGE_BASE=1 the merge-base of HEAD and the base is used
-#   (a pull request against its target branch).
+#   base: $PERFBUDGET_AB_BASE; else $PERFBUDGET_AB_PUSH_BEFORE (a push event's `before`: the
+#   branch before the push) when it is a commit of this checkout, an ancestor of HEAD and not HEAD,
+#   so a push of several commits is one run against the previous push's head, a link of the
+#   history's chain; else HEAD~1, the first parent (for a merge into main: main before it).
+#   With PERFBUDGET_AB_MERGE_BASE=1 the merge-base of HEAD and the base is used (a pull request
+#   against its target branch).
 # Extra arguments go to `perfbudget ab` before the pytest arguments, e.g. --max-pairs 4.
 # Usage: scripts/perf-ab.sh [ab options]        (set-up included, as scripts/perf.sh)
 set -euo pipefail
@@ -15,6 +18,18 @@ base=${PERFBUDGET_AB_BASE:-HEAD~1}
 if ! git rev-parse --git-dir >/dev/null 2>&1; then
     echo "perf-ab: not a git checkout: a lockstep A/B needs the base commit's history" >&2
     exit 2
+fi
+before=${PERFBUDGET_AB_PUSH_BEFORE:-}
+if [ -z "${PERFBUDGET_AB_BASE:-}" ] && [ -n "$before" ]; then
+    # All zeros: the push created the branch. Not an ancestor: a force push. Neither is a base.
+    if [ -n "${before//0/}" ] && before_sha=$(git rev-parse --verify -q "${before}^{commit}") \
+        && [ "$before_sha" != "$(git rev-parse HEAD)" ] && git merge-base --is-ancestor "$before_sha" HEAD; then
+        base=$before_sha
+        echo "perf-ab: base ${base:0:12}, the branch before this push ($(git rev-list --count "$base..HEAD") commit(s))" >&2
+    else
+        echo "perf-ab: the push's before ${before:0:12} is not an earlier commit of HEAD here (a new branch," \
+             "a force push): base HEAD~1" >&2
+    fi
 fi
 if ! git rev-parse --verify -q "${base}^{commit}" >/dev/null; then
     if [ "$(git rev-parse --is-shallow-repository)" = "true" ]; then

@@ -40,7 +40,11 @@ for attempt in 1 2 3 4 5; do
     fi
     "$perfbudget" history add "$results" --db "$tree/history.db" "$@"
     git -C "$tree" add history.db
-    git -C "$tree" commit -qm "perf history: add ${commit:0:12}" || true  # nothing new: re-added as it was
+    # Nothing staged: the run was re-added as it was. Any other failure of the commit (a hook, no
+    # identity, a full disk) ends the script: the push would only repeat the branch without the run.
+    if ! git -C "$tree" diff --cached --quiet; then
+        git -C "$tree" commit -qm "perf history: add ${commit:0:12}"
+    fi
     if git -C "$tree" push -q "$remote" "HEAD:refs/heads/$branch"; then
         mkdir -p "$out" && cp "$tree/history.db" "$out/history.db"
         echo "perf-history: ${commit:0:12} kept on $branch (attempt $attempt)"

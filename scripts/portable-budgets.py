@@ -59,6 +59,7 @@ from perfbudget.budgets.update import _raw_doc, render_doc
 from perfbudget.device import DeviceInfo
 from perfbudget.fileio import atomic_write, lock
 from perfbudget.metrics import parse_name
+from perfbudget.settings import for_folder
 
 SAFETY = 2.0
 """Multiple of the observed cross-machine spread a tolerance covers (see the module doc)."""
@@ -324,13 +325,20 @@ def table(result: Result) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
-    ap.add_argument("--budgets", type=Path, default=Path(__file__).resolve().parents[1] / "budgets",
-                    help="the budgets folder to rewrite (default: the repository's budgets/)")
+    ap.add_argument("--budgets", type=Path, default=None,
+                    help="the budgets folder to rewrite (default: the repository's, its ini key "
+                         "perfbudget_budgets_dir, else budgets/)")
     ap.add_argument("--measured", type=Path, action="append", default=[], required=True,
                     help="a budgets folder written by --update-budgets on another machine kind (repeatable)")
     ap.add_argument("--safety", type=float, default=SAFETY, help=f"multiple of the spread (default {SAFETY:g})")
     ap.add_argument("--dry-run", action="store_true", help="print the table and the diff, write nothing")
     args = ap.parse_args(argv)
+    if args.budgets is None:
+        try:
+            args.budgets = for_folder(Path(__file__).resolve().parents[1]).budgets_dir
+        except ValueError as exc:  # an ini file that does not parse, a bad value
+            print(f"--budgets: {exc}", file=sys.stderr)
+            return 2
     if not args.safety >= 1:
         print(f"--safety must be >= 1, got {args.safety}", file=sys.stderr)
         return 2

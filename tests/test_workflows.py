@@ -153,7 +153,9 @@ def test_pull_requests_and_pushes_judge_timing_by_lockstep_ab(wf: dict[str, Any]
     assert pr["if"] == "${{ github.event_name == 'pull_request' }}"
     assert pr["env"] == {"PERFBUDGET_AB_BASE": "${{ github.event.pull_request.base.sha }}",
                          "PERFBUDGET_AB_MERGE_BASE": "1"}
-    assert push["if"] == "${{ github.event_name != 'pull_request' }}" and "env" not in push
+    assert push["if"] == "${{ github.event_name != 'pull_request' }}"
+    # A push of several commits is one run against main before it: a link of the history's chain.
+    assert push["env"] == {"PERFBUDGET_AB_PUSH_BEFORE": "${{ github.event.before }}"}
     assert text.index("apt-get install -y --no-install-recommends valgrind") < text.index("scripts/perf-ab.sh")
     upload = next(s for s in steps(job) if str(s.get("uses", "")).startswith("actions/upload-artifact"))
     assert upload["with"]["name"] == "perf-shard-ab" and "!cancelled()" in upload["if"]
@@ -258,6 +260,57 @@ def test_perf_ab_script_runs_instruction_counts_beside_the_timing_pairs(tmp_path
     else:
         assert counted == [] and timing[0].endswith("-- perf_tests")
         assert not any(c.startswith("merge") for c in lines)
+
+
+@pytest.mark.parametrize("before", ["ancestor", "zeros", "unknown", "side-branch", "head", "explicit-base"])
+def test_perf_ab_script_takes_main_before_the_push_as_the_base(tmp_path: Path, before: str) -> None:
+    """A push of several commits compared with HEAD~1 leaves the others unmeasured, a gap in the
+    history's chain: the push's `before`, when an earlier commit of HEAD, is the base instead."""
+    repo = tmp_path / "r"
+    (repo / "scripts").mkdir(parents=True)
+    (repo / "scripts" / "perf-ab.sh").write_text((ROOT / "scripts" / "perf-ab.sh").read_text())
+    (repo / "scripts" / "setup.sh").write_text("#!/bin/sh\n")
+    (repo / ".venv" / "bin").mkdir(parents=True)
+    (repo / ".venv" / "bin" / "perfbudget").write_text(FAKE_PERFBUDGET)
+    (repo / ".venv" / "bin" / "python").symlink_to(sys.executable)
+    for f in (repo / "scripts" / "perf-ab.sh", repo / "scripts" / "setup.sh", repo / ".venv" / "bin" / "perfbudget"):
+        f.chmod(0o755)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+
+    def rev(ref: str) -> str:
+        return subprocess.run([*git, "rev-parse", ref], capture_output=True, text=True, check=True).stdout.strip()
+
+    subprocess.run([*git, "init", "-q", "-b", "main"], check=True)
+    for message in ("first", "second"):
+        subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", message], check=True)
+    subprocess.run([*git, "checkout", "-q", "-b", "side"], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "side"], check=True)
+    side = rev("HEAD")
+    subprocess.run([*git, "checkout", "-q", "main"], check=True)
+    for message in ("third", "fourth"):  # the push: two commits on top of `second`
+        subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", message], check=True)
+    env_before, expected = {
+        "ancestor": (rev("HEAD~2"), rev("HEAD~2")),
+        "zeros": ("0" * 40, "HEAD~1"),  # the push created the branch
+        "unknown": ("f" * 40, "HEAD~1"),  # a force push: the old head is gone
+        "side-branch": (side, "HEAD~1"),
+        "head": (rev("HEAD"), "HEAD~1"),
+        "explicit-base": (rev("HEAD~2"), rev("HEAD~3")),
+    }[before]
+    calls = tmp_path / "calls"
+    env = {**os.environ, "PERFBUDGET_CALLS": str(calls), "PERFBUDGET_AB_INSTRUCTIONS": "0",
+           "PERFBUDGET_AB_PUSH_BEFORE": env_before}
+    if before == "explicit-base":
+        env["PERFBUDGET_AB_BASE"] = rev("HEAD~3")
+    done = subprocess.run(["bash", str(repo / "scripts" / "perf-ab.sh")], capture_output=True, text=True, cwd=repo,
+                          env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    [timing] = [c for c in calls.read_text().splitlines() if c.startswith("ab ")]
+    assert timing.startswith(f"ab --base {expected} --out "), timing
+    if before == "ancestor":
+        assert f"base {expected[:12]}, the branch before this push (2 commit(s))" in done.stderr
+    elif before != "explicit-base":
+        assert "base HEAD~1" in done.stderr
 
 
 def test_pushes_to_main_keep_the_ab_results_in_the_history_and_check_it(wf: dict[str, Any]) -> None:

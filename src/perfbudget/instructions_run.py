@@ -34,7 +34,8 @@ class InstructionsRun:
     dumps: tuple[Path, ...]
     """One callgrind dump per ``instructions()`` call, in the order they were written."""
     results_json: Path | None
-    """The results file the pytest session wrote, when it wrote one."""
+    """The results file the pytest session wrote, when it wrote one (a file an earlier run left there
+    and this one did not write again is not it)."""
 
 
 def _has_option(args: Sequence[str], option: str) -> bool:
@@ -49,6 +50,16 @@ def _results_path(args: Sequence[str], out_dir: Path) -> Path:
         if a == "--perf-json" and i + 1 < len(args):
             return Path(args[i + 1])
     return out_dir / "results.json"
+
+
+def _signature(path: Path) -> tuple[int, int, int, int] | None:
+    """What changes when ``path`` is written again (a new file, or the same one rewritten): inode,
+    size and both times in ns; ``None`` when there is no file."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 def callgrind_command(pytest_args: Sequence[str], out_dir: Path, *, python: str = sys.executable,
@@ -113,12 +124,19 @@ def run_instructions(pytest_args: Sequence[str], out_dir: str | Path, *, err: Te
     cmd = callgrind_command(pytest_args, out, valgrind=valgrind, fast_start=not isinstance(helper, Unmeasurable))
     print(f"perfbudget instructions: {shlex.join(cmd)}", file=stream, flush=True)
     before = set(dumps_in(out))
+    results = _results_path(pytest_args, out)
+    earlier = _signature(results)  # a results file of an earlier run is not this one's
     start = time.monotonic()
     code = subprocess.run(cmd, env=callgrind_environment(out, base_env), check=False).returncode
     wall_s = time.monotonic() - start
     dumps = tuple(sorted(set(dumps_in(out)) - before, key=lambda p: p.stat().st_mtime_ns))
-    results = _results_path(pytest_args, out)
-    print(f"perfbudget instructions: {wall_s:.1f} s wall under callgrind, {len(dumps)} dump(s) in {out}"
-          f"{f'; results in {results}' if results.exists() else ''}", file=stream)
+    written = (now := _signature(results)) is not None and now != earlier
+    said = ""
+    if written:
+        said = f"; results in {results}"
+    elif earlier is not None:
+        said = f"; no results written ({results} is an earlier run's)"
+    print(f"perfbudget instructions: {wall_s:.1f} s wall under callgrind, {len(dumps)} dump(s) in {out}{said}",
+          file=stream)
     return InstructionsRun(exit_code=code, wall_s=wall_s, out_dir=out, dumps=dumps,
-                           results_json=results if results.exists() else None)
+                           results_json=results if written else None)

@@ -81,3 +81,28 @@ def test_the_history_branch_is_started_then_appended_from_two_clones(tmp_path: P
 
     with HistoryStore(b / ".perfbudget" / "history" / "history.db") as store:
         assert sorted(r.commit for r in store.runs()) == sorted([head, head2, head3])
+
+
+def test_a_commit_that_fails_fails_the_script_and_pushes_nothing(tmp_path: Path) -> None:
+    remote = tmp_path / "remote.git"
+    subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(remote)], check=True)
+    seed = tmp_path / "seed"
+    subprocess.run(["git", "init", "-q", "-b", "main", str(seed)], check=True)
+    (seed / ".gitignore").write_text(".venv\n.perfbudget/\n")
+    git(seed, "add", ".gitignore")
+    git(seed, "commit", "-q", "-m", "first")
+    git(seed, "remote", "add", "origin", str(remote))
+    git(seed, "push", "-q", "origin", "main")
+    a = clone_with_script(remote, tmp_path / "a")
+    head, parent = push_commit(a, "second")
+    assert keep(a, head, parent).returncode == 0
+    kept = git(a, "ls-remote", "origin", "refs/heads/perf-history")
+
+    head2, parent2 = push_commit(a, "third")
+    hook = a / ".git" / "hooks" / "pre-commit"  # the history worktree's commits run the clone's hooks
+    hook.write_text("#!/bin/sh\necho 'pre-commit: refused' >&2\nexit 1\n")
+    hook.chmod(0o755)
+    done = keep(a, head2, parent2)
+    assert done.returncode != 0 and "pre-commit: refused" in done.stderr, done.stdout + done.stderr
+    assert "kept on perf-history" not in done.stdout
+    assert git(a, "ls-remote", "origin", "refs/heads/perf-history") == kept

@@ -12,10 +12,13 @@ import pytest
 from history_support import ab_results, date, sha, stored_results
 
 from perfbudget.history import HistoryStore, checks_from_results, run_of
-from perfbudget.history.analysis import analyze, analyze_store, findings_since
+from perfbudget.history.analysis import analyze, analyze_store, chain_gaps_since, findings_since
 from perfbudget.history.chain import chain_of, cumulative, pooled
 from perfbudget.history.changepoints import ChangeConfig, chained_drifts, level_shifts, segment_sum
+from perfbudget.history.store import Check, Point, Run
+from perfbudget.measure.stats import t_quantile
 from perfbudget.results import load_results
+from perfbudget.vocabulary import Outcome
 
 
 def noise(n: int, sd: float, seed: int = 1) -> np.ndarray:
@@ -153,7 +156,7 @@ def test_a_missing_link_ends_the_chain_and_says_so(tmp_path: Path) -> None:
         store.add(run_of(res, source="late.json", date=date(20)), checks_from_results(res))
         links, gaps = chain_of(store.series("encoder-train", "step_ms"))
     assert [link.commit for link in links] == [sha(20)]
-    assert gaps and f"parent {sha(19)[:8]} has no A/B ratio" in gaps[0]
+    assert gaps and f"parent {sha(19)[:8]} has no A/B ratio" in str(gaps[0])
 
 
 def test_ab_runs_on_different_machines_are_one_chain(tmp_path: Path) -> None:
@@ -247,3 +250,103 @@ def test_a_cumulative_change_within_the_tolerance_is_not_flagged_however_sure(tm
     found, lines = findings_since(analysis, date(0), since_commit=sha(0), tolerance=0.05)
     assert not [f for f in found if f.what.startswith("cumulative")]
     assert "+3.9% (+3.4% to +4.3%, 99%)" in lines[0]
+
+
+# ---------------------------------------------------------------- gaps in the chain
+
+
+def _ab_runs(tmp_path: Path, commits: list[int], ratio: float = 1.0) -> HistoryStore:
+    """A/B runs of ``commits``, each against the commit before it (missing numbers: never measured)."""
+    store = HistoryStore(tmp_path / "history.db")
+    for i in commits:
+        res = ab_results(sha(i), sha(i - 1), [ratio * 1.002, ratio * 0.998, ratio * 1.001], sd=0.005)
+        store.add(run_of(res, source=f"ab{i}.json", date=date(i)), checks_from_results(res))
+    return store
+
+
+def test_every_gap_is_found_newest_first_with_the_commits_it_cannot_reach_back_over(tmp_path: Path) -> None:
+    with _ab_runs(tmp_path, [1, 2, 3, 6, 7, 10, 11]) as store:
+        links, gaps = chain_of(store.series("encoder-train", "step_ms"))
+    assert [link.commit for link in links] == [sha(10), sha(11)]
+    assert [(g.commit, g.parent, g.older.commit, g.unchained) for g in gaps] == [
+        (sha(10), sha(9), sha(7), 5), (sha(6), sha(5), sha(3), 3)]
+    assert f"cannot reach back over {sha(7)[:8]}..{sha(9)[:8]}" in str(gaps[0])
+
+
+def test_a_gap_after_the_ref_is_said_and_the_cumulative_change_is_only_after_it(tmp_path: Path) -> None:
+    with _ab_runs(tmp_path, [1, 2, 3, 6, 7, 10, 11]) as store:
+        analysis = analyze(store.series("encoder-train", "step_ms"))
+    _, lines = findings_since(analysis, date(2), since_commit=sha(2))
+    assert lines[0].startswith("cumulative: ") and f"since {sha(9)[:12]} only: the chain does not reach back to " \
+        f"{sha(2)[:12]}" in lines[0]
+    gaps = [line for line in lines if line.startswith("gap: ")]
+    assert gaps == chain_gaps_since(analysis, date(2), since_commit=sha(2)) and len(gaps) == 2
+    assert f"{sha(7)[:8]}..{sha(9)[:8]}" in gaps[0] and f"{sha(3)[:8]}..{sha(5)[:8]}" in gaps[1]
+    # After the newer gap only the older one is behind the ref; from the chain's first parent on, none.
+    assert len(chain_gaps_since(analysis, date(6), since_commit=sha(6))) == 1
+    assert chain_gaps_since(analysis, date(9), since_commit=sha(9)) == []
+    assert "only" not in findings_since(analysis, date(10), since_commit=sha(10))[1][0]
+
+
+def test_a_chain_that_starts_after_the_ref_says_so(tmp_path: Path) -> None:
+    with _ab_runs(tmp_path, [5, 6, 7]) as store:
+        analysis = analyze(store.series("encoder-train", "step_ms"))
+    assert analysis.chain_gaps == []
+    [gap] = chain_gaps_since(analysis, date(2), since_commit=sha(2))
+    assert f"the chain starts at {sha(5)[:8]} (against {sha(4)[:8]}), after {sha(2)[:8]}" in gap
+    assert chain_gaps_since(analysis, date(4), since_commit=sha(4)) == []
+
+
+# ---------------------------------------------------------------- links on a shared prior
+
+
+def _prior_link_points(n: int, *, pairs: int = 2, prior_df: float = 3.0, machine: str = "cpu-m") -> list[Point]:
+    """``n`` A/B runs on one machine whose sd pooled their pairs with a prior of ``prior_df``
+    degrees of freedom, keeping no pair sd (so they are not pooled over the machine's runs)."""
+    return [Point(Run(commit=sha(i), parent=sha(i - 1), date=date(i), machine=machine, mode="ab"),
+                  Check(nodeid="n", key="k", metric="step_ms", unit="ms", kind="timing", direction="lower",
+                        outcome=Outcome.PASS, value=40.0, ratio=1.01, log_se=0.02, df=prior_df + pairs - 1,
+                        pairs=pairs))
+            for i in range(1, n + 1)]
+
+
+def test_unpooled_links_count_the_prior_they_share_once() -> None:
+    points = _prior_link_points(5)
+    links = pooled(chain_of(points)[0], points)
+    assert [(link.pooled_over, link.prior_df, link.df) for link in links] == [(0, 3.0, 4.0)] * 5
+    cum = cumulative(links, confidence=0.95)
+    # Welch-Satterthwaite over the prior's share (3/4 of each variance, 3 df, counted once) and
+    # each run's own (1/4, 1 df): 5 (3 + 1)^2 / (5 * 3 + 1) = 5 df, not the 5 * 4 = 20 of counting it per link.
+    half = t_quantile(0.975, 5.0) * math.sqrt(5) * 0.02
+    assert cum.ci == (pytest.approx(1.01**5 * math.exp(-half)), pytest.approx(1.01**5 * math.exp(half)))
+    # One link keeps its run's own degrees of freedom; runs that set the prior aside share nothing.
+    one = cumulative(links[:1], confidence=0.95)
+    assert one.ci[1] == pytest.approx(1.01 * math.exp(t_quantile(0.975, 4.0) * 0.02))
+    aside = pooled(chain_of(_prior_link_points(5, pairs=4, prior_df=0.0))[0])
+    assert cumulative(aside, confidence=0.95).ci[1] == pytest.approx(1.01**5 * math.exp(
+        t_quantile(0.975, 15.0) * math.sqrt(5) * 0.02))
+
+
+def test_segment_sum_splits_each_variance_between_its_shared_estimate_and_its_own() -> None:
+    # Two links, each 3 of 4 df a shared prior's: (2v)^2 / ((1.5v)^2 / 3 + 2 (0.25v)^2 / 1) = 32/7 df.
+    v = 0.0004
+    _, (_, hi) = segment_sum([0.0, 0.0], [math.sqrt(v)] * 2, [4.0, 4.0], 0.95, ["prior", "prior"], [3.0, 3.0])
+    assert hi == pytest.approx(math.exp(t_quantile(0.975, 32 / 7) * math.sqrt(2 * v)))
+    # All of it shared (a machine's pooled sd) is the old rule: the source's df once.
+    _, (_, hi) = segment_sum([0.0, 0.0], [math.sqrt(v)] * 2, [4.0, 4.0], 0.95, ["m", "m"])
+    assert hi == pytest.approx(math.exp(t_quantile(0.975, 4.0) * math.sqrt(2 * v)))
+
+
+# ---------------------------------------------------------------- direction
+
+
+def test_a_metric_of_unknown_direction_fails_on_a_cumulative_change_either_way(tmp_path: Path) -> None:
+    runs = [[0.97, 0.968, 0.972, 0.971]] * 4  # -11 % in all, known to a fraction of a percent
+    with _history_of(tmp_path, runs) as store:
+        points = store.series("encoder-train", "step_ms")
+    known = analyze(points)
+    assert not [f for f in findings_since(known, date(0), since_commit=sha(0))[0] if f.what.startswith("cumulative")]
+    unknown = analyze([replace(p, check=replace(p.check, direction="")) for p in points])
+    assert unknown.worse(-0.11)
+    [cum] = [f for f in findings_since(unknown, date(0), since_commit=sha(0))[0] if f.what.startswith("cumulative")]
+    assert cum.change < -0.05 and cum.ci is not None and cum.ci[1] < 1.0

@@ -193,3 +193,89 @@ def test_without_ruptures_history_says_how_to_install_it_and_the_rest_imports(
     assert "pip install 'ruptures>=1.1.9'" in err
     code, text = cli("show", "--budgets-dir", str(stored_db.parent))
     assert code == ExitCode.OK, text
+
+
+def _git(repo: Path, *args: str, date: str = "2026-11-30T10:00:00+01:00") -> str:
+    env = {"GIT_COMMITTER_DATE": date, "GIT_AUTHOR_DATE": date, "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo), *args],
+                          capture_output=True, text=True, check=True, env=env)
+    return done.stdout.strip()
+
+
+def test_check_since_an_annotated_tag_takes_the_commit_it_tags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    commits = []
+    for i in range(4):
+        _git(repo, "commit", "-q", "--allow-empty", "-m", f"c{i}", date=f"2026-11-30T10:0{i}:00+01:00")
+        commits.append(_git(repo, "rev-parse", "HEAD"))
+        if i == 1:
+            _git(repo, "tag", "-a", "v1", "-m", "release one")  # a tag object: `git show v1` prints its header
+    monkeypatch.chdir(repo)
+    from perfbudget.history import git_commit_info
+
+    assert git_commit_info("v1") == (commits[1], commits[0], "2026-11-30T09:01:00Z")
+    db = tmp_path / "h.db"
+    for i in (1, 2, 3):
+        path = ab_results(commits[i], commits[i - 1], [1.0, 1.001, 0.999]).write(tmp_path / f"ab{i}.json")
+        assert cli("history", "add", str(path), "--db", str(db))[0] == ExitCode.OK
+    code, text = cli("history", "check", "--since", "v1", "--db", str(db))
+    assert code == ExitCode.OK, text
+    assert f"since {commits[1][:12]} (2026-11-30T09:01:00Z): 2 run(s)" in text
+
+
+def test_a_ref_whose_date_git_gives_unreadable_is_an_input_error(stored_db: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from perfbudget.history import cli as history_cli
+
+    def garbled(ref: str) -> None:
+        raise ValueError("expected an ISO 8601 date such as 2026-12-02T05:26:29+01:00, got 'Tagger: t'")
+
+    monkeypatch.setattr(history_cli, "git_commit_info", garbled)
+    code, _ = cli("history", "check", "--since", "v1", "--db", str(stored_db))
+    assert code == ExitCode.USAGE
+    assert "perfbudget history check: error: --since v1: expected an ISO 8601 date" in capsys.readouterr().err
+
+
+def test_check_prints_the_chains_gaps_and_warns_that_it_does_not_reach_back_to_the_ref(tmp_path: Path) -> None:
+    db = tmp_path / "h.db"
+    rng = np.random.default_rng(3)
+    for i in (1, 2, 3, 4, 7, 8, 9):  # commits 5 and 6 never measured: a push of three compared with HEAD~1
+        pairs = list(np.exp(rng.normal(0, 0.004, 4)))
+        path = ab_results(sha(i), sha(i - 1), pairs, sd=0.004).write(tmp_path / f"ab{i}.json")
+        assert cli("history", "add", str(path), "--db", str(db), "--date", date(i))[0] == ExitCode.OK
+    code, text = cli("history", "check", "--since", sha(2), "--db", str(db))
+    assert code == ExitCode.OK, text  # a warning, not a failure
+    assert f"over 3 merge(s) since {sha(6)[:12]} only: the chain does not reach back to {sha(2)[:12]}" in text
+    assert (f"  gap: encoder-train.step_ms: {sha(7)[:8]}: its parent {sha(6)[:8]} has no A/B ratio for this check: "
+            f"the chain cannot reach back over {sha(4)[:8]}..{sha(6)[:8]}") in text
+    assert "no change point, drift, cumulative change or trend for the worse since" not in text
+    assert text.rstrip().endswith(f"warning: the A/B chain of 1 series (encoder-train.step_ms) does not reach back "
+                                  f"to {sha(2)[:12]} (gaps above): its cumulative change covers only the merges "
+                                  "after the gap")
+    code, text = cli("history", "check", "--since", sha(6), "--db", str(db))  # the chain's first parent
+    assert code == ExitCode.OK and "gap" not in text
+    assert "no change point, drift, cumulative change or trend for the worse since" in text
+
+
+def test_check_help_states_the_cumulative_rule_the_code_applies(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["history", "check", "--help"], out=io.StringIO()) == ExitCode.OK
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "worse than 1 with its whole 99 % interval and beyond 1 +- this on its estimate" in help_text
+    assert "a gap in the A/B chain is a warning" in help_text
+    assert "interval, or the trend of one machine's values, fails when its interval lies entirely" not in help_text
+
+
+def test_show_selects_one_machine_of_an_ab_history(tmp_path: Path) -> None:
+    db = tmp_path / "h.db"
+    for i in range(1, 10):
+        path = ab_results(sha(i), sha(i - 1), [1.0, 1.002]).write(tmp_path / f"ab{i}.json")
+        code, _ = cli("history", "add", str(path), "--db", str(db), "--date", date(i), "--machine", f"cpu-kind-{i % 3}")
+        assert code == ExitCode.OK
+    code, text = cli("history", "show", "encoder-train.step_ms", "--db", str(db), "--machine", "cpu-kind-1")
+    assert code == ExitCode.OK, text
+    assert text.startswith("encoder-train.step_ms on cpu-kind-1 (lockstep A/B;")
+    shown = {sha(i)[:8] for i in range(1, 10) if re.search(rf"^  {sha(i)[:8]} ", text, re.M)}
+    assert shown == {sha(1)[:8], sha(4)[:8], sha(7)[:8]}
+    code, _ = cli("history", "show", "encoder-train.step_ms", "--db", str(db), "--machine", "cpu-kind-9")
+    assert code == ExitCode.USAGE

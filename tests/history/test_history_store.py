@@ -222,3 +222,47 @@ def test_records_as_perfbudget_ab_merges_them_are_kept_with_their_standard_error
         assert store.add(run_of(results, source=str(path), date=date(2)), checks.values()) == 2
         [point] = store.series("x", "step_ms")
     assert point.run.mode == "ab" and (point.run.commit, point.run.parent) == (sha(2), sha(1))
+
+
+def test_a_store_locked_by_another_writer_is_reported_locked_not_corrupt(tmp_path: Path) -> None:
+    db = tmp_path / "h.db"
+    with HistoryStore(db) as store:
+        store.add(run(1), checks_from_results(stored_results(40.0)))
+    other = sqlite3.connect(db, isolation_level=None)
+    try:
+        other.execute("BEGIN EXCLUSIVE")  # a writer mid-commit: no reader gets in
+        for read_only in (False, True):
+            with pytest.raises(HistoryError) as err:
+                HistoryStore(db, timeout_s=0.05, read_only=read_only)
+            assert str(err.value).startswith(f"{db}: cannot open it: database is locked: another process")
+            assert "retry when it has finished" in str(err.value) and "move it aside" not in str(err.value)
+        other.execute("ROLLBACK")
+        with HistoryStore(db, timeout_s=0.05) as store:
+            other.execute("BEGIN IMMEDIATE")  # another writer's transaction: reads go on, writes wait
+            assert [r.commit for r in store.runs()] == [sha(1)]
+            with pytest.raises(HistoryError, match=rf"^{db}: cannot write run {sha(2)[:8]} on .*: database is "
+                                                   "locked: another process .* retry"):
+                store.add(run(2), checks_from_results(stored_results(41.0)))
+    finally:
+        other.close()
+    with HistoryStore(db) as store:
+        assert [r.commit for r in store.runs()] == [sha(1)]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes a read-only file")
+def test_a_read_only_store_is_read_and_a_write_says_permissions(tmp_path: Path) -> None:
+    db = tmp_path / "h.db"
+    with HistoryStore(db) as store:
+        store.add(run(1), checks_from_results(stored_results(40.0)))
+    with sqlite3.connect(db) as raw:  # an older schema: a writer would migrate it on open
+        raw.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+    db.chmod(0o444)
+    try:
+        with HistoryStore(db, read_only=True) as store:
+            assert [r.commit for r in store.runs()] == [sha(1)]
+        with pytest.raises(HistoryError) as err:
+            HistoryStore(db)
+        assert "readonly database: this user may not write the file" in str(err.value)
+        assert "move it aside" not in str(err.value)
+    finally:
+        db.chmod(0o644)

@@ -18,6 +18,7 @@ from perfbudget.exitcodes import ExitCode
 from perfbudget.history import (
     SCHEMA_VERSION,
     Check,
+    HistoryError,
     HistoryStore,
     Point,
     Run,
@@ -247,3 +248,26 @@ def test_a_stored_history_of_one_machine_has_a_trend_too(tmp_path: Path) -> None
     found, lines = findings_since(analysis, date(0), since_commit=sha(0))
     assert [f.what for f in found] == ["trend beyond 5%"] and found[0].machine == "cpu-x"
     assert lines[0].startswith("trend: encoder-train.step_ms on cpu-x: +17.4% (+9.3% to +26.0%, 95%)")
+
+
+def test_readers_read_an_older_store_as_migrated_and_write_nothing(tmp_path: Path) -> None:
+    db = tmp_path / "history.db"
+    with sqlite3.connect(db) as raw:
+        raw.executescript(_V1_TABLES.format(a=sha(1), b=sha(2), p=sha(0)))
+    before = db.read_bytes()
+    with HistoryStore(db, read_only=True) as store:
+        ab, stored = store.series("k", "step_ms")
+        assert ab.check.value_se == pytest.approx(0.02 / math.sqrt(2)) and stored.check.value_se is None
+        assert (ab.check.pair_sd, stored.check.pair_sd) == (None, None)
+        with pytest.raises(HistoryError, match=rf"^{db}: opened read-only: cannot add run"):
+            store.add(Run(commit=sha(3), parent=sha(2), date=date(3), machine="cpu-x", mode="ab"), [])
+    for argv in (["show", "k.step_ms"], ["report", "-o", str(tmp_path / "h.html")], ["check", "--since", sha(1)]):
+        code, text = cli("history", *argv, "--db", str(db))
+        assert code in (ExitCode.OK, ExitCode.FAILED), text
+    assert db.read_bytes() == before  # still schema 1: `history add` migrates it
+    with HistoryStore(db) as store:  # as the migrated store reads
+        migrated = store.series("k", "step_ms")
+    assert [p.check for p in migrated] == [ab.check, stored.check]
+    with pytest.raises(HistoryError, match=rf"^{tmp_path / 'none.db'}: no history database"):
+        HistoryStore(tmp_path / "none.db", read_only=True)
+    assert not (tmp_path / "none.db").exists()

@@ -183,6 +183,28 @@ def test_callgrind_command_keeps_the_results_and_starts_uninstrumented(tmp_path:
     assert callgrind_command(["-p", "no:perfbudget"], tmp_path)[-1] == "no:perfbudget"
 
 
+def test_a_results_file_an_earlier_run_left_is_not_this_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """A stand-in valgrind that writes the results file only when asked: a file left by an earlier
+    run is not reported as this one's."""
+    import perfbudget.instructions_run as instructions_run
+
+    monkeypatch.setattr(instructions_run, "build_helper", lambda: Unmeasurable(reason="no helper in this test"))
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "valgrind").write_text('#!/bin/sh\n[ -n "$WRITE_RESULTS" ] && echo "{}" > "$WRITE_RESULTS"\nexit 0\n')
+    (tools / "valgrind").chmod(0o755)
+    out = tmp_path / "out"
+    out.mkdir()
+    results = out / "results.json"
+    results.write_text('{"an": "earlier run"}\n')
+    run = run_instructions(["tests"], out, env={"PATH": str(tools)})
+    assert run.exit_code == 0 and run.results_json is None
+    assert f"no results written ({results} is an earlier run's)" in capsys.readouterr().err
+    run = run_instructions(["tests"], out, env={"PATH": str(tools), "WRITE_RESULTS": str(results)})
+    assert run.results_json == results and f"; results in {results}" in capsys.readouterr().err
+
+
 # --------------------------------------------------------------------------- under valgrind (one process)
 
 

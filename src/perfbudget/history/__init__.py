@@ -9,10 +9,11 @@ from .analysis import (
     SeriesAnalysis,
     analyze,
     analyze_store,
+    chain_gaps_since,
     findings_since,
     machine_trends,
 )
-from .chain import Cumulative, Link, chain_of, cumulative, cumulative_series, pooled
+from .chain import Cumulative, Gap, Link, chain_of, cumulative, cumulative_series, pooled
 from .changepoints import ChangeConfig, Drift, Shift, chained_drifts, level_shifts
 from .commits import CommitError, git_commit_info, git_rev, run_of
 from .page import render_history
@@ -38,6 +39,7 @@ __all__ = [
     "Cumulative",
     "Drift",
     "Finding",
+    "Gap",
     "HistoryError",
     "HistoryStore",
     "Link",
@@ -50,6 +52,7 @@ __all__ = [
     "analyze",
     "analyze_store",
     "by_machine",
+    "chain_gaps_since",
     "chain_of",
     "chained_drifts",
     "checks_from_results",

@@ -5,18 +5,19 @@ bisect, among them the trend of each machine's values since the commit (``histor
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..metrics import Direction
 from ..report.common import fmt_tolerance
 from ..rule import Limits, classify
-from .chain import Cumulative, Link, chain_of, cumulative, cumulative_series, pooled
+from .chain import Cumulative, Gap, Link, chain_of, cumulative, cumulative_series, pooled
 from .changepoints import ChangeConfig, Drift, Shift, chained_drifts, level_shifts
 from .store import HistoryStore, Mode, Point, Run, by_machine
 from .trend import MIN_TREND_POINTS, TREND_KINDS, Trend, level_trend
 
-__all__ = ["Finding", "SeriesAnalysis", "analyze", "analyze_store", "findings_since", "machine_trends"]
+__all__ = ["Finding", "SeriesAnalysis", "analyze", "analyze_store", "chain_gaps_since", "findings_since",
+           "machine_trends"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,6 +42,10 @@ class SeriesAnalysis:
     drifts: list[Drift] = field(default_factory=list)
     """A/B: runs of merges in :attr:`links` that changed the level."""
     gaps: list[str] = field(default_factory=list)
+    """What was not searched or chained, as notes: each of :attr:`chain_gaps`, values of several machines."""
+    chain_gaps: list[Gap] = field(default_factory=list)
+    """A/B: where the chain cannot reach back over unmeasured commits, newest first (the first is where
+    :attr:`links` start)."""
 
     @property
     def name(self) -> str:
@@ -74,7 +79,8 @@ def analyze(points: Sequence[Point], *, config: ChangeConfig | None = None, conf
     config = config or ChangeConfig()
     first = points[0]
     valued = [p for p in points if p.check.value is not None and p.check.value >= 0]
-    links, gaps = chain_of(points) if first.run.mode == "ab" else ([], [])
+    links, chain_gaps = chain_of(points) if first.run.mode == "ab" else ([], [])
+    gaps = [str(g) for g in chain_gaps]
     links = pooled(links, points)
     machines = sorted({p.run.machine for p in points})
     shifts: list[Shift] = []
@@ -85,21 +91,25 @@ def analyze(points: Sequence[Point], *, config: ChangeConfig | None = None, conf
         gaps = [*gaps, f"values from {len(machines)} machines and no head/parent intervals: not searched"]
     drifts = chained_drifts([link.log_ratio for link in links], [link.log_se for link in links],
                             None if any(link.df is None for link in links) else [link.df or 0.0 for link in links],
-                            config=config, sources=[link.noise for link in links]) if links else []
+                            config=config, sources=[link.noise for link in links],
+                            shared_dfs=[link.shared_df for link in links]) if links else []
     machine = machines[0] if len(machines) == 1 else f"{len(machines)} machines"
     return SeriesAnalysis(key=first.check.key, metric=first.check.metric, machine=machine,
                           mode=first.run.mode, unit=first.check.unit, direction=first.check.direction,
                           points=valued, shifts=shifts, links=links,
-                          cumulative=cumulative_series(links, confidence=confidence), drifts=drifts, gaps=gaps)
+                          cumulative=cumulative_series(links, confidence=confidence), drifts=drifts, gaps=gaps,
+                          chain_gaps=chain_gaps)
 
 
 def analyze_store(store: HistoryStore, *, config: ChangeConfig | None = None, confidence: float = 0.95,
-                  names: Sequence[tuple[str, str]] | None = None) -> list[SeriesAnalysis]:
-    """Every check of the store (or those of ``names``), one analysis per machine and mode."""
+                  names: Sequence[tuple[str, str]] | None = None, machine: str | None = None) -> list[SeriesAnalysis]:
+    """Every check of the store (or those of ``names``), one analysis per machine and mode; with
+    ``machine``, of that machine identity's runs only (its A/B runs chain where they link)."""
     out = []
     for key, metric in names if names is not None else store.names():
-        for (_, _), points in sorted(by_machine(store.series(key, metric)).items()):
-            out.append(analyze(points, config=config, confidence=confidence))
+        points = [p for p in store.series(key, metric) if machine is None or p.run.machine == machine]
+        for (_, _), series in sorted(by_machine(points).items()):
+            out.append(analyze(series, config=config, confidence=confidence))
     return out
 
 
@@ -180,33 +190,78 @@ and ref, beside the drifts and the trend, so each holds its false alarms near 1 
 (``benchmarks/history-sim.md``)."""
 
 
+def _judged_direction(direction: str, change: float) -> Direction:
+    """The direction a change is judged in: the metric's, else (unknown: either way is worse, as
+    :meth:`SeriesAnalysis.worse`) the one that makes the change's own side the worse."""
+    if direction in ("lower", "higher"):
+        return "lower" if direction == "lower" else "higher"
+    return "higher" if change < 0 else "lower"
+
+
+def _after(analysis: SeriesAnalysis, since_date: str, since_commit: str | None) -> Callable[[Run], bool]:
+    """Whether a run of the series came after the ref: in the series' order, after ``since_commit``'s
+    own run or from its child's on (:func:`first_after`); else, or without ``since_commit``, dated after
+    ``since_date``."""
+    pts = analysis.points
+    first = first_after([p.run for p in pts], since_commit) if since_commit else None
+    later_commits = {p.run.commit for p in pts[first:]} if first is not None else None
+
+    def after(run: Run) -> bool:
+        return run.commit in later_commits if later_commits is not None else run.date > since_date
+
+    return after
+
+
+def _unreached(analysis: SeriesAnalysis, after: Callable[[Run], bool], since_commit: str | None) -> list[str]:
+    links = analysis.links
+    later = [link for link in links if after(link.point.run)]
+    if not later or later[0] is not links[0] or (since_commit is not None and links[0].parent == since_commit):
+        return []  # nothing after the ref, or the chain holds the ref's run or starts right after it
+    gaps = [g for g in analysis.chain_gaps if after(g.run) and g.parent != since_commit]
+    if gaps:
+        return [f"gap: {analysis.name}: {g}" for g in gaps]
+    if since_commit is None:
+        return []  # by date alone: whether the chain's first parent came after the ref is not known
+    return [f"gap: {analysis.name}: the chain starts at {links[0].commit[:8]} (against {(links[0].parent or 'none')[:8]}), "
+            f"after {since_commit[:8]}: no A/B run of this check reaches back to it"]
+
+
+def chain_gaps_since(analysis: SeriesAnalysis, since_date: str, *, since_commit: str | None = None) -> list[str]:
+    """Why the A/B chain of ``analysis`` does not reach back to the ref (``since_commit``, else
+    ``since_date``), one line each (``gap: CHECK: ...``): each gap of
+    :attr:`SeriesAnalysis.chain_gaps` after the ref, or, with none, that the chain starts after
+    it. Empty when the chain reaches back to the ref, or nothing after it is chained. A cumulative
+    change since the ref then covers only the merges after the newest gap."""
+    return _unreached(analysis, _after(analysis, since_date, since_commit), since_commit)
+
+
 def findings_since(analysis: SeriesAnalysis, since_date: str, *, since_commit: str | None = None,
                    tolerance: float = 0.05, confidence: float = 0.95,
                    cumulative_confidence: float = CUMULATIVE_CONFIDENCE) -> tuple[list[Finding], list[str]]:
     """Regressions after the ``since_commit`` run of the series (else after ``since_date``, UTC, as runs
-    keep dates): level shifts and drifts for the worse, a cumulative chained ratio worse with its
-    whole ``cumulative_confidence`` interval (above 1; below for rates) and by more than the
-    tolerance on its estimate (a
-    creep of merges that each passed their A/B run; the runs' per-pair sd pooled per machine
-    identity), and a trend of one
-    machine's values (:func:`machine_trends`, from ``since_commit``'s own run on it when there is
-    one) whose move's interval lies entirely beyond it.
+    keep dates): level shifts and drifts for the worse, a cumulative chained ratio worse than no
+    change with its whole ``cumulative_confidence`` interval (above 1; below for rates; either way,
+    on the side of its estimate, for a metric of unknown direction) and by more than the tolerance
+    on its estimate (a creep of merges that each passed their A/B run; the runs' per-pair sd pooled
+    per machine identity), and a trend of one machine's values (:func:`machine_trends`, from
+    ``since_commit``'s own run on it when there is one) whose move's interval lies entirely beyond it.
 
     The series' own order decides where the commit is, not its date: commits made within one
     second (a scripted series, a fast-forward of several) share a date.
 
     Returns:
-        ``(findings, lines)``: the second is the cumulative change (``cumulative: ...``) and each
-        machine's trend (``trend: ...``) since then, for the report; empty when there is neither.
+        ``(findings, lines)``: the second is the cumulative change (``cumulative: ...``; ``since X
+        only`` when the chain does not reach back to the ref), the gaps that keep it from reaching
+        back (``gap: ...``, :func:`chain_gaps_since`) and each machine's trend (``trend: ...``)
+        since then, for the report; empty when there is none of them.
     """
     out = []
     base = dict(check=analysis.name, machine=analysis.machine, mode=analysis.mode)
     pts = analysis.points
-    first = first_after([p.run for p in pts], since_commit) if since_commit else None
-    later_commits = {p.run.commit for p in pts[first:]} if first is not None else None
+    after_run = _after(analysis, since_date, since_commit)
 
     def after(point: Point) -> bool:
-        return point.run.commit in later_commits if later_commits is not None else point.run.date > since_date
+        return after_run(point.run)
 
     lines: list[str] = []
     for s in analysis.shifts:
@@ -223,11 +278,17 @@ def findings_since(analysis: SeriesAnalysis, since_date: str, *, since_commit: s
     if later:
         cum = cumulative(later, confidence=cumulative_confidence)
         lo, hi = cum.ci
-        direction: Direction = "higher" if analysis.direction == "higher" else "lower"
+        direction = _judged_direction(analysis.direction, cum.change)
         beyond = (classify(lo, hi, Limits.around(1.0, 0.0, direction)) == "fail"
                   and classify(cum.ratio, cum.ratio, Limits.around(1.0, tolerance, direction)) == "fail")
+        gaps = _unreached(analysis, after_run, since_commit)
+        ref = since_commit[:12] if since_commit else since_date
+        reach = (f" only: the chain does not reach back to {ref} (gap below); the merges before the gap are not in it"
+                 if gaps else "")
         lines.append(f"cumulative: {analysis.name} on {analysis.machine}: {cum.change:+.1%} ({lo - 1:+.1%} to "
-                     f"{hi - 1:+.1%}, {cumulative_confidence:.0%}) over {cum.merges} merge(s) since {cum.since[:12]}")
+                     f"{hi - 1:+.1%}, {cumulative_confidence:.0%}) over {cum.merges} merge(s) since {cum.since[:12]}"
+                     f"{reach}")
+        lines += gaps
         if beyond:
             out.append(Finding(**base, what=f"cumulative beyond {fmt_tolerance(tolerance)}", change=cum.change,  # type: ignore[arg-type]
                                ci=cum.ci, good=cum.since, bad=cum.until, merges=cum.merges))
@@ -237,8 +298,7 @@ def findings_since(analysis: SeriesAnalysis, since_date: str, *, since_commit: s
         good = since_commit or points[0].run.parent or points[0].run.commit
         lines.append(f"trend: {analysis.name} on {machine}: {trend.change:+.1%} ({lo - 1:+.1%} to {hi - 1:+.1%}, "
                      f"{confidence:.0%}) over {trend.n} runs of this machine since {good[:12]}")
-        trend_direction = analysis.direction or ("higher" if trend.change < 0 else "lower")
-        if trend.beyond(tolerance, trend_direction):
+        if trend.beyond(tolerance, _judged_direction(analysis.direction, trend.change)):
             out.append(Finding(**{**base, "machine": machine}, what=f"trend beyond {fmt_tolerance(tolerance)}",  # type: ignore[arg-type]
                                change=trend.change, ci=trend.ci, good=good, bad=points[-1].run.commit,
                                merges=trend.n, over="runs"))

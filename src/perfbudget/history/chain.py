@@ -7,7 +7,8 @@ of freedom. Along a first-parent chain the head of one merge is the parent of th
 change since commit ``R`` is the product of the ratios after ``R``; in log space the ``ln r_i`` add, and
 so do the ``se_i^2`` (different jobs: independent errors). The interval is a t interval on the sum,
 with the Welch-Satterthwaite degrees of freedom (:func:`perfbudget.history.changepoints.segment_sum`;
-links that share one machine's pooled sd count its degrees of freedom once).
+a variance estimate that several links share counts its degrees of freedom once: a machine's
+pooled sd, and the prior an unpooled link's run pooled its pairs with, see :attr:`Link.shared_df`).
 Machines may differ from one link to the next: each ratio was measured within one.
 
 A run's own per-pair sd rests on few pairs (a run that decided early stops at 2: one degree of
@@ -19,14 +20,20 @@ the within-group mean square of a one-way analysis of variance), with the pooled
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from .changepoints import segment_sum
-from .store import Point
+from .store import Point, Run
 
-__all__ = ["Cumulative", "Link", "chain_of", "cumulative", "cumulative_series", "pooled"]
+__all__ = ["Cumulative", "Gap", "Link", "chain_of", "cumulative", "cumulative_series", "pooled"]
+
+PRIOR_NOISE = "prior"
+"""The :attr:`Link.noise` of every unpooled link whose run pooled its pairs with a prior: one estimate
+shared by them all (the kind's default prior is one constant for every machine, a measured one is
+each machine identity's; the store does not say which, so they are counted as one, the cautious side)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,12 +46,37 @@ class Link:
     df: float | None
     pooled_over: int = 0
     """Runs whose pairs :attr:`log_se` and :attr:`df` were pooled over (0: the run's own)."""
+    prior_df: float = 0.0
+    """Of an unpooled link's :attr:`df`, those of the prior its run pooled its pairs with (``df - (pairs
+    - 1)``: 0 when the run set the prior aside); 0 when pooled."""
 
     @property
     def noise(self) -> str:
-        """Where :attr:`log_se`'s variance estimate comes from: the machine identity when pooled
-        (its links share it), else the run's own commit."""
-        return self.machine if self.pooled_over else self.commit
+        """The variance estimate that :attr:`shared_df` of :attr:`df` belong to, shared by every link
+        that names it: ``pooled:MACHINE`` (the machine identity's pooled per-pair sd), else
+        :data:`PRIOR_NOISE` (the prior the run pooled its pairs with), else ``own:COMMIT`` (nothing shared)."""
+        if self.pooled_over:
+            return f"pooled:{self.machine}"
+        return PRIOR_NOISE if self.prior_df > 0 else f"own:{self.commit}"
+
+    @property
+    def shared_df(self) -> float:
+        """The degrees of freedom of :attr:`noise`'s shared estimate: all of :attr:`df` when pooled,
+        the prior's when the run pooled its pairs with one, else none.
+
+        Why the prior counts once: a run's variance is ``(prior_df * prior_sd^2 + (pairs - 1) *
+        s^2) / df``, and every run takes the same prior. Kept per link, as ``df`` was, the prior's
+        degrees of freedom counted once per link in the Welch-Satterthwaite sum: five 2-pair links
+        on a 3-df prior read as 20 df where they hold 5 (t(0.975) 2.09, not 2.57). Each link's
+        variance is split into the prior's share (``prior_df / df`` of it: these add up over the
+        links, on ``prior_df`` counted once) and its own pairs' (on ``pairs - 1``), which is
+        Welch-Satterthwaite for that sum when the sds estimate one sd, as one machine's do; one
+        link keeps its ``df``. Giving each such link ``pairs - 1`` instead would keep the prior in
+        the variance and its shared error out of the degrees of freedom: over many links too many
+        (five 4-pair links on a 3-df prior: 15 df where they hold 10)."""
+        if self.pooled_over:
+            return float(self.df or 0.0)
+        return self.prior_df
 
     @property
     def machine(self) -> str:
@@ -57,6 +89,34 @@ class Link:
     @property
     def parent(self) -> str | None:
         return self.point.run.parent
+
+
+@dataclass(frozen=True, kw_only=True)
+class Gap:
+    """Where the chain cannot reach back: the run of :attr:`run` measured its commit against a parent
+    that has no A/B ratio for this check, while :attr:`older` (the newest run before it) and
+    :attr:`unchained` runs in all are older. What changed from :attr:`older`'s commit to that parent
+    (``git log --first-parent OLDER..PARENT``: a push of several commits compared with its last
+    parent only, a cancelled or failed run) was never measured, so no cumulative change reaches
+    back over it."""
+
+    run: Run
+    older: Run
+    unchained: int
+
+    @property
+    def commit(self) -> str:
+        return self.run.commit
+
+    @property
+    def parent(self) -> str | None:
+        return self.run.parent
+
+    def __str__(self) -> str:
+        parent = (self.parent or "none")[:8]
+        return (f"{self.commit[:8]}: its parent {parent} has no A/B ratio for this check: the chain cannot reach "
+                f"back over {self.older.commit[:8]}..{parent} (not measured); {self.unchained} older run(s) are "
+                "not chained")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,36 +141,48 @@ def _link(p: Point) -> Link | None:
     c = p.check
     if c.ratio is None or c.log_se is None or not (c.ratio > 0 and c.log_se > 0 and math.isfinite(c.log_se)):
         return None
-    return Link(point=p, log_ratio=math.log(c.ratio), log_se=c.log_se, df=c.df)
+    prior_df = c.df - (c.pairs - 1) if c.df is not None and c.pairs >= 1 else 0.0
+    return Link(point=p, log_ratio=math.log(c.ratio), log_se=c.log_se, df=c.df,
+                prior_df=min(max(prior_df, 0.0), c.df or 0.0))
 
 
-def chain_of(points: Sequence[Point]) -> tuple[list[Link], list[str]]:
+def chain_of(points: Sequence[Point]) -> tuple[list[Link], list[Gap]]:
     """The first-parent chain that ends at the newest A/B point with a ratio, oldest merge first
     (``points``: one check on one machine, oldest first, as :meth:`HistoryStore.series` gives them).
 
     Walks back from the newest run by its parent; the chain ends where a parent has no A/B run here
-    (or no ratio for this check).
+    (or no ratio for this check). The walk then goes on from the newest run older than that end, to
+    find every gap further back.
 
     Returns:
-        ``(links, gaps)``: the gaps say where the chain stopped while older runs exist
-        (``0a1b2c3d: its parent 9f8e7d6c has no A/B ratio for this check``).
+        ``(links, gaps)``: the gaps newest first, each where a walk stopped while older runs exist
+        (the first is where ``links`` start; :class:`Gap`).
     """
     links = {p.run.commit: link for p in points if (link := _link(p)) is not None}
     if not links:
         return [], []
-    newest = list(links.values())[-1]  # points come oldest first
-    chain = [newest]
-    seen = {newest.commit}
-    while (parent := chain[-1].parent) is not None and parent in links and parent not in seen:
-        chain.append(links[parent])
-        seen.add(parent)
-    chain.reverse()
+    order = list(links)  # points come oldest first
+    position = {commit: i for i, commit in enumerate(order)}
+    seen: set[str] = set()
+    walks: list[list[Link]] = []
+    end = len(order)
+    while end > 0:
+        walk = [links[order[end - 1]]]
+        seen.add(walk[0].commit)
+        while (parent := walk[-1].parent) is not None and parent in links and parent not in seen:
+            walk.append(links[parent])
+            seen.add(parent)
+        walk.reverse()
+        walks.append(walk)
+        end = position[walk[0].commit]
+        while end > 0 and order[end - 1] in seen:
+            end -= 1
     gaps = []
-    older = [c for c, link in links.items() if c not in seen and link.point.run.date < chain[0].point.run.date]
-    if older:
-        gaps.append(f"{chain[0].commit[:8]}: its parent {(chain[0].parent or 'none')[:8]} has no A/B ratio for this "
-                    f"check; {len(older)} older run(s) are not chained")
-    return chain, gaps
+    for walk, older in itertools.pairwise(walks):
+        chained = {link.commit for link in walk}
+        gaps.append(Gap(run=walk[0].point.run, older=older[-1].point.run,
+                        unchained=sum(c not in chained for c in order[:position[walk[0].commit]])))
+    return walks[0], gaps
 
 
 def pooled(links: Sequence[Link], points: Sequence[Point] = ()) -> list[Link]:
@@ -131,7 +203,8 @@ def pooled(links: Sequence[Link], points: Sequence[Point] = ()) -> list[Link]:
         if own.pair_sd is None or runs < 2 or df <= own.pairs - 1 or ss <= 0:
             out.append(link)
             continue
-        out.append(replace(link, log_se=math.sqrt(ss / df) / math.sqrt(own.pairs), df=float(df), pooled_over=runs))
+        out.append(replace(link, log_se=math.sqrt(ss / df) / math.sqrt(own.pairs), df=float(df), pooled_over=runs,
+                           prior_df=0.0))
     return out
 
 
@@ -146,7 +219,7 @@ def cumulative(links: Sequence[Link], *, confidence: float = 0.95) -> Cumulative
     dfs = [link.df for link in links]
     ratio, ci = segment_sum([link.log_ratio for link in links], [link.log_se for link in links],
                             None if any(d is None for d in dfs) else [float(d or 0) for d in dfs], confidence,
-                            [link.noise for link in links])
+                            [link.noise for link in links], [link.shared_df for link in links])
     return Cumulative(since=links[0].parent or "", until=links[-1].commit, merges=len(links), ratio=ratio, ci=ci,
                       confidence=confidence)
 

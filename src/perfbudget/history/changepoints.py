@@ -237,12 +237,17 @@ def level_shifts(values: Sequence[float], *, se: Sequence[float | None] | None =
 
 
 def segment_sum(log_ratios: Sequence[float], log_se: Sequence[float], dfs: Sequence[float] | None,
-                confidence: float, sources: Sequence[str] | None = None) -> tuple[float, tuple[float, float]]:
+                confidence: float, sources: Sequence[str] | None = None,
+                shared_dfs: Sequence[float] | None = None) -> tuple[float, tuple[float, float]]:
     """Product of head/parent ratios and its interval: log-ratios add, and so do their variances
     (independent jobs); the t quantile takes the Welch-Satterthwaite degrees of freedom of the sum
     (the normal quantile when the merges' own degrees of freedom are unknown). Merges whose standard
-    errors rest on one shared variance estimate (one machine's pooled per-pair sd) name the same
-    ``sources`` entry: their variances add within it and its degrees of freedom count once.
+    errors rest on one shared variance estimate name the same ``sources`` entry, and ``shared_dfs``
+    says how many of each merge's degrees of freedom are that estimate's (default: all of them, as
+    for one machine's pooled per-pair sd; a run's pairs pooled with a prior: the prior's). Each
+    merge's variance is split in that proportion: the shared parts add within their source, whose
+    degrees of freedom (the fewest its merges name) count once; the rest is the merge's own, on its
+    remaining degrees of freedom.
 
     Returns:
         ``(ratio, (low, high))``.
@@ -253,11 +258,15 @@ def segment_sum(log_ratios: Sequence[float], log_se: Sequence[float], dfs: Seque
     p = 0.5 + confidence / 2
     if dfs is not None and var > 0 and all(d > 0 for d in dfs):
         groups: dict[object, tuple[float, float]] = {}
+        own = 0.0  # sum of (own variance)^2 / own df
         for i, (s, d) in enumerate(zip(log_se, dfs, strict=True)):
             key = sources[i] if sources is not None else i
-            v, _ = groups.get(key, (0.0, d))
-            groups[key] = (v + s * s, d)
-        df = var * var / math.fsum(v * v / d for v, d in groups.values())
+            shared = d if shared_dfs is None else min(max(shared_dfs[i], 0.0), d)
+            v, g = groups.get(key, (0.0, shared))
+            groups[key] = (v + s * s * shared / d, min(g, shared))
+            if shared < d:
+                own += (s * s * (d - shared) / d) ** 2 / (d - shared)
+        df = var * var / (own + math.fsum(v * v / g for v, g in groups.values() if g > 0))
         q = t_quantile(p, df)
     else:
         q = normal_quantile(p)
@@ -266,7 +275,7 @@ def segment_sum(log_ratios: Sequence[float], log_se: Sequence[float], dfs: Seque
 
 def chained_drifts(log_ratios: Sequence[float], log_se: Sequence[float], dfs: Sequence[float] | None = None, *,
                    config: ChangeConfig | None = None, breakpoints: Breakpoints | None = None,
-                   sources: Sequence[str] | None = None) -> list[Drift]:
+                   sources: Sequence[str] | None = None, shared_dfs: Sequence[float] | None = None) -> list[Drift]:
     """Runs of consecutive merges that changed the level, from each merge's ln(head/parent) and its se.
 
     A penalised fit, each merge weighing ``median(se^2) / se^2``, proposes segments of one mean step
@@ -274,7 +283,7 @@ def chained_drifts(log_ratios: Sequence[float], log_se: Sequence[float], dfs: Se
     segment of one merge is a finding here: the chain holds each merge's change, not a level, so a
     merge that the next one undoes is two changes, each measured against its own parent;
     a segment is kept when the interval of its summed log-ratio (:func:`segment_sum`, at
-    ``chain_confidence``; ``sources`` as there) excludes zero and its change is at least ``min_change``.
+    ``chain_confidence``; ``sources`` and ``shared_dfs`` as there) excludes zero and its change is at least ``min_change``.
 
     Raises:
         ValueError: lengths that differ, or a standard error that is not a positive number.
@@ -295,7 +304,8 @@ def chained_drifts(log_ratios: Sequence[float], log_se: Sequence[float], dfs: Se
     for start, end in zip([0, *ends[:-1]], ends, strict=True):
         ratio, (lo, hi) = segment_sum(log_ratios[start:end], log_se[start:end],
                                       None if dfs is None else dfs[start:end], config.chain_confidence,
-                                      None if sources is None else sources[start:end])
+                                      None if sources is None else sources[start:end],
+                                      None if shared_dfs is None else shared_dfs[start:end])
         if (lo > 1.0 or hi < 1.0) and abs(ratio - 1.0) >= config.min_change:
             drifts.append(Drift(first=start, last=end - 1, ratio=ratio, ci=(lo, hi)))
     return drifts

@@ -14,7 +14,7 @@ from ..exitcodes import ExitCode
 from ..fileio import atomic_write
 from ..report.common import fmt_tolerance
 from ..results import load_results
-from .analysis import SeriesAnalysis, analyze_store, findings_since, first_after
+from .analysis import SeriesAnalysis, analyze_store, chain_gaps_since, findings_since, first_after
 from .changepoints import MissingPackageError
 from .commits import CommitError, git_commit_info, run_of
 from .page import render_history
@@ -34,16 +34,21 @@ points, including regressions made of many small steps.
   show KEY.METRIC       one check's series in the terminal, change points marked
   report -o FILE.html   the history page: a plot per check over commits, change points, the
                         cumulative A/B ratio with its band
-  check --since REF     exit 1 on a change point or drift for the worse after REF, or when the level
-                        moved beyond the tolerance since REF: the cumulative chained A/B ratio's
-                        interval, or the interval of the trend of one machine's values (4 runs or
-                        more), lies entirely beyond it; names the commits to bisect
+  check --since REF     exit 1 on a change point or drift for the worse after REF, when the
+                        cumulative chained A/B ratio since REF is worse than no change with its
+                        whole 99 % interval and beyond the tolerance on its estimate, or when the
+                        95 % interval of the trend of one machine's values (4 runs or more) lies
+                        entirely beyond the tolerance; names the commits to bisect. A gap in the
+                        A/B chain after REF (commits no run measured: a push of several commits,
+                        a cancelled run) is printed with a warning, not a failure: the cumulative
+                        ratio then covers only the merges after the gap
 """
 
 _EPILOG = f"""exit codes:
-  {ExitCode.OK:d}  ok (check: no regression since REF)
+  {ExitCode.OK:d}  ok (check: no regression since REF; a gap in the A/B chain is a warning)
   {ExitCode.FAILED:d}  check: a change point, drift, cumulative change or trend for the worse since REF
-  {ExitCode.USAGE:d}  usage or input error: unreadable results, a corrupt or newer history database, an unknown ref
+  {ExitCode.USAGE:d}  usage or input error: unreadable results, a corrupt, newer, locked or unwritable history
+     database, an unknown ref
 """
 
 
@@ -51,13 +56,14 @@ class _InputError(Exception):
     """A problem with the command's input, already naming the file or the value."""
 
 
-def _open(args: argparse.Namespace, *, must_exist: bool = True) -> HistoryStore:
+def _open(args: argparse.Namespace, *, write: bool = False) -> HistoryStore:
+    """The store of ``--db``: created or migrated only to ``write`` (``add``); read-only otherwise."""
     path = Path(args.db)
-    if must_exist and not path.exists():
+    if not write and not path.exists():
         raise _InputError(f"{path}: no history database (create it with: perfbudget history add RESULTS.json "
                           f"--db {path})")
     try:
-        return HistoryStore(path)
+        return HistoryStore(path, read_only=not write)
     except HistoryError as exc:
         raise _InputError(str(exc)) from None
 
@@ -73,7 +79,7 @@ def cmd_add(args: argparse.Namespace, out: TextIO) -> int:
         checks = checks_from_results(results)
     except (ValueError, CommitError) as exc:
         raise _InputError(str(exc)) from None
-    with _open(args, must_exist=False) as store:
+    with _open(args, write=True) as store:
         try:
             written = store.add(run, checks)
         except HistoryError as exc:
@@ -96,9 +102,10 @@ def _name(store: HistoryStore, wanted: str) -> tuple[str, str]:
     raise _InputError(f"{store.path}: no check {wanted!r} in the history{hint}")
 
 
-def _analyses(store: HistoryStore, names: list[tuple[str, str]] | None = None) -> list[SeriesAnalysis]:
+def _analyses(store: HistoryStore, names: list[tuple[str, str]] | None = None,
+              machine: str | None = None) -> list[SeriesAnalysis]:
     try:
-        return analyze_store(store, names=names)
+        return analyze_store(store, names=names, machine=machine)
     except ValueError as exc:
         raise _InputError(f"{store.path}: {exc}") from None
 
@@ -106,7 +113,7 @@ def _analyses(store: HistoryStore, names: list[tuple[str, str]] | None = None) -
 def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
     with _open(args) as store:
         key, metric = _name(store, args.check)
-        analyses = [a for a in _analyses(store, [(key, metric)]) if args.machine in (None, a.machine)]
+        analyses = _analyses(store, [(key, metric)], machine=args.machine)
     if not analyses:
         raise _InputError(f"{args.db}: no series of {args.check} on machine {args.machine!r}")
     out.write("\n\n".join(_series_text(a) for a in analyses) + "\n")
@@ -188,7 +195,10 @@ def cmd_check(args: argparse.Namespace, out: TextIO) -> int:
     if not 0 <= args.tolerance < 1:
         raise _InputError(f"--tolerance: expected a fraction in [0, 1), got {args.tolerance}")
     with _open(args) as store:
-        since, since_date = _since_date(store, args.since)
+        try:
+            since, since_date = _since_date(store, args.since)
+        except ValueError as exc:  # git answered with something that is not a commit date
+            raise _InputError(f"--since {args.since}: {exc}") from None
         analyses = _analyses(store)
         runs = store.runs()
         # In the history's order (dates can tie), else by date.
@@ -196,11 +206,18 @@ def cmd_check(args: argparse.Namespace, out: TextIO) -> int:
         after = runs[start:] if start is not None else [r for r in runs if r.date > since_date]
     if not analyses:
         raise _InputError(f"{args.db}: the history is empty")
-    findings, lines = [], []
+    findings, lines, unreached = [], [], []
     for a in analyses:
         found, said = findings_since(a, since_date, since_commit=since, tolerance=args.tolerance)
         findings += found
         lines += said
+        if chain_gaps_since(a, since_date, since_commit=since):
+            unreached.append(a.name)
+    warning = ""
+    if unreached:
+        names = ", ".join(unreached[:3]) + (f" and {len(unreached) - 3} more" if len(unreached) > 3 else "")
+        warning = (f"warning: the A/B chain of {len(unreached)} series ({names}) does not reach back to {since[:12]} "
+                   "(gaps above): its cumulative change covers only the merges after the gap\n")
     out.write(f"perfbudget history check: since {since[:12]} ({since_date}): {len(after)} run(s), "
               f"{len(analyses)} series, tolerance {fmt_tolerance(args.tolerance)}\n")
     if not after:
@@ -212,8 +229,12 @@ def cmd_check(args: argparse.Namespace, out: TextIO) -> int:
     if findings:
         first = findings[0]
         out.write(f"{len(findings)} regression(s) since {since[:12]}; bisect each range above "
-                  f"(e.g. git bisect start {first.bad[:12]} {first.good[:12]})\n")
+                  f"(e.g. git bisect start {first.bad[:12]} {first.good[:12]})\n{warning}")
         return ExitCode.FAILED
+    if unreached:
+        out.write(f"no change point, drift or trend for the worse since {since[:12]}; no cumulative change for the "
+                  f"worse after the gaps, which it cannot reach back over\n{warning}")
+        return ExitCode.OK
     out.write(f"no change point, drift, cumulative change or trend for the worse since {since[:12]}\n")
     return ExitCode.OK
 
@@ -258,7 +279,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     common(c)
     c.add_argument("--since", required=True, metavar="REF", help="a commit-ish (a release tag, HEAD~20, a SHA)")
     c.add_argument("--tolerance", type=float, default=0.05,
-                   help="a cumulative chained A/B ratio, or the trend of one machine's values, fails when its "
+                   help="a cumulative chained A/B ratio fails when it is worse than 1 with its whole 99 %% interval "
+                        "and beyond 1 +- this on its estimate; the trend of one machine's values when its 95 %% "
                         "interval lies entirely beyond 1 +- this (default 0.05)")
     c.set_defaults(history_func=cmd_check)
 
@@ -278,6 +300,6 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     """Run a parsed ``perfbudget history`` command; input errors print one line naming the problem and exit 2."""
     try:
         return int(args.history_func(args, out))
-    except (_InputError, MissingPackageError) as exc:
+    except (_InputError, HistoryError, MissingPackageError) as exc:  # HistoryError: a read the lock kept out
         print(f"perfbudget history {args.history_command}: error: {exc}", file=sys.stderr)
         return ExitCode.USAGE

@@ -30,9 +30,15 @@ def git_rev(ref: str, cwd: str | Path = ".") -> str | None:
 
 
 def git_commit_info(commit: str, cwd: str | Path = ".") -> tuple[str, str | None, str] | None:
-    """``(full SHA, first parent or None, commit date UTC)`` of ``commit``, or ``None`` when git does not know it."""
+    """``(full SHA, first parent or None, commit date UTC)`` of commit-ish ``commit`` (an annotated tag:
+    the commit it tags), or ``None`` when git does not know it.
+
+    Raises:
+        ValueError: git's date is not an ISO 8601 date (naming it).
+    """
     # ``commit`` may come from a results file: after --end-of-options, '--output=FILE' is no option.
-    out = _git(Path(cwd), "show", "-s", "--format=%H %P%n%cI", "--end-of-options", commit)
+    # ``^{commit}``: `git show TAG` prints an annotated tag's header before the commit.
+    out = _git(Path(cwd), "show", "-s", "--format=%H %P%n%cI", "--end-of-options", f"{commit}^{{commit}}")
     if not out:
         return None
     shas, _, date = out.partition("\n")

@@ -1,5 +1,6 @@
 """The history store: one SQLite file holding every run's checks by commit, machine and mode; versioned,
-one transaction per write, refused when corrupt or newer than this version reads."""
+one transaction per write, refused when corrupt or newer than this version reads; migrated by writers
+only (a reader of an older store reads it as migrated, writing nothing)."""
 
 from __future__ import annotations
 
@@ -59,6 +60,13 @@ def _add_pair_sd(db: sqlite3.Connection) -> None:
 _MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _add_value_se, 2: _add_pair_sd}
 """``version -> step``: the step turns a store of ``version`` into one of ``version + 1``, inside the
 write transaction."""
+
+_READ_AS_MIGRATED: dict[str, tuple[int, str]] = {
+    "value_se": (2, f"CASE WHEN log_se IS NOT NULL AND log_se > 0 AND value > 0 THEN log_se * {_HEAD_SHARE!r} END"),
+    "pair_sd": (3, "NULL"),
+}
+"""``column -> (the version that adds it, what a reader of an older store selects for it)``: what
+:data:`_MIGRATIONS` would write there, so a store opened read-only reads as it would once migrated."""
 
 Mode = Literal["stored", "ab"]
 """How a run judged timing: against stored budgets (absolute values) or lockstep A/B (head/parent ratios)."""
@@ -251,19 +259,29 @@ class HistoryStore:
     one file, as it is kept on a branch.
 
     Args:
-        path: the database file; created with its folder when missing.
+        path: the database file; created with its folder when missing, unless ``read_only``.
         timeout_s: how long to wait for another writer.
+        read_only: open to read only: the file must exist and hold a history; an older schema is
+            read as migrated (:data:`_READ_AS_MIGRATED`), not migrated. Writers (:meth:`add`)
+            create and migrate it.
 
     Raises:
         HistoryError: the file is not a SQLite database or not a history store, is corrupt, or
-            has a schema newer than :data:`SCHEMA_VERSION`.
+            has a schema newer than :data:`SCHEMA_VERSION`; or cannot be read or written now
+            (locked by another writer past the busy timeout, no permission), saying so.
     """
 
-    def __init__(self, path: str | Path, *, timeout_s: float = BUSY_TIMEOUT_S) -> None:
+    def __init__(self, path: str | Path, *, timeout_s: float = BUSY_TIMEOUT_S, read_only: bool = False) -> None:
         self.path = Path(path)
+        self.read_only = read_only
+        self._timeout_s = timeout_s
+        self._check_columns = _CHECK_COLUMNS
         if self.path.is_dir():
             raise HistoryError(f"{self.path}: is a folder, not a history database")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if read_only and not self.path.is_file():
+            raise HistoryError(f"{self.path}: no history database")
+        if not read_only:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             # isolation_level=None: this class opens and ends every transaction itself.
             self._db = sqlite3.connect(self.path, timeout=timeout_s, isolation_level=None)
@@ -272,6 +290,9 @@ class HistoryStore:
         try:
             self._db.execute("PRAGMA foreign_keys = ON")
             self._open()
+        except sqlite3.OperationalError as exc:  # locked, read-only, unreachable: nothing says it is corrupt
+            self._db.close()
+            raise HistoryError(_cannot(self.path, "open it", exc, timeout_s)) from None
         except sqlite3.DatabaseError as exc:
             self._db.close()
             raise HistoryError(f"{self.path}: not a readable history database ({exc}); restore it from "
@@ -289,6 +310,15 @@ class HistoryStore:
                                "from the history branch or move it aside to start a new one")
         version = self._version()
         if version == SCHEMA_VERSION:
+            return
+        if self.read_only:
+            if version is None:
+                raise HistoryError(f"{self.path}: an empty database, no history yet: keep a run first "
+                                   f"(perfbudget history add RESULTS.json --db {self.path})")
+            self._check_columns = ", ".join(
+                expr if version < added else name
+                for name in _CHECK_COLUMNS.split(", ")
+                for added, expr in [_READ_AS_MIGRATED.get(name, (0, name))])
             return
         with self._write():
             version = self._version()  # another process may have created or migrated it meanwhile
@@ -325,7 +355,7 @@ class HistoryStore:
             raise HistoryError(f"{self.path}: schema_version {version} is newer than this perfbudget reads "
                                f"({SCHEMA_VERSION}); upgrade perfbudget to read it")
         missing = [t for t in _TABLE_NAMES if t not in tables]
-        if missing and version == SCHEMA_VERSION:
+        if missing and (version == SCHEMA_VERSION or self.read_only):
             raise HistoryError(f"{self.path}: schema_version {version} but no {', '.join(missing)} table")
         return version
 
@@ -348,7 +378,13 @@ class HistoryStore:
 
         Returns:
             The number of checks written.
+
+        Raises:
+            HistoryError: opened read-only, or the write failed (locked past the busy timeout, no
+                permission, a full disk), saying which.
         """
+        if self.read_only:
+            raise HistoryError(f"{self.path}: opened read-only: cannot add run {run.short}")
         written = 0
         try:
             with self._write():
@@ -367,32 +403,39 @@ class HistoryStore:
                          c.value_se, c.pair_sd))
                     written += 1
         except sqlite3.OperationalError as exc:  # "database is locked" after the busy timeout, a full disk
-            raise HistoryError(f"{self.path}: cannot write run {run.short} on {run.machine}: {exc}") from None
+            raise HistoryError(_cannot(self.path, f"write run {run.short} on {run.machine}", exc,
+                                       self._timeout_s)) from None
         return written
 
     # ------------------------------------------------------------------ reading
 
+    def _read(self, sql: str, params: Sequence[object] = ()) -> list[tuple[object, ...]]:
+        """The rows of one query; a writer's lock held past the busy timeout is a :class:`HistoryError`."""
+        try:
+            return self._db.execute(sql, params).fetchall()
+        except sqlite3.OperationalError as exc:
+            raise HistoryError(_cannot(self.path, "read it", exc, self._timeout_s)) from None
+
     def runs(self) -> list[Run]:
         """Every run, oldest commit first."""
-        return [_run(row) for row in self._db.execute(
-            f"SELECT {_RUN_COLUMNS} FROM runs ORDER BY date_utc, id")]
+        return [_run(row) for row in self._read(f"SELECT {_RUN_COLUMNS} FROM runs ORDER BY date_utc, id")]
 
     def names(self) -> list[tuple[str, str]]:
         """``(key, metric)`` of every check kept, sorted."""
-        return [(k, m) for k, m in self._db.execute("SELECT DISTINCT key, metric FROM checks ORDER BY key, metric")]
+        return [(str(k), str(m)) for k, m in self._read("SELECT DISTINCT key, metric FROM checks ORDER BY key, metric")]
 
     def series(self, key: str, metric: str) -> list[Point]:
         """Every point of one check, oldest commit first (all machines and modes: group them with
         :func:`by_machine`)."""
-        rows = self._db.execute(
-            f"SELECT {_RUN_COLUMNS}, {_CHECK_COLUMNS} FROM checks JOIN runs ON runs.id = checks.run_id "
+        rows = self._read(
+            f"SELECT {_RUN_COLUMNS}, {self._check_columns} FROM checks JOIN runs ON runs.id = checks.run_id "
             "WHERE key = ? AND metric = ? ORDER BY date_utc, runs.id, nodeid", (key, metric))
         return [Point(_run(row[:6]), _check(row[6:])) for row in rows]
 
     def resolve(self, ref: str) -> list[str]:
         """Stored commits whose SHA starts with ``ref``."""
         like = ref.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-        return [c for (c,) in self._db.execute(
+        return [str(c) for (c,) in self._read(
             "SELECT DISTINCT commit_sha FROM runs WHERE commit_sha LIKE ? ESCAPE '\\'", (like,))]
 
     def close(self) -> None:
@@ -403,6 +446,18 @@ class HistoryStore:
 
     def __exit__(self, tp: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
+
+
+def _cannot(path: Path, doing: str, exc: sqlite3.OperationalError, timeout_s: float) -> str:
+    """What an operational error (no corruption) means for the history, which it leaves intact."""
+    text = str(exc)
+    if "locked" in text or "busy" in text:
+        return (f"{path}: cannot {doing}: {text}: another process (a `perfbudget history add`?) held it for more "
+                f"than the {timeout_s:g} s busy timeout; retry when it has finished")
+    if "readonly" in text or "read-only" in text:
+        return (f"{path}: cannot {doing}: {text}: this user may not write the file, or its folder (a writer's "
+                "journal goes there); check their permissions")
+    return f"{path}: cannot {doing}: {text}"
 
 
 _RUN_COLUMNS = "commit_sha, parent_sha, date_utc, machine, mode, source"

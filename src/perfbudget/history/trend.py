@@ -74,7 +74,9 @@ class Trend:
 
     def beyond(self, tolerance: float, direction: str) -> bool:
         """Whether the interval lies entirely beyond ``1 + tolerance`` (``1 - tolerance`` for a rate,
-        ``direction == "higher"``): the rule of the A/B verdict and of the cumulative chained ratio."""
+        ``direction == "higher"``): the rule of the A/B verdict. Not the cumulative chained ratio's,
+        which needs its interval entirely worse than 1 and only its estimate beyond the tolerance
+        (:func:`perfbudget.history.analysis.findings_since`)."""
         return classify(*self.ci, Limits.around(1.0, tolerance, "higher" if direction == "higher" else "lower")) == "fail"
 
 
