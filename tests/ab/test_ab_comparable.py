@@ -139,3 +139,13 @@ def test_the_comment_says_what_was_not_comparable_and_what_to_do() -> None:
     assert ("**Not comparable with the base**: the sides measured differently (threads 1 vs 2, base vs head). "
             "Measure both sides with the base's settings to compare them, or accept the change with a reason.") in text
     assert "Not comparable" not in pr_comment(Results(records=compare([sides(10.0, 10.0)]).records))
+
+
+def test_a_pair_set_aside_is_replaced_while_the_run_has_one_to_give() -> None:
+    """Deciding on the others alone would narrow the interval after looking at the data: like an invalid pair,
+    the one set aside wants another while pairs are left; at the end (or with none left) the others decide."""
+    pairs = [sides(10.0 * r, 10.0) for r in NOISY]
+    running = compare_pairs(pairs, budgets=BudgetSet(root=Path("budgets")), final=False, pairs_left=2)
+    assert running.undecided == (("t.py::test", "enc", "step_ms"),)
+    none_left = compare_pairs(pairs, budgets=BudgetSet(root=Path("budgets")), final=False, pairs_left=0)
+    assert none_left.undecided == ()

@@ -380,6 +380,10 @@ def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_
     # processes can run in speed modes that two pairs may share by chance (benchmarks/process-modes-cpu.md).
     state: str = with_evidence(rv.state, n=rv.pairs, least=ctx.min_pairs, final=ctx.final,
                                reachable=ctx.pairs_left is None or can_decide(rv, ctx.pairs_left))
+    if set_aside and not ctx.final and state not in ("undecided", "beyond reach") and ctx.pairs_left != 0:
+        # A pair set aside is replaced, as an invalid one is: deciding on the others alone would narrow the
+        # interval after looking at the data.
+        state = "undecided"
     if state == "inconclusive" and rv.state != "inconclusive":
         short = f"not confirmed: a failure needs {ctx.min_pairs + 1} pairs" if rv.state == "fail" else \
             f"{rv.pairs} pair(s), fewer than the {ctx.min_pairs} a check needs (--min-pairs)"
