@@ -126,10 +126,3 @@ def test_operator_moves_refuse_strings_a_report_could_not_show_as_they_are(field
         OperatorMoves.from_extra({MOVED_OPERATORS: value_of})
     move.update(outcome="", unit="1")  # nothing judged it; a count's unit
     assert OperatorMoves.from_extra({MOVED_OPERATORS: {"moves": [move | {"op": "aten::mm", "family": "op_count"}]}})
-
-
-def test_a_moves_unit_is_held_to_a_records_pattern() -> None:
-    from perfbudget.extras import UNIT
-    from perfbudget.results import _NAME_PATTERNS
-
-    assert UNIT.pattern == _NAME_PATTERNS["unit"].pattern

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from .measure.instructions import moves_between
 from .measure.operators import OpMove, OpRow, moved_operators
 from .measure.padding import PaddingStats, padding_rate_by_width
+from .metrics import UNIT
 from .vocabulary import Outcome
 
 if TYPE_CHECKING:
@@ -28,7 +29,6 @@ __all__ = [
     "MOVED_OPERATORS",
     "OPERATOR_TABLE",
     "PADDING_BY_WIDTH",
-    "UNIT",
     "ExtraError",
     "FailureArtifacts",
     "InstructionProfile",
@@ -214,8 +214,6 @@ class OperatorTable:
 
 
 _AGAINST = ("budget", "base", "table")
-#: A unit as a record's is held to where results are loaded: letters, digits and a slash (``ms``, ``samples/s``).
-UNIT = re.compile(r"[A-Za-z0-9/]{0,16}")
 #: A family of per-operator metrics (``op_self_ms``).
 _FAMILY = re.compile(r"[a-z][a-z0-9_]{0,39}")
 #: The most characters of an operator's name (a name in a results file), and of the note.

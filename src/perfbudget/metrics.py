@@ -204,6 +204,10 @@ METRICS: dict[str, Metric] = {m.name: m for m in _REGISTRY}
 
 _NAME = re.compile(r"^(?P<base>[a-z][a-z0-9_]*)(?:\[(?P<arg>[^\[\]]+)\])?$")
 
+#: What a unit may be wherever one is read (a results file, a record's extra): letters, digits and a
+#: slash (``ms``, ``samples/s``); reports render it as it is.
+UNIT = re.compile(r"[A-Za-z0-9/]{0,16}")
+
 
 class UnknownMetricError(ValueError):
     """A metric name that is not in the registry or is malformed."""

@@ -21,7 +21,7 @@ from .device import DeviceInfo
 from .fileio import atomic_write, shown_path
 from .measure.nvml import GpuClocks
 from .measure.stats import normal_quantile, t_quantile
-from .metrics import UnknownMetricError, parse_name
+from .metrics import UNIT, UnknownMetricError, parse_name
 from .vocabulary import RunMode, count_outcomes
 
 __all__ = ["RESULTS_SCHEMA", "ABPolicyInfo", "ABRunInfo", "BaseSide", "BudgetRef", "FieldError", "HowMeasured", "PairClocks",
@@ -613,8 +613,7 @@ MAX_NAME = 1_000
 _METRIC_NAME = re.compile(r"[a-z][a-z0-9_]*(?:\[[^\[\]]+\])?")
 _NAME_PATTERNS = {"device.isa_class": re.compile(r"[a-z0-9_]{1,40}"),
                   "device.cpuid": re.compile(r"[0-9]{1,6}/[0-9]{1,6}/[0-9]{1,6}"), "metric": _METRIC_NAME,
-                  # Units are rendered as they are: letters, digits and a slash (``ms``, ``samples/s``).
-                  "unit": re.compile(r"[A-Za-z0-9/]{0,16}")}
+                  "unit": UNIT}
 
 
 def _cut(text: str) -> str:
