@@ -267,7 +267,8 @@ class PerfSession:
 
     def not_measured(self) -> list[Record]:
         """A record for every budget that applies to a key this run measured on a device, but
-        that no test recorded: a budget that applies is judged or reported, never dropped.
+        that no test recorded, and for every budget on such a device under a key no collected test has
+        (:meth:`_keys_without_test`): a budget that applies is judged or reported, never dropped.
 
         Except the budgets this kind of session cannot measure: a session under callgrind
         (:attr:`counts_instructions`) takes no timing, rate or energy samples worth judging, and
@@ -279,15 +280,19 @@ class PerfSession:
                 continue
             seen.setdefault((r.key, r.device.type), r)
             recorded.add((r.key, r.device.type, r.metric))
+        wanted = [(key, first.device, f"budgeted for {key} on {first.device.label} but no test of this run recorded "
+                   "it (deselected, renamed, or below the recording threshold)")
+                  for (key, _), first in sorted(seen.items()) if first.device is not None]
+        wanted += self._keys_without_test({first.device.type: first.device for first in seen.values()
+                                           if first.device is not None})
         out = []
-        for (key, _), first in sorted(seen.items()):
-            assert first.device is not None
+        for key, device, reason in wanted:
             try:
-                budgets = self.budgets.budgets_for(key, first.device)
-            except Exception:  # broken budgets are reported by the checks themselves
+                budgets = self.budgets.budgets_for(key, device)
+            except Exception:  # broken or ambiguous budgets are reported by the checks themselves
                 continue
             for metric, budget in sorted(budgets.items()):
-                if (key, first.device.type, metric) in recorded:
+                if (key, device.type, metric) in recorded:
                     continue
                 try:
                     info = lookup(metric)
@@ -297,16 +302,13 @@ class PerfSession:
                     continue
                 out.append(Record(
                     nodeid="", key=key, metric=metric, outcome=Outcome.NOT_MEASURED, budget=BudgetRef.of(budget),
-                    reason=f"budgeted for {key} on {first.device.label} but no test of this run recorded it "
-                           "(deselected, renamed, or below the recording threshold)",
-                    device=first.device, unit=info.unit, kind=info.kind, direction=info.direction,
+                    reason=reason, device=device, unit=info.unit, kind=info.kind, direction=info.direction,
                 ))
-        return out + self._keys_without_test({first.device.type: first.device for first in seen.values()
-                                              if first.device is not None})
+        return out
 
-    def _keys_without_test(self, devices: dict[str, DeviceInfo]) -> list[Record]:
-        """A record for every budget, on a device this run measured, under a key that no collected test has
-        (deselected ones included): a misspelt or renamed key would otherwise never be judged."""
+    def _keys_without_test(self, devices: dict[str, DeviceInfo]) -> list[tuple[str, DeviceInfo, str]]:
+        """``(key, device, why)`` for every key budgeted on a device this run measured that no collected test
+        has (deselected ones included): a misspelt or renamed key would otherwise never be judged."""
         if self.known_keys is None:
             return []
         known = sorted(self.known_keys)
@@ -315,23 +317,11 @@ class PerfSession:
             keys = {k for f in self.budgets.matching(device) for k in f.entries} - self.known_keys \
                 - {r.key for r in self.records}
             for key in sorted(keys):
-                try:
-                    budgets = self.budgets.budgets_for(key, device)
-                except Exception:  # an ambiguous budget: reported where a test judges it
-                    continue
                 near = difflib.get_close_matches(key, known, n=1)
                 hint = f" (did you mean {near[0]!r}?)" if near else ""
-                for metric, budget in sorted(budgets.items()):
-                    try:
-                        info = lookup(metric)
-                    except ValueError:
-                        continue
-                    out.append(Record(
-                        nodeid="", key=key, metric=metric, outcome=Outcome.NOT_MEASURED, budget=BudgetRef.of(budget),
-                        reason=f"budgeted under the key {key!r} on {device.label}, which no test of this run has, "
-                               f"deselected ones included{hint}: a misspelt or renamed key is never judged",
-                        device=device, unit=info.unit, kind=info.kind, direction=info.direction,
-                    ))
+                out.append((key, device, f"budgeted under the key {key!r} on {device.label}, which no test of this "
+                                         f"run has, deselected ones included{hint}: a misspelt or renamed key is "
+                                         "never judged"))
         return out
 
     def _measurable_here(self, metric: str, statistical: bool) -> bool:

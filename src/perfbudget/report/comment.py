@@ -25,13 +25,13 @@ from .common import (
     has_base,
     headline,
     md_fit,
+    md_run_problems,
     md_table,
     md_text,
     move_line,
     op_of,
     ordered,
     plain,
-    run_problems,
     summary_line,
 )
 from .markdown import ICON
@@ -147,8 +147,7 @@ def pr_comment(results: Results, *, title: str = "perf", links: CommentLinks | N
     links = links or CommentLinks()
     records = ordered(results.records)
     judged = f"Judged {md_text(head[:12], code=True)} · " if head else ""
-    problems = [f"- ⚠️ {md_text(p)}" for p in run_problems(results)]
-    problems += [""] if problems else []
+    problems = md_run_problems(results)
     if not records:
         return _capped([marker, f"### ⚠️ {title}: no perf records", ""],
                        [f"{judged}The run recorded no perf checks: did the selection pick any perf test?", "",

@@ -373,6 +373,12 @@ def run_problems(results: Results) -> list[str]:
                   f"{e.get('error', '?')}" for e in meta.errors]
 
 
+def md_run_problems(results: Results) -> list[str]:
+    """:func:`run_problems` as Markdown lines, a blank line after them (none without problems)."""
+    lines = [f"- ⚠️ {md_text(p)}" for p in run_problems(results)]
+    return [*lines, ""] if lines else []
+
+
 def regressions(records: Iterable[Record]) -> list[Record]:
     """Records whose outcome makes the run red (fail or error), in report order."""
     return [r for r in ordered(records) if r.outcome in REGRESSION_OUTCOMES]

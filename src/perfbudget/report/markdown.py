@@ -22,13 +22,13 @@ from .common import (
     has_base,
     headline,
     md_fit,
+    md_run_problems,
     md_table,
     md_text,
     move_change_text,
     ordered,
     outcome_counts,
     regressions,
-    run_problems,
     sort_key,
 )
 from .terminal import gpu_steps
@@ -63,8 +63,7 @@ def markdown_report(results: Results | Iterable[Record], *, title: str = "perf b
     process pairs.
     """
     records = ordered(results.records if isinstance(results, Results) else results)
-    problems = [f"- ⚠️ {md_text(p)}" for p in run_problems(results)] if isinstance(results, Results) else []
-    problems += [""] if problems else []
+    problems = md_run_problems(results) if isinstance(results, Results) else []
     if not records:
         return "\n".join([f"## ⚠️ {title}: no perf records", "", *problems, "No perf records were produced.", ""])
     bad = regressions(records)
