@@ -213,17 +213,25 @@ exit 0
 """
 
 
-@pytest.mark.parametrize("valgrind", [True, False])
-def test_perf_ab_script_runs_instruction_counts_beside_the_timing_pairs(tmp_path: Path, valgrind: bool) -> None:
-    """With valgrind and a second CPU: counts on the other CPUs, timing without them, one merged
-    report. Without valgrind the timing run keeps the instruction tests (reported unmeasurable)."""
-    repo = tmp_path / "r"
+def perf_ab_repo(tmp: Path) -> Path:
+    """A folder holding scripts/perf-ab.sh, a set-up that does nothing and a fake perfbudget (FAKE_PERFBUDGET)."""
+    repo = tmp / "r"
     (repo / "scripts").mkdir(parents=True)
     (repo / "scripts" / "perf-ab.sh").write_text((ROOT / "scripts" / "perf-ab.sh").read_text())
     (repo / "scripts" / "setup.sh").write_text("#!/bin/sh\n")
     (repo / ".venv" / "bin").mkdir(parents=True)
     (repo / ".venv" / "bin" / "perfbudget").write_text(FAKE_PERFBUDGET)
     (repo / ".venv" / "bin" / "python").symlink_to(sys.executable)
+    for f in (repo / "scripts" / "perf-ab.sh", repo / "scripts" / "setup.sh", repo / ".venv" / "bin" / "perfbudget"):
+        f.chmod(0o755)
+    return repo
+
+
+@pytest.mark.parametrize("valgrind", [True, False])
+def test_perf_ab_script_runs_instruction_counts_beside_the_timing_pairs(tmp_path: Path, valgrind: bool) -> None:
+    """With valgrind and a second CPU: counts on the other CPUs, timing without them, one merged
+    report. Without valgrind the timing run keeps the instruction tests (reported unmeasurable)."""
+    repo = perf_ab_repo(tmp_path)
     tools = tmp_path / "tools"
     tools.mkdir()
     for name in ("git", "sed", "rm", "mkdir", "cut", "dirname", "cat"):
@@ -232,8 +240,7 @@ def test_perf_ab_script_runs_instruction_counts_beside_the_timing_pairs(tmp_path
         (tools / name).symlink_to(found)
     if valgrind:
         (tools / "valgrind").write_text("#!/bin/sh\n")
-    for f in (repo / "scripts" / "perf-ab.sh", repo / "scripts" / "setup.sh", repo / ".venv" / "bin" / "perfbudget",
-              *tools.iterdir()):
+    for f in tools.iterdir():
         f.chmod(0o755)
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
     subprocess.run([*git, "init", "-q"], check=True)
@@ -266,15 +273,7 @@ def test_perf_ab_script_runs_instruction_counts_beside_the_timing_pairs(tmp_path
 def test_perf_ab_script_takes_main_before_the_push_as_the_base(tmp_path: Path, before: str) -> None:
     """A push of several commits compared with HEAD~1 leaves the others unmeasured, a gap in the
     history's chain: the push's `before`, when an earlier commit of HEAD, is the base instead."""
-    repo = tmp_path / "r"
-    (repo / "scripts").mkdir(parents=True)
-    (repo / "scripts" / "perf-ab.sh").write_text((ROOT / "scripts" / "perf-ab.sh").read_text())
-    (repo / "scripts" / "setup.sh").write_text("#!/bin/sh\n")
-    (repo / ".venv" / "bin").mkdir(parents=True)
-    (repo / ".venv" / "bin" / "perfbudget").write_text(FAKE_PERFBUDGET)
-    (repo / ".venv" / "bin" / "python").symlink_to(sys.executable)
-    for f in (repo / "scripts" / "perf-ab.sh", repo / "scripts" / "setup.sh", repo / ".venv" / "bin" / "perfbudget"):
-        f.chmod(0o755)
+    repo = perf_ab_repo(tmp_path)
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
 
     def rev(ref: str) -> str:

@@ -19,6 +19,20 @@ def git(repo: Path, *args: str) -> str:
     return done.stdout.strip()
 
 
+def seeded_remote(tmp: Path) -> Path:
+    """A bare remote whose main holds one commit (a .gitignore), pushed from a seed clone."""
+    remote = tmp / "remote.git"
+    subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(remote)], check=True)
+    seed = tmp / "seed"
+    subprocess.run(["git", "init", "-q", "-b", "main", str(seed)], check=True)
+    (seed / ".gitignore").write_text(".venv\n.perfbudget/\n")
+    git(seed, "add", ".gitignore")
+    git(seed, "commit", "-q", "-m", "first")
+    git(seed, "remote", "add", "origin", str(remote))
+    git(seed, "push", "-q", "origin", "main")
+    return remote
+
+
 def clone_with_script(remote: Path, where: Path) -> Path:
     subprocess.run(["git", "clone", "-q", str(remote), str(where)], check=True)
     (where / "scripts").mkdir(exist_ok=True)
@@ -43,15 +57,7 @@ def keep(repo: Path, head: str, parent: str) -> subprocess.CompletedProcess[str]
 
 
 def test_the_history_branch_is_started_then_appended_from_two_clones(tmp_path: Path) -> None:
-    remote = tmp_path / "remote.git"
-    subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(remote)], check=True)
-    seed = tmp_path / "seed"
-    subprocess.run(["git", "init", "-q", "-b", "main", str(seed)], check=True)
-    (seed / ".gitignore").write_text(".venv\n.perfbudget/\n")
-    git(seed, "add", ".gitignore")
-    git(seed, "commit", "-q", "-m", "first")
-    git(seed, "remote", "add", "origin", str(remote))
-    git(seed, "push", "-q", "origin", "main")
+    remote = seeded_remote(tmp_path)
 
     a = clone_with_script(remote, tmp_path / "a")
     head, parent = push_commit(a, "second")
@@ -84,15 +90,7 @@ def test_the_history_branch_is_started_then_appended_from_two_clones(tmp_path: P
 
 
 def test_a_commit_that_fails_fails_the_script_and_pushes_nothing(tmp_path: Path) -> None:
-    remote = tmp_path / "remote.git"
-    subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(remote)], check=True)
-    seed = tmp_path / "seed"
-    subprocess.run(["git", "init", "-q", "-b", "main", str(seed)], check=True)
-    (seed / ".gitignore").write_text(".venv\n.perfbudget/\n")
-    git(seed, "add", ".gitignore")
-    git(seed, "commit", "-q", "-m", "first")
-    git(seed, "remote", "add", "origin", str(remote))
-    git(seed, "push", "-q", "origin", "main")
+    remote = seeded_remote(tmp_path)
     a = clone_with_script(remote, tmp_path / "a")
     head, parent = push_commit(a, "second")
     assert keep(a, head, parent).returncode == 0
