@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from types import TracebackType
 from typing import Literal
+from urllib.parse import quote
 
 from ..results import Record, Results
 from ..vocabulary import Outcome, RunMode
@@ -60,13 +61,6 @@ def _add_pair_sd(db: sqlite3.Connection) -> None:
 _MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _add_value_se, 2: _add_pair_sd}
 """``version -> step``: the step turns a store of ``version`` into one of ``version + 1``, inside the
 write transaction."""
-
-_READ_AS_MIGRATED: dict[str, tuple[int, str]] = {
-    "value_se": (2, f"CASE WHEN log_se IS NOT NULL AND log_se > 0 AND value > 0 THEN log_se * {_HEAD_SHARE!r} END"),
-    "pair_sd": (3, "NULL"),
-}
-"""``column -> (the version that adds it, what a reader of an older store selects for it)``: what
-:data:`_MIGRATIONS` would write there, so a store opened read-only reads as it would once migrated."""
 
 Mode = Literal["stored", "ab"]
 """How a run judged timing: against stored budgets (absolute values) or lockstep A/B (head/parent ratios)."""
@@ -262,8 +256,8 @@ class HistoryStore:
         path: the database file; created with its folder when missing, unless ``read_only``.
         timeout_s: how long to wait for another writer.
         read_only: open to read only: the file must exist and hold a history; an older schema is
-            read as migrated (:data:`_READ_AS_MIGRATED`), not migrated. Writers (:meth:`add`)
-            create and migrate it.
+            migrated in a copy in memory (:data:`_MIGRATIONS`), the file left as it is. Writers
+            (:meth:`add`) create and migrate it.
 
     Raises:
         HistoryError: the file is not a SQLite database or not a history store, is corrupt, or
@@ -275,7 +269,6 @@ class HistoryStore:
         self.path = Path(path)
         self.read_only = read_only
         self._timeout_s = timeout_s
-        self._check_columns = _CHECK_COLUMNS
         if self.path.is_dir():
             raise HistoryError(f"{self.path}: is a folder, not a history database")
         if read_only and not self.path.is_file():
@@ -284,7 +277,8 @@ class HistoryStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             # isolation_level=None: this class opens and ends every transaction itself.
-            self._db = sqlite3.connect(self.path, timeout=timeout_s, isolation_level=None)
+            where, uri = (f"file:{quote(str(self.path.resolve()))}?mode=ro", True) if read_only else (str(self.path), False)
+            self._db = sqlite3.connect(where, timeout=timeout_s, isolation_level=None, uri=uri)
         except sqlite3.Error as exc:
             raise HistoryError(f"{self.path}: cannot open: {exc}") from None
         try:
@@ -315,11 +309,11 @@ class HistoryStore:
             if version is None:
                 raise HistoryError(f"{self.path}: an empty database, no history yet: keep a run first "
                                    f"(perfbudget history add RESULTS.json --db {self.path})")
-            self._check_columns = ", ".join(
-                expr if version < added else name
-                for name in _CHECK_COLUMNS.split(", ")
-                for added, expr in [_READ_AS_MIGRATED.get(name, (0, name))])
-            return
+            # Read as migrated: the same migrations, on a copy in memory; the file stays as it is.
+            memory = sqlite3.connect(":memory:", isolation_level=None)
+            self._db.backup(memory)
+            self._db.close()
+            self._db = memory
         with self._write():
             version = self._version()  # another process may have created or migrated it meanwhile
             if version is None:
@@ -428,7 +422,7 @@ class HistoryStore:
         """Every point of one check, oldest commit first (all machines and modes: group them with
         :func:`by_machine`)."""
         rows = self._read(
-            f"SELECT {_RUN_COLUMNS}, {self._check_columns} FROM checks JOIN runs ON runs.id = checks.run_id "
+            f"SELECT {_RUN_COLUMNS}, {_CHECK_COLUMNS} FROM checks JOIN runs ON runs.id = checks.run_id "
             "WHERE key = ? AND metric = ? ORDER BY date_utc, runs.id, nodeid", (key, metric))
         return [Point(_run(row[:6]), _check(row[6:])) for row in rows]
 
