@@ -179,19 +179,17 @@ def _decide_stat(
 ) -> Verdict:
     q = info.quantile
 
-    coverage = 1.0
-
-    def summary(data: list[float]) -> tuple[float, tuple[float, float]]:
-        nonlocal coverage
+    def summary(data: list[float]) -> tuple[float, tuple[float, float], float]:
+        """The quantile, its interval and the interval's coverage."""
         lo, hi, coverage = stats.quantile_ci(data, q, policy.confidence)
-        return stats.quantile(data, q), (lo, hi)
+        return stats.quantile(data, q), (lo, hi), coverage
 
     def short() -> str:
         """Why a sample set's interval is no interval at the confidence asked (a high quantile of few samples)."""
         return (f"; {len(xs)} samples give the interval of the {q:g} quantile only {coverage:.0%} coverage"
                 if q != 0.5 and coverage < policy.confidence else "")
 
-    med, ci = summary(xs)
+    med, ci, coverage = summary(xs)
     v = base.with_(value=med, ci=ci, n=len(xs), cv=stats.cv(xs), samples=tuple(xs), confidence=policy.confidence)
     if budget is None:
         return v.with_(outcome=Outcome.UNBUDGETED, reason="no budget for this metric on this device")
@@ -214,7 +212,7 @@ def _decide_stat(
                 problem = _check_finite(fresh)
                 if problem:
                     return v.with_(outcome=Outcome.ERROR, reason=f"confirmation: {problem}", rounds=rounds + 1)
-                fmed, fci = summary(fresh)
+                fmed, fci, _ = summary(fresh)
                 all_xs = xs + fresh
                 agreed = limits.worse(fmed)
                 v = v.with_(
@@ -256,7 +254,7 @@ def _decide_stat(
                 return v.with_(outcome=Outcome.ERROR, reason=f"extra round: {problem}", rounds=rounds + 1)
             xs = xs + fresh
             rounds += 1
-            med, ci = summary(xs)
+            med, ci, coverage = summary(xs)
             v = v.with_(value=med, ci=ci, n=len(xs), cv=stats.cv(xs), samples=tuple(xs), rounds=rounds)
             continue
         if limits.worse(med):
