@@ -209,8 +209,7 @@ class PerfPlugin:
     def _know_keys(self, config: pytest.Config, perf_items: list[pytest.Item]) -> None:
         """The keys of the collected perf tests, where the run collected whole folders (a file or a test
         named would make every other budget look as if it had no test)."""
-        if not all(Path(config.invocation_params.dir, a.split("::")[0]).is_dir()
-                                     for a in config.args):
+        if not all(Path(config.invocation_params.dir, a.split("::")[0]).is_dir() for a in config.args):
             return
         keys: set[str] = set()
         for item in (*perf_items, *self._deselected):
