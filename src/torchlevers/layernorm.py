@@ -177,13 +177,15 @@ def fp32_stats_layer_norm(
         in fp32 on CUDA), so the next matmul reads half the bytes.
     """
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
-    if tuple(x.shape[len(x.shape) - len(shape):]) != shape:
+    if x.shape[x.dim() - len(shape):] != shape:
         raise ValueError(f"input shape {tuple(x.shape)} does not end with normalized_shape {shape}")
     if not x.is_floating_point():
         raise ValueError(f"expected a floating-point input, got dtype {x.dtype}")
-    for name, t in (("weight", weight), ("bias", bias)):
-        if t is not None and tuple(t.shape) != shape:
-            raise ValueError(f"{name} of shape {tuple(t.shape)} does not match normalized_shape {shape}")
+    # torch.Size compares with a tuple as it is: no copy on every call.
+    if weight is not None and weight.shape != shape:
+        raise ValueError(f"weight of shape {tuple(weight.shape)} does not match normalized_shape {shape}")
+    if bias is not None and bias.shape != shape:
+        raise ValueError(f"bias of shape {tuple(bias.shape)} does not match normalized_shape {shape}")
     n = math.prod(shape)
     x2 = x.reshape(-1, n)
     w = weight.reshape(n) if weight is not None else None
