@@ -49,6 +49,9 @@ def test_sides_clocks_apart_by_more_than_one_percent_refuse_the_verdict_median_a
 def test_no_nvml_means_no_clock_check_and_nothing_refused() -> None:
     assert clock_refusal({}) == ""
     assert clock_refusal({"base": GpuClocks(busy=0, idle=30), "head": GpuClocks(busy=0, idle=31)}) == ""
+    # NVML sampled but could not say whether the GPU worked: refused, not taken for "no GPU work".
+    unread = clock_refusal({"base": GpuClocks(busy=0, unknown=30), "head": GpuClocks(busy=0, unknown=31)})
+    assert "clock-event reasons could not be read" in unread and "head no busy sample (0 idle, 31 of unknown state)" in unread
     assert "of one side are unknown" in clock_refusal({"base": clocks(1980), "head": GpuClocks(busy=0, idle=9)})
     # Busy samples that read no clock (0 MHz): refused, naming them, never a crash of the run.
     zero = GpuClocks(busy=5, sm_median_mhz=0.0, sm_mean_mhz=0.0)

@@ -33,6 +33,15 @@ def test_idle_samples_are_left_out_of_the_clocks() -> None:
     assert none.busy == 0 and none.sm_median_mhz is None and "no busy sample (1 idle)" in none.text
 
 
+def test_a_sample_whose_reasons_nvml_could_not_read_is_neither_busy_nor_idle() -> None:
+    # Counted busy, an idle sample's 345 MHz would drag the median of the clocks the work ran at.
+    got = GpuClocks.of([sample(1980), ClockSample(sm_mhz=345, mem_mhz=405, reasons=None), sample(1970)])
+    assert (got.busy, got.idle, got.unknown) == (2, 0, 1) and got.sm_median_mhz == 1975
+    assert "(2 busy samples, 1 of unknown state)" in got.text
+    unread = GpuClocks.of([ClockSample(sm_mhz=1980, mem_mhz=3201, reasons=None)] * 4)
+    assert (unread.busy, unread.unknown) == (0, 4) and "no busy sample (0 idle, 4 of unknown state)" in unread.text
+
+
 class ClockedNvml(FakeNvml):
     """The fake NVML with a memory clock of its own."""
 
@@ -78,3 +87,17 @@ def test_without_nvml_the_sampler_samples_nothing(fake_nvml: FakeNvml) -> None:
     fake_nvml.init_error = pynvml.NVMLError(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
     sampler = ClockSampler(lambda: "base", interval_s=0.001, module=fake_nvml).start()
     assert sampler.stop() == {} and sampler.unavailable.startswith("NVML unavailable")
+
+
+def test_a_reasons_mask_nvml_does_not_give_is_read_as_unknown(fake_nvml: FakeNvml) -> None:
+    class NoReasons(ClockedNvml):
+        def nvmlDeviceGetCurrentClocksEventReasons(self, h: FakeGpu) -> int:
+            raise self._real.NVMLError_NotSupported(self._real.NVML_ERROR_NOT_SUPPORTED)
+
+    nv = NoReasons()
+    session = open_session(nv)
+    assert isinstance(session, nvml.NvmlSession)
+    gpu = session._from_visible_devices(0)
+    assert isinstance(gpu, nvml.NvmlGpu)
+    got = read_clocks(session, gpu)
+    assert isinstance(got, ClockSample) and got.reasons is None

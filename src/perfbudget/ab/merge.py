@@ -69,9 +69,13 @@ _STOPPED = "the base was stopped at the time limit (--max-minutes) before it rec
 
 def clock_refusal(clocks: Mapping[str, GpuClocks], *, limit: float = MAX_CLOCK_OFFSET) -> str:
     """Why a pair's GPU timing cannot be compared, naming both sides' clocks; empty when it can
-    (or when neither side has a busy sample: no NVML, no GPU work)."""
+    (or when neither side has a busy sample: no NVML, no GPU work; but not when NVML could not say
+    whether the GPU worked)."""
     base, head = clocks.get("base"), clocks.get("head")
     if (base is None or not base.busy) and (head is None or not head.busy):
+        if any(side is not None and side.unknown for side in (base, head)):
+            return (f"the GPU's clock-event reasons could not be read, so the clocks it worked at are unknown "
+                    f"(base {base.text if base else 'not sampled'}; head {head.text if head else 'not sampled'})")
         return ""
     if base is None or head is None or not base.busy or not head.busy:
         return (f"the GPU clocks of one side are unknown (base {base.text if base else 'not sampled'}; "

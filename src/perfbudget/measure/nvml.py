@@ -795,8 +795,9 @@ class ClockSample:
 
     sm_mhz: float
     mem_mhz: float
-    reasons: int
-    """The clock-event reasons bitmask at that moment (:data:`GPU_IDLE` set: no work)."""
+    reasons: int | None
+    """The clock-event reasons bitmask at that moment (:data:`GPU_IDLE` set: no work); ``None``: NVML could
+    not read it, so whether the GPU had work is unknown."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -807,6 +808,8 @@ class GpuClocks:
     """Samples kept: the GPU had work (no :data:`GPU_IDLE` bit)."""
     idle: int = 0
     """Samples left out: the GPU was idle, so its clock says nothing of the work's."""
+    unknown: int = 0
+    """Samples left out: NVML could not read the clock-event reasons, so nobody knows whether the GPU worked."""
     sm_median_mhz: float | None = None
     sm_mean_mhz: float | None = None
     mem_median_mhz: float | None = None
@@ -815,21 +818,24 @@ class GpuClocks:
     @classmethod
     def of(cls, samples: Sequence[ClockSample]) -> GpuClocks:
         """The busy samples' median and mean SM and memory clocks (``None`` without a busy sample)."""
-        busy = [s for s in samples if not s.reasons & GPU_IDLE]
+        busy = [s for s in samples if s.reasons is not None and not s.reasons & GPU_IDLE]
+        unknown = sum(1 for s in samples if s.reasons is None)
+        idle = len(samples) - len(busy) - unknown
         if not busy:
-            return cls(busy=0, idle=len(samples))
+            return cls(busy=0, idle=idle, unknown=unknown)
         sm, mem = [s.sm_mhz for s in busy], [s.mem_mhz for s in busy]
-        return cls(busy=len(busy), idle=len(samples) - len(busy), sm_median_mhz=statistics.median(sm),
+        return cls(busy=len(busy), idle=idle, unknown=unknown, sm_median_mhz=statistics.median(sm),
                    sm_mean_mhz=statistics.fmean(sm), mem_median_mhz=statistics.median(mem),
                    mem_mean_mhz=statistics.fmean(mem))
 
     @property
     def text(self) -> str:
         """``SM median 1980 / mean 1975.2 MHz, memory 3201 MHz (412 busy samples)``."""
+        unknown = f", {self.unknown} of unknown state" if self.unknown else ""
         if self.sm_median_mhz is None or self.sm_mean_mhz is None:
-            return f"no busy sample ({self.idle} idle)"
+            return f"no busy sample ({self.idle} idle{unknown})"
         mem = f", memory {self.mem_median_mhz:g} MHz" if self.mem_median_mhz is not None else ""
-        return f"SM median {self.sm_median_mhz:g} / mean {self.sm_mean_mhz:.1f} MHz{mem} ({self.busy} busy samples)"
+        return f"SM median {self.sm_median_mhz:g} / mean {self.sm_mean_mhz:.1f} MHz{mem} ({self.busy} busy samples{unknown})"
 
 
 def read_clocks(session: NvmlSession, gpu: NvmlGpu) -> ClockSample | Unmeasurable:
@@ -839,7 +845,7 @@ def read_clocks(session: NvmlSession, gpu: NvmlGpu) -> ClockSample | Unmeasurabl
     def read() -> ClockSample:
         sm = nv.nvmlDeviceGetClockInfo(gpu.handle, getattr(nv, "NVML_CLOCK_SM", 1))
         mem = nv.nvmlDeviceGetClockInfo(gpu.handle, getattr(nv, "NVML_CLOCK_MEM", 2))
-        return ClockSample(sm_mhz=float(sm), mem_mhz=float(mem), reasons=_clock_reasons_mask(nv, gpu.handle) or 0)
+        return ClockSample(sm_mhz=float(sm), mem_mhz=float(mem), reasons=_clock_reasons_mask(nv, gpu.handle))
 
     return session._guard(read)
 
