@@ -226,11 +226,7 @@ class Judge:
         """Whether a stored timing budget may fail a test here: the machine is declared stable
         and the budget's file is keyed by this machine's identity."""
         ident = self.config.stable_identity
-        if not ident:
-            return False
-        selector = self.budgets.selector_of(budget)
-        want = selector.as_dict().get("identity") if selector is not None else None
-        return isinstance(want, str) and want.lower() == ident.lower()
+        return ident is not None and self.budgets.keyed_by(budget, ident)
 
     def _why_advisory(self, budget: Budget | None, host_bound: bool) -> str:
         busy = f" (measured while {'; '.join(self.config.preflight)})" if self.config.preflight else ""

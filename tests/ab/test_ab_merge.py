@@ -228,17 +228,37 @@ def test_rates_fail_when_the_head_is_slower() -> None:
     assert r.outcome == "fail" and r.base is not None and r.base.ratio == pytest.approx(0.8)
 
 
-def test_a_check_the_base_lacks_is_judged_against_the_stored_budget() -> None:
-    pairs = [pair([rec("step_ms", steps(10.5))], [rec("step_ms", steps(10.0), nodeid="elsewhere")]) for _ in range(2)]
-    cmp = compare_pairs(pairs, budgets=budgets())
+KEYED = DeviceInfo(type="cpu", model="test cpu", count=2, threads=1, cpuid="25/17/1", isa_class="avx2")
+
+
+def keyed(r: Record) -> Record:
+    return r.with_(device=KEYED)
+
+
+def test_a_check_the_base_lacks_is_judged_against_the_stored_budget_where_stored_timing_gates() -> None:
+    ident = KEYED.identity
+    assert ident is not None
+    mine = budgets(BUDGETS.replace("  type: cpu\n", f"  type: cpu\n  identity: {ident}\n"))
+    pairs = [pair([keyed(rec("step_ms", steps(10.5)))], [keyed(rec("step_ms", steps(10.0), nodeid="elsewhere"))])
+             for _ in range(2)]
+    cmp = compare_pairs(pairs, budgets=mine, stable_machine=ident)
     r = cmp.records[0]
     assert cmp.not_compared == ((NODE, "enc", "step_ms"),) and cmp.base_only == (("elsewhere", "enc", "step_ms"),)
     assert r.outcome == "pass" and r.vs_base is None and r.budget is not None and r.n == 10
     assert r.reason.startswith("not compared with the base: the base lacks it; against the stored budget:")
     info = r.base
     assert info is not None and not info.compared and info.note == "the base lacks it"
-    over = compare_pairs([pair([rec("step_ms", steps(13.5))], [])], budgets=budgets()).records[0]
-    assert over.outcome == "fail"  # 13.5 ms against 10 ms +30 % (the stored tolerance)
+    slow = [pair([keyed(rec("step_ms", steps(13.5)))], [])]
+    assert compare_pairs(slow, budgets=mine, stable_machine="yes").records[0].outcome == "fail"  # 10 ms +30 %
+    # As in a stored run, nowhere else: a machine not declared stable, a budget another machine's
+    # file holds (cpu.yaml names no identity), a declaration naming another machine.
+    for declared, held, why in (("", mine, "gate only on a machine declared stable"),
+                                ("yes", budgets(), "is not keyed by this machine's identity"),
+                                ("cpu-other", mine, "declares a stable machine, but this cpu device is")):
+        got = compare_pairs(slow, budgets=held, stable_machine=declared).records[0]
+        assert got.outcome == "advisory" and got.advice == "fail", declared
+        assert "not compared with the base: the base lacks it; advisory (would fail) against the stored budget" \
+            in got.reason and why in got.reason, got.reason
 
 
 def test_a_base_that_could_not_run_is_named_with_its_problem() -> None:

@@ -34,6 +34,7 @@ from ..budgets.loader import BudgetSet
 from ..budgets.schema import Budget
 from ..budgets.verdict import Outcome, Verdict, decide
 from ..extras import InstructionProfile, OperatorMoves
+from ..judge import stable_identity
 from ..measure import stats
 from ..measure.nvml import GpuClocks
 from ..measure.operators import OpMove, op_metric
@@ -45,6 +46,7 @@ from ..metrics import (
 )
 from ..results import BaseSide, BudgetRef, Record, Results, SetAsidePair, is_unrecorded_budget
 from ..rule import Limits, classify, family_confidence, tolerance_for, with_evidence
+from ..settings import STABLE_MACHINE_ENV
 from .ratios import ABPolicy, can_decide, describe_change, judge_ratios, outlying_pair, pair_ratio
 
 __all__ = ["MAX_CLOCK_OFFSET", "CheckId", "Comparison", "PairRecords", "clock_refusal", "compare_pairs"]
@@ -180,6 +182,7 @@ def compare_pairs(
     min_pairs: int = 1,
     require_base: bool = False,
     pairs_left: int | None = None,
+    stable_machine: str = "",
 ) -> Comparison:
     """Merge the pairs' records into one record per head check.
 
@@ -194,6 +197,9 @@ def compare_pairs(
             error instead of being judged against the stored budgets.
         pairs_left: pairs the run may still start (while not final): a check that many more
             pairs would not decide is left ``beyond_reach`` instead of ``undecided``.
+        stable_machine: the run's stable-machine declaration (``PERFBUDGET_STABLE_MACHINE``): a timing
+            check not compared with the base is judged against a stored budget only on a machine declared
+            stable whose identity keys the budget's file, as in a stored run; elsewhere it is advisory.
     """
     policy = policy or ABPolicy()
     numbered = [p if p.index else replace(p, index=i) for i, p in enumerate(pairs, 1)]
@@ -213,7 +219,7 @@ def compare_pairs(
     family = op_family_sizes((nodeid, metric) for nodeid, _, metric in order)
     context = _Context(budgets=budgets, policy=policy, final=final, min_pairs=min_pairs, pairs_left=pairs_left,
                        base_ran=any(p.base is not None or "base" in p.stopped for p in numbered),
-                       require_base=require_base,
+                       require_base=require_base, stable_machine=stable_machine,
                        base_problem=next((p.base_problem for p in numbered if p.base_problem), ""))
     records: list[Record] = []
     by_state: dict[str, list[CheckId]] = {}
@@ -287,6 +293,8 @@ class _Context:
     """Why the base wrote no results (the first pair that says)."""
     pairs_left: int | None = None
     """Pairs the run may still start (``None``: unknown, every straddling check wants another)."""
+    stable_machine: str = ""
+    """The stable-machine declaration: whether a stored timing budget may gate (:func:`_not_compared`)."""
 
 
 @dataclass(frozen=True)
@@ -361,7 +369,7 @@ def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_
         if head0.outcome == Outcome.NOT_JUDGED:  # set aside by the head's preflight: nothing to judge alone
             return head0.with_(reason=f"not compared with the base: {why}; {head0.reason}",
                                base=_not_with_base(why)), "not compared"
-        return _not_compared(head0, used, budget, why), "not compared"
+        return _not_compared(head0, used, budget, why, ctx), "not compared"
     chosen = tolerance_for(info, budget, against="base", from_budgets=ctx.policy.tolerance_from_budgets)
     tolerance, source = chosen.value, chosen.source
     identity = head0.device.identity if head0.device is not None else None
@@ -461,12 +469,40 @@ def _why_not(ctx: _Context, problems: list[str], *, base_has_it: bool) -> str:
     return "the base lacks it"
 
 
-def _not_compared(head0: Record, used: list[_Used], budget: Budget | None, why: str) -> Record:
-    """Judge the head's samples (all pairs) against the stored budget alone."""
+def _not_compared(head0: Record, used: list[_Used], budget: Budget | None, why: str, ctx: _Context) -> Record:
+    """Judge the head's samples (all pairs) against the stored budget alone: a verdict where a stored
+    run's would be one (a machine declared stable, the budget keyed by its identity), else advisory."""
     samples = [x for u in used if _usable(u.head) for x in _samples(u.head)]
     v = decide(head0.key, head0.metric, samples, budget)
-    return _with_verdict(head0, v).with_(
+    rec = _with_verdict(head0, v).with_(
         reason=f"not compared with the base: {why}; against the stored budget: {v.reason}", base=_not_with_base(why))
+    advisory = _why_advisory(head0, budget, ctx)
+    if advisory and v.outcome in (Outcome.PASS, Outcome.STALE, Outcome.FAIL):
+        rec = rec.with_(outcome=Outcome.ADVISORY, advice=v.outcome,
+                        reason=f"not compared with the base: {why}; advisory (would "
+                               f"{'be ' if v.outcome != Outcome.FAIL else ''}{v.outcome}) against the stored budget: "
+                               f"{v.reason}; {advisory}")
+    return rec
+
+
+def _why_advisory(head0: Record, budget: Budget | None, ctx: _Context) -> str:
+    """Why the head's stored timing verdict may not gate here (empty: it may)."""
+    device = head0.device
+    if device is None or budget is None:
+        return ""
+    info = _metric(head0)
+    if info is not None and device.type in info.advisory_on:
+        return f"on {device.type} a step's wall clock follows the host, not the device; judge it on head/base"
+    try:
+        ident = stable_identity(ctx.stable_machine, device)
+    except ValueError as exc:
+        return str(exc)
+    if ident is None:
+        return (f"stored timing budgets gate only on a machine declared stable ({STABLE_MACHINE_ENV}); "
+                "on head/base they are judged once the base records it")
+    if not ctx.budgets.keyed_by(budget, ident):
+        return f"its file ({budget.source}) is not keyed by this machine's identity {ident}"
+    return ""
 
 
 def _with_verdict(rec: Record, v: Verdict) -> Record:

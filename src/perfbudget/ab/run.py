@@ -261,7 +261,8 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
     spec = RunSpec(side="head", burst_ms=burst_ms, wait_s=settings.wait_s, precision=config.precision or None,
                    operators_file=str(operators_file), lease=settings.lease)  # each side's, with its side, socket and report
     plan = _Plan(config=config, budgets_dir=settings.budgets_dir, deadline=deadline, operators_file=operators_file,
-                 policy=_with_noise(config, settings.budgets_dir, say, burst_ms=burst_ms), say=say)
+                 policy=_with_noise(config, settings.budgets_dir, say, burst_ms=burst_ms), say=say,
+                 stable_machine=settings.stable_machine)
     while (index := plan.next_pair()) is not None:
         replaces = plan.to_replace
         first = replaces.first if replaces is not None else ("base" if plan.slot % 2 == 1 else "head")
@@ -285,7 +286,8 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
                         "side (its log is named above), or pass --allow-missing-base to judge the head against "
                         "the stored budgets instead")
     comparison = compare_pairs(records, budgets=budgets or BudgetSet(root=settings.budgets_dir), policy=policy,
-                               final=True, min_pairs=config.min_pairs, require_base=not config.allow_missing_base)
+                               final=True, min_pairs=config.min_pairs, require_base=not config.allow_missing_base,
+                               stable_machine=settings.stable_machine)
     invalid = tuple(r.index for r in runs if r.invalid)
     if not records and invalid and stopped != StopReason.HEAD_FAILED:
         problems.append(f"no valid pair: every pair lost turn-taking ({', '.join(map(str, invalid))})")
@@ -345,6 +347,8 @@ class _Plan:
     policy: ABPolicy
     operators_file: Path
     say: Callable[[str], None]
+    stable_machine: str = ""
+    """The run's stable-machine declaration (for :func:`~perfbudget.ab.merge.compare_pairs`)."""
     runs: list[PairRun] = field(default_factory=list)
     records: list[PairRecords] = field(default_factory=list)
     """The valid pairs only."""
@@ -422,7 +426,8 @@ class _Plan:
             return self._stop(StopReason.BASE_UNAVAILABLE)
         comparison = compare_pairs(self.records, budgets=self.budgets, policy=self.policy, final=False,
                                    min_pairs=config.min_pairs,
-                                   pairs_left=_pairs_left(config, self.runs, self.deadline))
+                                   pairs_left=_pairs_left(config, self.runs, self.deadline),
+                                   stable_machine=self.stable_machine)
         if comparison.beyond_reach:
             self.say(f"perfbudget ab: {len(comparison.beyond_reach)} check(s) beyond reach: the pairs left (within "
                      f"--max-pairs {config.max_pairs} and --max-minutes {config.max_minutes:g}) would not decide "

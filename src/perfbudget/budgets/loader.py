@@ -434,6 +434,13 @@ class BudgetSet:
                 return f.selector
         return None
 
+    def keyed_by(self, budget: Budget, identity: str) -> bool:
+        """Whether ``budget`` comes from a file whose selector names the machine ``identity``: a stored timing
+        budget gates only there, on a machine declared stable (:func:`perfbudget.judge.stable_identity`)."""
+        selector = self.selector_of(budget)
+        want = selector.as_dict().get("identity") if selector is not None else None
+        return isinstance(want, str) and want.lower() == identity.lower()
+
     def errors_for(self, key: str, info: DeviceInfo | None = None) -> list[BudgetError]:
         """Errors that make the budgets of ``key`` unknowable.
 
