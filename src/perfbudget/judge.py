@@ -19,7 +19,7 @@ from .budgets.verdict import Outcome, Verdict, VerdictPolicy, decide
 from .device import DeviceInfo
 from .judging import Judging, Samples, Stored
 from .measure.stats import median
-from .metrics import OP_TIMED_FAMILIES, MetricName, family_of
+from .metrics import OP_TIMED_FAMILIES, Metric, MetricName, family_of
 from .rule import family_confidence
 from .settings import STABLE_MACHINE_ENV
 from .vocabulary import TestOutcome
@@ -48,6 +48,33 @@ def stable_identity(declared: str, device: DeviceInfo) -> str | None:
     raise ValueError(f"{STABLE_MACHINE_ENV}/perfbudget_stable_machine={declared!r} declares a stable machine, "
                      f"but this {device.type} device is {ident}: fix the declaration (or the runner) before "
                      "stored timing budgets may gate")
+
+def not_gating(metric: Metric, device_type: str, budget: Budget | None, stable: str | None, budgets: BudgetSet) -> str:
+    """Why a stored verdict of ``metric`` may not fail a test here (empty: it may), for the stored judge and
+    for an A/B check not compared with the base alike. Stored timing gates only on a machine declared stable
+    (``stable``: its identity, from :func:`stable_identity`) against a budget whose file is keyed by that
+    identity; a metric advisory on this device type (a GPU step's wall clock) never gates."""
+    if not metric.statistical:
+        return ""
+    if device_type in metric.advisory_on:
+        return (f"on {device_type} a step's wall clock follows the host, not the device: a stored "
+                "step_device_ms budget gates here; judge wall time with `perfbudget ab --base <ref>`")
+    if stable is None:
+        return (f"stored timing budgets gate only on a machine declared stable ({STABLE_MACHINE_ENV}); "
+                "judge timing here with `perfbudget ab --base <ref>`")
+    if budget is not None and not budgets.keyed_by(budget, stable):
+        return (f"its file ({budget.source}) is not keyed by this machine's identity {stable}; record one "
+                "with --update-budgets, or use `perfbudget ab`")
+    return ""
+
+
+def as_advisory(v: Verdict, why: str) -> Verdict:
+    """``v`` shown, not gating: a pass, stale or fail becomes advisory, saying what it would be and ``why``."""
+    if v.outcome not in (Outcome.PASS, Outcome.STALE, Outcome.FAIL):
+        return v
+    return v.with_(outcome=Outcome.ADVISORY, advice=v.outcome,
+                   reason=f"advisory (would {'be ' if v.outcome != Outcome.FAIL else ''}{v.outcome}): {v.reason}; {why}")
+
 
 #: Beyond this relative change of the machine-speed reference against the budget's, the
 #: machine is not the one the budget describes: timing checks are not judged.
@@ -195,9 +222,9 @@ class Judge:
         # An unbudgeted timing metric on such a machine is advisory too: a budget written
         # there would not gate either, so asking for one (a skip) would be noise. A metric
         # advisory on this device type (a GPU step's wall clock) never gates, stable or not.
-        host_bound = self.device.type in name.metric.advisory_on
-        advisory = statistical and (host_bound or (not self.config.stable_identity if budget is None
-                                                   else not self.gates(budget)))
+        busy = f" (measured while {'; '.join(self.config.preflight)})" if self.config.preflight else ""
+        why = not_gating(name.metric, self.device.type, budget, self.config.stable_identity, self.budgets)
+        advisory = bool(why)
         # A busy machine sets aside only what could fail: an advisory check is shown anyway.
         if self.config.preflight and statistical and not advisory:
             return _not_judged(decide(self.key, name, samples, None, policy=self.config.policy), budget,
@@ -213,31 +240,10 @@ class Judge:
         v = decide(self.key, name, samples, budget, more=more, policy=self.policy_for(name))
         if ref_ms is not None:
             v = v.with_(ref_ms=ref_ms)
-        if advisory and v.outcome in (Outcome.PASS, Outcome.STALE, Outcome.FAIL):
-            v = v.with_(outcome=Outcome.ADVISORY, advice=v.outcome,
-                        reason=f"advisory (would {'be ' if v.outcome != 'fail' else ''}{v.outcome}): {v.reason}; "
-                               f"{self._why_advisory(budget, host_bound)}")
-        elif advisory and v.outcome == Outcome.UNBUDGETED:
-            v = v.with_(outcome=Outcome.ADVISORY, advice="",
-                        reason=f"advisory: no stored budget for it on this machine; {self._why_advisory(None, host_bound)}")
-        return v
-
-    def gates(self, budget: Budget) -> bool:
-        """Whether a stored timing budget may fail a test here: the machine is declared stable
-        and the budget's file is keyed by this machine's identity."""
-        ident = self.config.stable_identity
-        return ident is not None and self.budgets.keyed_by(budget, ident)
-
-    def _why_advisory(self, budget: Budget | None, host_bound: bool) -> str:
-        busy = f" (measured while {'; '.join(self.config.preflight)})" if self.config.preflight else ""
-        if host_bound:
-            return (f"on {self.device.type} a step's wall clock follows the host, not the device: a stored "
-                    f"step_device_ms budget gates here; judge wall time with `perfbudget ab --base <ref>`{busy}")
-        if not self.config.stable_identity:
-            return (f"stored timing budgets gate only on a machine declared stable ({STABLE_MACHINE_ENV}); "
-                    f"judge timing here with `perfbudget ab --base <ref>`{busy}")
-        return (f"its file ({budget.source if budget else '?'}) is not keyed by this machine's identity "
-                f"{self.config.stable_identity}; record one with --update-budgets, or use `perfbudget ab`{busy}")
+        if advisory and v.outcome == Outcome.UNBUDGETED:
+            return v.with_(outcome=Outcome.ADVISORY, advice="",
+                           reason=f"advisory: no stored budget for it on this machine; {why}{busy}")
+        return as_advisory(v, why + busy) if advisory else v
 
     def _reference_mismatch(self, reference: Sequence[float], budget: Budget | None) -> str:
         """Why this machine is not the one the budget describes, judged by the reference."""

@@ -257,7 +257,7 @@ def test_a_check_the_base_lacks_is_judged_against_the_stored_budget_where_stored
                                 ("cpu-other", mine, "declares a stable machine, but this cpu device is")):
         got = compare_pairs(slow, budgets=held, stable_machine=declared).records[0]
         assert got.outcome == "advisory" and got.advice == "fail", declared
-        assert "not compared with the base: the base lacks it; advisory (would fail) against the stored budget" \
+        assert "not compared with the base: the base lacks it; against the stored budget: advisory (would fail)" \
             in got.reason and why in got.reason, got.reason
 
 

@@ -161,8 +161,9 @@ def summary(run: ABRun) -> str:
     not_compared = [(r, b) for r in recs if (b := r.base) is not None and not b.compared]
     if not_compared:
         shown = "; ".join(f"{_name(r)} ({b.note})" for r, b in not_compared[:5])
-        lines.append(f"{len(not_compared)} check(s) not compared with the base (against the stored "
-                     f"budgets; timing advisory unless the machine is declared stable): {shown}" + (" ..." if len(not_compared) > 5 else ""))
+        lines.append(f"{len(not_compared)} check(s) not compared with the base (against the stored budgets; "
+                     f"timing advisory unless the machine is declared stable): {shown}"
+                     + (" ..." if len(not_compared) > 5 else ""))
     # Names, reasons, notes and clock text come from the sides' results files: no escape sequence reaches the terminal.
     return "\n".join(plain(line) for line in lines)
 

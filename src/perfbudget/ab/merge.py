@@ -34,7 +34,7 @@ from ..budgets.loader import BudgetSet
 from ..budgets.schema import Budget
 from ..budgets.verdict import Outcome, Verdict, decide
 from ..extras import InstructionProfile, OperatorMoves
-from ..judge import stable_identity
+from ..judge import as_advisory, not_gating, stable_identity
 from ..measure import stats
 from ..measure.nvml import GpuClocks
 from ..measure.operators import OpMove, op_metric
@@ -46,7 +46,6 @@ from ..metrics import (
 )
 from ..results import BaseSide, BudgetRef, Record, Results, SetAsidePair, is_unrecorded_budget
 from ..rule import Limits, classify, family_confidence, tolerance_for, with_evidence
-from ..settings import STABLE_MACHINE_ENV
 from .ratios import ABPolicy, can_decide, describe_change, judge_ratios, outlying_pair, pair_ratio
 
 __all__ = ["MAX_CLOCK_OFFSET", "CheckId", "Comparison", "PairRecords", "clock_refusal", "compare_pairs"]
@@ -470,46 +469,28 @@ def _why_not(ctx: _Context, problems: list[str], *, base_has_it: bool) -> str:
 
 
 def _not_compared(head0: Record, used: list[_Used], budget: Budget | None, why: str, ctx: _Context) -> Record:
-    """Judge the head's samples (all pairs) against the stored budget alone: a verdict where a stored
-    run's would be one (a machine declared stable, the budget keyed by its identity), else advisory."""
+    """Judge the head's samples (all pairs) against the stored budget alone, as a stored run would: a
+    timing verdict gates only on a machine declared stable whose identity keys the budget's file."""
     samples = [x for u in used if _usable(u.head) for x in _samples(u.head)]
     v = decide(head0.key, head0.metric, samples, budget)
-    rec = _with_verdict(head0, v).with_(
+    info, device = _metric(head0), head0.device
+    if info is not None and device is not None:
+        try:
+            stable = stable_identity(ctx.stable_machine, device)
+            not_here = not_gating(info, device.type, budget, stable, ctx.budgets)
+        except ValueError as exc:  # a declaration naming another machine: nothing gates
+            not_here = str(exc)
+        if not_here:
+            v = as_advisory(v, not_here)
+    return _with_verdict(head0, v).with_(
         reason=f"not compared with the base: {why}; against the stored budget: {v.reason}", base=_not_with_base(why))
-    advisory = _why_advisory(head0, budget, ctx)
-    if advisory and v.outcome in (Outcome.PASS, Outcome.STALE, Outcome.FAIL):
-        rec = rec.with_(outcome=Outcome.ADVISORY, advice=v.outcome,
-                        reason=f"not compared with the base: {why}; advisory (would "
-                               f"{'be ' if v.outcome != Outcome.FAIL else ''}{v.outcome}) against the stored budget: "
-                               f"{v.reason}; {advisory}")
-    return rec
-
-
-def _why_advisory(head0: Record, budget: Budget | None, ctx: _Context) -> str:
-    """Why the head's stored timing verdict may not gate here (empty: it may)."""
-    device = head0.device
-    if device is None or budget is None:
-        return ""
-    info = _metric(head0)
-    if info is not None and device.type in info.advisory_on:
-        return f"on {device.type} a step's wall clock follows the host, not the device; judge it on head/base"
-    try:
-        ident = stable_identity(ctx.stable_machine, device)
-    except ValueError as exc:
-        return str(exc)
-    if ident is None:
-        return (f"stored timing budgets gate only on a machine declared stable ({STABLE_MACHINE_ENV}); "
-                "on head/base they are judged once the base records it")
-    if not ctx.budgets.keyed_by(budget, ident):
-        return f"its file ({budget.source}) is not keyed by this machine's identity {ident}"
-    return ""
 
 
 def _with_verdict(rec: Record, v: Verdict) -> Record:
     return rec.with_(
         outcome=v.outcome, value=v.value, ci=v.ci, ci_confidence=v.confidence if v.ci else None, n=v.n,
         cv=v.cv, budget=None if v.budget is None else BudgetRef.of(v.budget), limit=v.limit, rounds=v.rounds,
-        confirmed=v.confirmed, reason=v.reason, samples=tuple(v.samples),
+        confirmed=v.confirmed, reason=v.reason, samples=tuple(v.samples), advice=v.advice,
     )
 
 
