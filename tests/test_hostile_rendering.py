@@ -3,7 +3,9 @@ HTML has exactly the tags, links, images, headings and comments of the same repo
 
 from __future__ import annotations
 
+import io
 import re
+import unicodedata
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -201,3 +203,34 @@ def test_the_ab_summary_shows_no_control_characters() -> None:
     text = summary(run)
     assert "slower" in text and "base lacks it" in text and "clocks differ" in text
     assert not re.search("[\x00-\x09\x0b-\x1f\x7f\u2028]", text)
+
+
+def raw_controls(text: str) -> list[str]:
+    """The control, format and line-separator characters of ``text`` but its newlines."""
+    return [c for c in text if c != "\n" and unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")]
+
+
+#: A budget key that sets the terminal's title, rings its bell and overwrites its line with "FAKE".
+HOSTILE_KEY = '"k\\e]0;PWN\\a\\rFAKE\\u202e"'
+
+
+@pytest.mark.parametrize("command", [["show"], ["update", "RESULTS", "--dry-run"],
+                                     ["accept", "RESULTS", "--reason", "r", "--commit", "abc1234"]])
+def test_budget_commands_print_no_control_character_of_a_budget_file(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]) -> None:
+    from perfbudget.cli import main
+
+    root = tmp_path / "budgets"
+    root.mkdir()
+    (root / "cpu.yaml").write_text(f"schema: 1\ndevice: {{type: cpu}}\nbudgets:\n  {HOSTILE_KEY}:\n    flops: 1000\n")
+    (root / "broken\x1b[2J.yaml").write_text(f"schema: 1\ndevice: {{type: cpu}}\nbudgets:\n  {HOSTILE_KEY}:\n"
+                                             "    flops: {value: 1, tolerance: 5}\n")
+    record = Record(nodeid="t.py::test_x", key="enc", metric="flops", outcome=Outcome.PASS, value=1.0, n=1,
+                    device=CPU, kind="exact", direction="lower")
+    results = Results(records=[record]).write(tmp_path / "results.json")
+    out = io.StringIO()
+    argv = [str(results) if a == "RESULTS" else a for a in command]
+    code = main([*argv, "--budgets-dir", str(root)], out=out)
+    said = out.getvalue() + capsys.readouterr().err
+    assert code == 2 and "PWN" in said and "FAKE" in said  # shown, inert
+    assert raw_controls(said) == []

@@ -47,7 +47,7 @@ from .report import (
     run_problems,
     terminal_report,
 )
-from .report.common import plain
+from .report.common import plain, terminal_text
 from .results import Results, is_unrecorded_budget, load_results, merge_results
 from .settings import Settings, for_folder
 from .show import explain_budgets
@@ -213,7 +213,7 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
     settings = _settings(args)
     budgets = load_dir(settings.budgets_dir)
     if not settings.budgets_dir.is_dir():
-        out.write(f"note: {settings.budgets_dir} does not exist: no budgets yet\n")
+        out.write(terminal_text(f"note: {settings.budgets_dir} does not exist: no budgets yet\n"))
     broken = False
     devices = _devices_for_show(args, settings.threads)
     if args.identity:
@@ -226,7 +226,7 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
         except ValueError as exc:
             raise InputError(str(exc)) from None
         text, bad = explain_budgets(budgets, info, key=args.key, stable=stable)
-        out.write(("\n" if i else "") + text + "\n")
+        out.write(("\n" if i else "") + terminal_text(text) + "\n")  # keys and paths from budget files
         broken = broken or bad
     return ExitCode.USAGE if broken else ExitCode.OK
 
@@ -252,8 +252,8 @@ def _write_budgets(root: Path, dry_run: bool, write: Callable[[BudgetSet], Updat
                 # lead to); a FIFO or device left out (copying /dev/zero would never end).
                 shutil.copytree(root, copy, symlinks=True, ignore=_not_plain)
             report = write(load_dir(copy))
-            text = _render_update(report).replace(str(copy), str(root))
-        out.write(f"dry run: nothing written to {root}\n{text}\n")
+            text = _render_update(report).replace(str(copy), terminal_text(root))
+        out.write(f"dry run: nothing written to {terminal_text(root)}\n{text}\n")
     else:
         report = write(load_dir(root))
         out.write(_render_update(report) + "\n")
@@ -311,9 +311,10 @@ def cmd_accept(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _render_update(report: UpdateReport) -> str:
+    """The update's report for the terminal: keys, diffs and errors come from budget and results files."""
     text = report.render()
     kept = sum(1 for c in report.changes if c.action == "kept")
-    return text + (f"\n{kept} value(s) kept (unchanged or within noise)" if kept else "")
+    return terminal_text(text + (f"\n{kept} value(s) kept (unchanged or within noise)" if kept else ""))
 
 
 # --------------------------------------------------------------------------- instructions
@@ -439,7 +440,7 @@ def main(argv: Iterable[str] | None = None, *, out: TextIO | None = None) -> int
     try:
         return int(args.func(args, stream))
     except InputError as exc:
-        print(f"perfbudget {args.command}: error: {exc}", file=sys.stderr)
+        print(f"perfbudget {args.command}: error: {terminal_text(exc)}", file=sys.stderr)
         return ExitCode.USAGE
     except BrokenPipeError:  # `perfbudget report ... | head`
         return ExitCode.OK

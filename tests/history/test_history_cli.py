@@ -9,6 +9,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import unicodedata
 from pathlib import Path
 
 import numpy as np
@@ -279,3 +280,17 @@ def test_show_selects_one_machine_of_an_ab_history(tmp_path: Path) -> None:
     assert shown == {sha(1)[:8], sha(4)[:8], sha(7)[:8]}
     code, _ = cli("history", "show", "encoder-train.step_ms", "--db", str(db), "--machine", "cpu-kind-9")
     assert code == ExitCode.USAGE
+
+
+@pytest.mark.parametrize("argv", [["show", "encoder-train.step_ms"], ["show", "encoder-train.flop"],
+                                  ["check", "--since", sha(0)]])
+def test_no_control_character_of_a_store_reaches_the_terminal(
+        stored_db: Path, capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    hostile = "m\x1b]0;PWN\x07\rFAKE\u202e"
+    with sqlite3.connect(stored_db) as db:
+        db.execute("UPDATE runs SET machine = ?", (hostile,))
+        db.execute("UPDATE checks SET key = ? WHERE metric = 'flops'", (f"encoder-train{hostile}",))
+    _, text = cli("history", argv[0], "--db", str(stored_db), *argv[1:])
+    said = text + capsys.readouterr().err
+    assert "PWN" in said and "FAKE" in said  # shown, inert
+    assert [c for c in said if c != "\n" and unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")] == []

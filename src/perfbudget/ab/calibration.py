@@ -18,6 +18,7 @@ from typing import Any, TextIO
 from ..budgets.noise import CheckNoise, NoiseTable, load_noise
 from ..budgets.schema import BudgetError
 from ..metrics import UnknownMetricError, parse_name
+from ..report.common import terminal_text
 from ..results import Results
 from ..settings import for_folder
 
@@ -112,7 +113,7 @@ def cmd_calibrate(args: argparse.Namespace, out: TextIO) -> int:
         try:
             named.append((path, load_results(path)))
         except ValueError as exc:
-            print(f"perfbudget calibrate: error: {exc}", file=sys.stderr)
+            print(f"perfbudget calibrate: error: {terminal_text(exc)}", file=sys.stderr)
             return ExitCode.USAGE
     try:
         budgets_dir = for_folder(Path.cwd(), cli={"budgets_dir": args.budgets_dir}).budgets_dir
@@ -120,7 +121,7 @@ def cmd_calibrate(args: argparse.Namespace, out: TextIO) -> int:
         old = {} if args.replace else load_noise(budgets_dir)
         pooled = {i: old[i].pooled(t) if i in old else t for i, t in new.items()}  # all or nothing is written
     except (ValueError, BudgetError) as exc:
-        print(f"perfbudget calibrate: error: {exc}", file=sys.stderr)
+        print(f"perfbudget calibrate: error: {terminal_text(exc)}", file=sys.stderr)
         return ExitCode.USAGE
     if not new:
         print("perfbudget calibrate: error: no check with two pairs or more (or an A/A count) in "
@@ -140,13 +141,13 @@ def cmd_calibrate(args: argparse.Namespace, out: TextIO) -> int:
         table = new[identity]
         path = merged.write(budgets_dir)
         merged = replace(merged, path=path)
-        out.write(f"{path}: {len(table.checks)} check(s) from {len(table.provenance)} run(s)"
-                  f"{' pooled with ' + str(len(old[identity].provenance)) + ' earlier' if identity in old else ''}\n")
-        for line in resolvable_lines(merged, ABPolicy(noise={identity: merged}), pairs=args.pairs):
-            out.write(line + "\n")
+        lines = [f"{path}: {len(table.checks)} check(s) from {len(table.provenance)} run(s)"
+                 f"{' pooled with ' + str(len(old[identity].provenance)) + ' earlier' if identity in old else ''}",
+                 *resolvable_lines(merged, ABPolicy(noise={identity: merged}), pairs=args.pairs)]
         counts = [(cid, n) for cid, n in sorted(merged.checks.items()) if n.spread == "runs"]
         for (key, metric), n in counts:
             tol = n.count_tolerance()
-            out.write(f"  {key}.{metric}: sd {n.sd:.4%} over {n.runs} A/A run(s); tolerance vs base "
-                      + (f"{tol:.3%}\n" if tol is not None else "stays the default (needs 2 A/A runs or more)\n"))
+            lines.append(f"  {key}.{metric}: sd {n.sd:.4%} over {n.runs} A/A run(s); tolerance vs base "
+                         + (f"{tol:.3%}" if tol is not None else "stays the default (needs 2 A/A runs or more)"))
+        out.write(terminal_text("\n".join(lines)) + "\n")  # keys of the noise file, the folder's path
     return ExitCode.FAILED if refused else ExitCode.OK

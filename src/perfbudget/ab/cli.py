@@ -17,7 +17,7 @@ from typing import Any, TextIO
 
 from ..exitcodes import ExitCode
 from ..judging import DEFAULT_AB_PRECISION
-from ..report.common import plain
+from ..report.common import terminal_text
 from ..results import Record
 from ..vocabulary import Outcome, count_outcomes, tally_text
 from .pairs import parse_cpus
@@ -165,7 +165,7 @@ def summary(run: ABRun) -> str:
                      f"timing advisory unless the machine is declared stable): {shown}"
                      + (" ..." if len(not_compared) > 5 else ""))
     # Names, reasons, notes and clock text come from the sides' results files: no escape sequence reaches the terminal.
-    return "\n".join(plain(line) for line in lines)
+    return terminal_text("\n".join(lines))
 
 
 def _name(r: Record) -> str:

@@ -12,7 +12,7 @@ from typing import Any, TextIO
 
 from ..exitcodes import ExitCode
 from ..fileio import atomic_write
-from ..report.common import fmt_tolerance
+from ..report.common import fmt_tolerance, terminal_text
 from ..results import load_results
 from .analysis import SeriesAnalysis, analyze_store, chain_gaps_since, findings_since, first_after
 from .changepoints import MissingPackageError
@@ -85,8 +85,8 @@ def cmd_add(args: argparse.Namespace, out: TextIO) -> int:
         except HistoryError as exc:
             raise _InputError(str(exc)) from None
         total = len(store.runs())
-    out.write(f"perfbudget history: kept {written} check(s) of {run.short} ({run.mode}, {run.machine}, {run.date}) "
-              f"in {args.db}; {total} run(s) in all\n")
+    out.write(terminal_text(f"perfbudget history: kept {written} check(s) of {run.short} ({run.mode}, {run.machine}, "
+                            f"{run.date}) in {args.db}; {total} run(s) in all\n"))
     return ExitCode.OK
 
 
@@ -116,7 +116,7 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
         analyses = _analyses(store, [(key, metric)], machine=args.machine)
     if not analyses:
         raise _InputError(f"{args.db}: no series of {args.check} on machine {args.machine!r}")
-    out.write("\n\n".join(_series_text(a) for a in analyses) + "\n")
+    out.write(terminal_text("\n\n".join(_series_text(a) for a in analyses)) + "\n")  # names, dates from the store
     return ExitCode.OK
 
 
@@ -194,6 +194,10 @@ def _since_date(store: HistoryStore, ref: str) -> tuple[str, str]:
 def cmd_check(args: argparse.Namespace, out: TextIO) -> int:
     if not 0 <= args.tolerance < 1:
         raise _InputError(f"--tolerance: expected a fraction in [0, 1), got {args.tolerance}")
+
+    def say(text: str) -> None:  # commits, names and machines come from the store
+        out.write(terminal_text(text))
+
     with _open(args) as store:
         try:
             since, since_date = _since_date(store, args.since)
@@ -218,24 +222,24 @@ def cmd_check(args: argparse.Namespace, out: TextIO) -> int:
         names = ", ".join(unreached[:3]) + (f" and {len(unreached) - 3} more" if len(unreached) > 3 else "")
         warning = (f"warning: the A/B chain of {len(unreached)} series ({names}) does not reach back to {since[:12]} "
                    "(gaps above): its cumulative change covers only the merges after the gap\n")
-    out.write(f"perfbudget history check: since {since[:12]} ({since_date}): {len(after)} run(s), "
-              f"{len(analyses)} series, tolerance {fmt_tolerance(args.tolerance)}\n")
+    say(f"perfbudget history check: since {since[:12]} ({since_date}): {len(after)} run(s), "
+        f"{len(analyses)} series, tolerance {fmt_tolerance(args.tolerance)}\n")
     if not after:
-        out.write(f"  nothing measured after {since[:12]}: nothing to check\n")
+        say(f"  nothing measured after {since[:12]}: nothing to check\n")
     for line in lines:
-        out.write(f"  {line}\n")
+        say(f"  {line}\n")
     for f in findings:
-        out.write(f"REGRESSION {f.describe()}\n")
+        say(f"REGRESSION {f.describe()}\n")
     if findings:
         first = findings[0]
-        out.write(f"{len(findings)} regression(s) since {since[:12]}; bisect each range above "
-                  f"(e.g. git bisect start {first.bad[:12]} {first.good[:12]})\n{warning}")
+        say(f"{len(findings)} regression(s) since {since[:12]}; bisect each range above "
+            f"(e.g. git bisect start {first.bad[:12]} {first.good[:12]})\n{warning}")
         return ExitCode.FAILED
     if unreached:
-        out.write(f"no change point, drift or trend for the worse since {since[:12]}; no cumulative change for the "
-                  f"worse after the gaps, which it cannot reach back over\n{warning}")
+        say(f"no change point, drift or trend for the worse since {since[:12]}; no cumulative change for the "
+            f"worse after the gaps, which it cannot reach back over\n{warning}")
         return ExitCode.OK
-    out.write(f"no change point, drift, cumulative change or trend for the worse since {since[:12]}\n")
+    say(f"no change point, drift, cumulative change or trend for the worse since {since[:12]}\n")
     return ExitCode.OK
 
 
@@ -301,5 +305,5 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     try:
         return int(args.history_func(args, out))
     except (_InputError, HistoryError, MissingPackageError) as exc:  # HistoryError: a read the lock kept out
-        print(f"perfbudget history {args.history_command}: error: {exc}", file=sys.stderr)
+        print(f"perfbudget history {args.history_command}: error: {terminal_text(exc)}", file=sys.stderr)
         return ExitCode.USAGE

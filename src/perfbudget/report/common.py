@@ -71,6 +71,7 @@ __all__ = [
     "same_test",
     "sort_key",
     "summary_line",
+    "terminal_text",
     "text_table",
     "tolerance_of",
 ]
@@ -530,6 +531,13 @@ def plain(text: Any) -> str:
     overrides) and line separators each shown as a space, for a terminal, a JUnit XML file or a
     Markdown line."""
     return "".join(" " if unicodedata.category(c) in _NOT_PLAIN else c for c in str(text))
+
+
+def terminal_text(text: Any) -> str:
+    """The one door for text from a file (a budget file, a results file, a history store) into a
+    terminal, as :func:`md_text` is into Markdown: each line :func:`plain`, so no escape sequence
+    sets the window's title or moves the cursor and no carriage return overwrites a line."""
+    return "\n".join(map(plain, str(text).split("\n")))
 
 
 def md_text(text: Any, *, code: bool = False, limit: int = MD_MAX_TEXT) -> str:

@@ -28,11 +28,11 @@ from .common import (
     move_line,
     ordered,
     outcome_text,
-    plain,
     record_ci_text,
     run_problems,
     sort_key,
     summary_line,
+    terminal_text,
     text_table,
 )
 
@@ -159,7 +159,7 @@ def terminal_report(results: Results | Iterable[Record]) -> str:
     records = ordered(results.records if isinstance(results, Results) else results)
     problems = [f"perf budgets: {p}" for p in run_problems(results)] if isinstance(results, Results) else []
     if not records:
-        return plain("\n".join([*problems, "perf budgets: no records"]))
+        return terminal_text("\n".join([*problems, "perf budgets: no records"]))
     out = [*problems]
     for dev in devices(records):
         out.append(f"perf budgets on {dev}")
@@ -179,4 +179,4 @@ def terminal_report(results: Results | Iterable[Record]) -> str:
         out.append("inconclusive (not a failure; --perf-strict makes it one):")
         out.extend(f"  {r.key}.{r.metric}  {r.nodeid}: {r.reason}" for r in inconclusive)
     # Names and reasons come from a results file: no escape sequence of theirs reaches the terminal.
-    return "\n".join(plain(line) for line in "\n".join(out).split("\n"))
+    return terminal_text("\n".join(out))
