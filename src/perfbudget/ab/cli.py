@@ -120,15 +120,15 @@ def cmd_ab(args: argparse.Namespace, out: TextIO) -> int:
                           allow_missing_base=args.allow_missing_base, precision=args.precision or None,
                           instructions=args.instructions)
     except (UsageError, GitError, ValueError) as exc:  # ValueError: a bad --cpus
-        print(f"perfbudget ab: error: {exc}", file=sys.stderr)
+        print(f"perfbudget ab: error: {terminal_text(exc)}", file=sys.stderr)
         return ExitCode.USAGE
     try:
         run = run_ab(config)
     except (UsageError, GitError) as exc:
-        print(f"perfbudget ab: error: {exc}", file=sys.stderr)
+        print(f"perfbudget ab: error: {terminal_text(exc)}", file=sys.stderr)
         return ExitCode.USAGE
     for problem in run.problems:
-        print(f"perfbudget ab: {problem}", file=sys.stderr)
+        print(f"perfbudget ab: {terminal_text(problem)}", file=sys.stderr)
     out.write(summary(run) + "\n")
     return run.exit_code
 
