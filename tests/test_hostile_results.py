@@ -207,3 +207,56 @@ def test_every_report_says_the_run_did_not_finish_and_what_raised_escaped() -> N
             assert "the run did not finish: killed at test 3" in text
             assert "t.py::test_y: raised while measuring: RuntimeError:" in text and "\x1b" not in text
         assert not re.search(r"(?<!\\)<img", md + comment) and "@octocat" not in comment  # escaped: inert
+
+
+def flops_results(path: Path) -> Path:
+    """A pull request's A/B results with a new exact value, which ``accept`` and ``update`` write to ``cpu.yaml``."""
+    record = Record(nodeid="t.py::test_x", key="newkey", metric="graph_breaks", outcome=Outcome.PASS, value=1.0,
+                    n=1, device=DeviceInfo(type="cpu", model="Test CPU", count=2), kind="exact", direction="lower")
+    return Results(records=[record], meta=RunInfo(mode=RunMode.AB, ab=ABRunInfo(head_commit=SHA))).write(path)
+
+
+@pytest.mark.parametrize("command", [["accept", "--reason", "r"], ["update"], ["show"]])
+@pytest.mark.parametrize("leads_out", ["link", "relative", "absolute"])
+def test_a_committed_budgets_folder_that_leads_out_of_the_repository_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        command: list[str], leads_out: str) -> None:
+    repo, outside = tmp_path / "repo", tmp_path / "outside"
+    repo.mkdir()
+    outside.mkdir()
+    value = {"link": None, "relative": "../outside", "absolute": str(outside)}[leads_out]
+    ini = "[pytest]\n" + (f"perfbudget_budgets_dir = {value}\n" if value else "")
+    (repo / "pytest.ini").write_text(ini)
+    if leads_out == "link":
+        (repo / "budgets").symlink_to(outside)  # what a pull request can commit
+    results = flops_results(repo / "results.json")
+    monkeypatch.chdir(repo)
+    argv = [command[0], *([str(results)] if command[0] != "show" else []), *command[1:]]
+    code = main(argv, out=io.StringIO())
+    err = capsys.readouterr().err
+    assert code == ExitCode.USAGE and files_under(outside) == set()
+    if value:
+        assert f"{repo / 'pytest.ini'}: perfbudget_budgets_dir: leads to {outside}, outside the repository {repo}" \
+               in err and f"got {value!r}" in err
+    else:
+        assert f"budgets: the default budgets folder leads to {outside}, outside the repository {repo}" in err
+    assert "name it with --budgets-dir" in err
+    # Named on the command line, the folder is the user's choice.
+    if command[0] != "show":
+        assert main([*argv, "--budgets-dir", str(outside)], out=io.StringIO()) == ExitCode.OK
+        assert files_under(outside) == {outside / "cpu.yaml"}
+
+
+def test_a_noise_folder_that_leads_out_of_the_budgets_folder_is_neither_read_nor_written(tmp_path: Path) -> None:
+    from perfbudget.budgets.noise import CheckNoise, NoiseTable, load_noise
+    from perfbudget.budgets.schema import BudgetError
+
+    outside, root = tmp_path / "outside", tmp_path / "budgets"
+    outside.mkdir()
+    root.mkdir()
+    (root / "noise").symlink_to(outside)
+    table = NoiseTable(identity="cpu-x", checks={("enc", "step_ms"): CheckNoise(ss=0.01, df=4.0, runs=1)})
+    for action in (lambda: load_noise(root), lambda: table.write(root)):
+        with pytest.raises(BudgetError, match=rf"^{root / 'noise'}: a symbolic link \(to {outside}\)"):
+            action()
+    assert files_under(outside) == set()

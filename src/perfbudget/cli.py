@@ -18,7 +18,7 @@ from typing import TextIO
 
 from .ab.calibration import register as register_calibrate
 from .ab.cli import register as register_ab
-from .budgets.loader import BudgetSet, load_dir
+from .budgets.loader import BudgetSet, confined, load_dir
 from .budgets.update import (
     UpdateReport,
     accept_results,
@@ -181,13 +181,15 @@ def cmd_diff(args: argparse.Namespace, out: TextIO) -> int:
 
 def _settings(args: argparse.Namespace) -> Settings:
     """The command's settings by the one rule of a pytest run here: its options, the environment,
-    the ini file pytest reads in this folder; the budgets folder as messages show it."""
+    the ini file pytest reads in this folder; the budgets folder as messages show it, inside the
+    repository unless named with --budgets-dir (:func:`~perfbudget.budgets.loader.confined`)."""
     try:
         settings = for_folder(Path.cwd(), cli={"budgets_dir": args.budgets_dir,
                                                "threads": getattr(args, "threads", None)})
-    except ValueError as exc:
+        budgets_dir = confined(settings.budgets_dir, named=args.budgets_dir is not None)
+    except ValueError as exc:  # a BudgetError too
         raise InputError(str(exc)) from None
-    return replace(settings, budgets_dir=Path(shown_path(settings.budgets_dir)))
+    return replace(settings, budgets_dir=Path(shown_path(budgets_dir)))
 
 
 def _devices_for_show(args: argparse.Namespace, threads: int) -> list[DeviceInfo]:

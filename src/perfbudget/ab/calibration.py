@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
+from ..budgets.loader import confined
 from ..budgets.noise import CheckNoise, NoiseTable, load_noise
 from ..budgets.schema import BudgetError
 from ..metrics import UnknownMetricError, parse_name
@@ -116,7 +117,8 @@ def cmd_calibrate(args: argparse.Namespace, out: TextIO) -> int:
             print(f"perfbudget calibrate: error: {terminal_text(exc)}", file=sys.stderr)
             return ExitCode.USAGE
     try:
-        budgets_dir = for_folder(Path.cwd(), cli={"budgets_dir": args.budgets_dir}).budgets_dir
+        budgets_dir = confined(for_folder(Path.cwd(), cli={"budgets_dir": args.budgets_dir}).budgets_dir,
+                               named=args.budgets_dir is not None)
         new = calibrate(named)
         old = {} if args.replace else load_noise(budgets_dir)
         pooled = {i: old[i].pooled(t) if i in old else t for i, t in new.items()}  # all or nothing is written
@@ -139,7 +141,11 @@ def cmd_calibrate(args: argparse.Namespace, out: TextIO) -> int:
         if identity in refused:
             continue
         table = new[identity]
-        path = merged.write(budgets_dir)
+        try:
+            path = merged.write(budgets_dir)
+        except BudgetError as exc:  # a noise folder that leads out of the budgets folder
+            print(f"perfbudget calibrate: error: {terminal_text(exc)}", file=sys.stderr)
+            return ExitCode.USAGE
         merged = replace(merged, path=path)
         lines = [f"{path}: {len(table.checks)} check(s) from {len(table.provenance)} run(s)"
                  f"{' pooled with ' + str(len(old[identity].provenance)) + ' earlier' if identity in old else ''}",

@@ -22,9 +22,10 @@ from ..device import (
 )
 from ..metrics import UnknownMetricError, parse_name
 from ..rule import tolerance_for
+from ..settings import find_ini
 from .schema import PROVENANCE_FIELDS, SCHEMA_VERSION, Budget, BudgetError, BudgetFile, Provenance
 
-__all__ = ["MAX_FILE_BYTES", "BudgetSet", "load_dir", "load_file", "parse_text", "read_text"]
+__all__ = ["MAX_FILE_BYTES", "BudgetSet", "confined", "load_dir", "load_file", "parse_text", "read_text", "subfolder"]
 
 _TOP_KEYS = ("schema", "device", "budgets", "note")
 _ENTRY_KEYS = ("value", "tolerance", "ab_tolerance", "provenance", "note")
@@ -382,6 +383,52 @@ def read_text(path: str | Path, root: str | Path) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise refuse(f"not UTF-8 (byte {data[exc.start]:#04x})", data.count(b"\n", 0, exc.start) + 1) from None
+
+
+def subfolder(root: str | Path, name: str) -> Path:
+    """``root/name``, a folder the budgets folder ``root`` holds (``noise``), refused when it is a symbolic
+    link or leads out of ``root``: a pull request may commit either, and what is written there would
+    land where ``git status`` does not show it.
+
+    Raises:
+        BudgetError: naming the folder and where it leads.
+    """
+    folder = Path(root) / name
+    if folder.is_symlink():
+        raise BudgetError(f"a symbolic link (to {os.readlink(folder)}); budget folders must be plain folders",
+                          path=folder)
+    if not folder.resolve().is_relative_to(Path(root).resolve()):
+        raise BudgetError(f"it leads to {folder.resolve()}, outside the budgets folder {root}", path=folder)
+    return folder
+
+
+def confined(budgets_dir: Path, *, named: bool, cwd: Path | None = None) -> Path:
+    """``budgets_dir``, a command's budgets folder, refused when it leads out of the repository.
+
+    A folder named on the command line (``--budgets-dir``, ``named``) is the user's choice, taken as
+    given. One from the ini file or the default (``budgets``) is what a pull request commits, so it
+    must resolve, links followed, inside the repository: the rootdir pytest finds from ``cwd``
+    (:func:`perfbudget.settings.find_ini`, default the working folder), which the ini value is
+    relative to. Else ``perfbudget accept`` could write ``cpu.yaml`` where ``git status`` shows nothing.
+
+    Raises:
+        BudgetError: naming the ini file and key (or the default folder), the value and where it leads;
+            also when the ini file cannot be read.
+    """
+    if named:
+        return budgets_dir
+    try:
+        rootdir, ini, options = find_ini(cwd or Path.cwd())
+    except ValueError as exc:
+        raise BudgetError(str(exc)) from None
+    leads = budgets_dir.resolve()
+    if leads.is_relative_to(rootdir.resolve()):
+        return budgets_dir
+    why = (f"leads to {leads}, outside the repository {rootdir}: refused, since a pull request may have "
+           "committed it; to use a folder outside, name it with --budgets-dir")
+    if "perfbudget_budgets_dir" in options:
+        raise BudgetError(why, path=ini, keypath=("perfbudget_budgets_dir",), value=options["perfbudget_budgets_dir"])
+    raise BudgetError(f"the default budgets folder {why}", path=budgets_dir)
 
 
 def load_file(path: str | Path, root: str | Path | None = None) -> BudgetFile:

@@ -30,7 +30,7 @@ import yaml
 
 from ..fileio import atomic_write, shown_path
 from ..measure.stats import t_quantile
-from .loader import _Doc, _finite, read_text
+from .loader import _Doc, _finite, read_text, subfolder
 from .schema import BudgetError
 
 __all__ = [
@@ -140,24 +140,31 @@ class NoiseTable:
         return head + yaml.safe_dump(doc, sort_keys=False, width=120)
 
     def write(self, budgets_dir: str | Path) -> Path:
+        """Write the table to ``<budgets_dir>/noise/<identity>.yaml``; returns the path.
+
+        Raises:
+            BudgetError: ``noise`` is a symbolic link or leads out of ``budgets_dir`` (:func:`~.loader.subfolder`).
+        """
         path = noise_path(budgets_dir, self.identity)
         path.parent.mkdir(parents=True, exist_ok=True)
         return atomic_write(path, self.to_yaml())
 
 
 def noise_path(budgets_dir: str | Path, identity: str) -> Path:
-    return Path(budgets_dir) / NOISE_DIR / f"{identity}.yaml"
+    """Where the noise of ``identity`` is kept (its folder checked by :func:`~.loader.subfolder`)."""
+    return subfolder(budgets_dir, NOISE_DIR) / f"{identity}.yaml"
 
 
 def load_noise(budgets_dir: str | Path) -> dict[str, NoiseTable]:
     """Every noise file of ``budgets_dir``, by identity (none when the folder has no ``noise/``).
 
     Raises:
-        BudgetError: a file that cannot be read (:func:`~.loader.read_text`: inside the budgets
-            folder, a regular file, no link) or parsed (the budget files' YAML rules), or a bad
+        BudgetError: a ``noise`` folder that is a link or leads out of the budgets folder
+            (:func:`~.loader.subfolder`), a file that cannot be read (:func:`~.loader.read_text`: inside
+            the budgets folder, a regular file, no link) or parsed (the budget files' YAML rules), or a bad
             entry (naming file, line, key, value).
     """
-    folder = Path(budgets_dir) / NOISE_DIR
+    folder = subfolder(budgets_dir, NOISE_DIR)
     tables: dict[str, NoiseTable] = {}
     for path in sorted([*folder.glob("*.yaml"), *folder.glob("*.yml")]) if folder.is_dir() else ():
         table = _parse(path, budgets_dir)
