@@ -59,7 +59,7 @@ def test_a_claimed_identity_is_refused_unless_trusted(tmp_path: Path) -> None:
     code, text = accept(results, root)
     assert code == 1 and "trusted machine identity" not in text
     assert (f"refused  {STABLE.identity}.yaml  enc.step_ms: the results claim {STABLE.identity}, "
-            "which a results file cannot prove: accept on that machine, or trust the claim "
+            "which a results file cannot prove: write it on that machine, or trust the claim "
             "(--trust-identity)") in text
     assert values(root, STABLE) == [1100, 10.0]  # the exact value is the reviewer's to see
     code, text = accept(results, root, "--trust-identity")
@@ -83,3 +83,27 @@ def test_the_help_says_what_proves_an_identity(capsys: pytest.CaptureFixture[str
     said = " ".join(capsys.readouterr().out.split())
     assert "A results file cannot prove where it ran" in said
     assert "only for results the trusted runner's own job produced" in said
+
+
+@pytest.mark.parametrize(("command", "metric", "value", "kind"), [
+    (["update"], "step_ms", 9e99, "timing"),
+    (["update"], "instructions[callgrind]", 1e6, "count"),
+    (["accept", "--reason", "reviewed"], "instructions[callgrind]", 1e6, "count"),
+])
+def test_update_and_accept_write_no_value_of_a_claimed_identitys_file_unless_trusted(
+        tmp_path: Path, command: list[str], metric: str, value: float, kind: str) -> None:
+    _, root = setup(tmp_path, STABLE)
+    record = Record(nodeid="t.py::test_enc", key="enc2", metric=metric, outcome=Outcome.PASS, value=value, n=1,
+                    device=STABLE, kind=kind, direction="lower", unit="ms" if kind == "timing" else "1")
+    results = Results(records=[record], meta=RunInfo(mode=RunMode.AB, ab=ABRunInfo(head_commit=SHA)))
+    path = str(results.write(tmp_path / "forged.json"))
+    before = (root / f"{STABLE.identity}.yaml").read_text()
+    out = io.StringIO()
+    code = main([command[0], path, "--budgets-dir", str(root), *command[1:]], out=out)
+    assert code == 1 and (root / f"{STABLE.identity}.yaml").read_text() == before
+    assert (f"refused  {STABLE.identity}.yaml  enc2.{metric}: the results claim {STABLE.identity}, which a "
+            "results file cannot prove: write it on that machine, or trust the claim (--trust-identity)") \
+        in out.getvalue()
+    code = main([command[0], path, "--budgets-dir", str(root), *command[1:], "--trust-identity"], out=io.StringIO())
+    written = load_dir(root).resolve("enc2", metric, STABLE)
+    assert code == 0 and written is not None and written.value == value

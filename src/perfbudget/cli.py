@@ -20,6 +20,7 @@ from .ab.calibration import register as register_calibrate
 from .ab.cli import register as register_ab
 from .budgets.loader import BudgetSet, confined, load_dir
 from .budgets.update import (
+    Measured,
     UpdateReport,
     accept_results,
     apply_updates,
@@ -264,12 +265,23 @@ def _write_budgets(root: Path, dry_run: bool, write: Callable[[BudgetSet], Updat
     return ExitCode.FAILED if any(c.action == "refused" for c in report.changes) else ExitCode.OK
 
 
+def _trusted(measured: Sequence[Measured], args: argparse.Namespace, out: TextIO) -> frozenset[str]:
+    """The machine identities whose budget files ``update`` or ``accept`` may write, of those the
+    results claim for values that depend on the machine (timing, instruction counts), said on ``out``."""
+    from .measure.machine import trusted_identities
+
+    claimed = {m.device.identity: m.device.type for m in measured
+               if m.device.identity and not parse_name(m.metric).metric.portable_on(m.device.type)}
+    return trusted_identities(claimed, trust_claims=args.trust_identity, out=out)
+
+
 def cmd_update(args: argparse.Namespace, out: TextIO) -> int:
     results, _ = _load(args.results)
     measured = results.measured()
     commit = provenance_commit(Path.cwd())
+    trusted = _trusted(measured, args, out)
     return _write_budgets(_settings(args).budgets_dir, args.dry_run, lambda budgets: apply_updates(
-        measured, budgets, allow_loosen=args.allow_loosen, commit=commit), out)
+        measured, budgets, allow_loosen=args.allow_loosen, commit=commit, trusted=trusted), out)
 
 
 def _measured_commit(parts: Sequence[tuple[str, Results]], given: str | None) -> str:
@@ -303,11 +315,7 @@ def cmd_accept(args: argparse.Namespace, out: TextIO) -> int:
                          f"provenance), got {args.reason!r}")
     commit = _measured_commit(parts, args.commit)
     measured = results.measured()
-    claimed = {m.device.identity: m.device.type for m in measured
-               if m.device.identity and parse_name(m.metric).metric.statistical}
-    from .measure.machine import trusted_identities
-
-    trusted = trusted_identities(claimed, trust_claims=args.trust_identity, out=out)
+    trusted = _trusted(measured, args, out)
     return _write_budgets(_settings(args).budgets_dir, args.dry_run, lambda budgets: accept_results(
         measured, budgets, reason=args.reason, commit=commit, trusted=trusted), out)
 
@@ -333,6 +341,10 @@ def cmd_instructions(args: argparse.Namespace, out: TextIO) -> int:
 
 
 _BUDGETS_DIR_HELP = "budget folder (default: ini perfbudget_budgets_dir of the pytest run here, else budgets)"
+_TRUST_HELP = ("write timing, instruction counts and other values of a budget file keyed by a machine identity "
+               "when the results claim another identity than this machine's (perfbudget show --identity). A "
+               "results file cannot prove where it ran (anyone can write an identity into one): pass it only "
+               "for results the trusted runner's own job produced")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -397,6 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--budgets-dir", help=_BUDGETS_DIR_HELP)
     u.add_argument("--allow-loosen", action="store_true", help="also write values worse than the budget")
     u.add_argument("--dry-run", action="store_true", help="print the diff, write nothing")
+    u.add_argument("--trust-identity", action="store_true", help=_TRUST_HELP)
     u.set_defaults(func=cmd_update)
 
     a = sub.add_parser("accept", help="accept a reviewed change: write budgets from a run's own "
@@ -412,11 +425,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the commit measured, for results that do not name it (a pytest run); "
                         "default: the A/B run's head")
     a.add_argument("--dry-run", action="store_true", help="print the diff, write nothing")
-    a.add_argument("--trust-identity", action="store_true",
-                   help="write timing and noise values whose results claim another machine's "
-                        "identity than this one's (perfbudget show --identity). A results file "
-                        "cannot prove where it ran (anyone can write an identity into one): pass "
-                        "it only for results the trusted runner's own job produced")
+    a.add_argument("--trust-identity", action="store_true", help=_TRUST_HELP)
     a.set_defaults(func=cmd_accept)
     i = sub.add_parser("instructions", help="run pytest under callgrind, so perf instruction counts are measured",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_EPILOG)

@@ -369,10 +369,14 @@ def apply_updates(
     commit: str | None = None,
     date: str | None = None,
     reason: str | None = None,
+    trusted: Collection[str] | None = None,
 ) -> UpdateReport:
     """Write measured values into the budget files they belong to.
 
-    Tightens only, unless ``allow_loosen``. Each file is rewritten at most once,
+    Tightens only, unless ``allow_loosen``. A value whose file is keyed by a machine identity (timing,
+    instruction counts: what depends on the machine) is ``refused`` unless that identity is in
+    ``trusted``: a results file cannot prove where it ran (``None``: the caller vouches for every
+    claim, as a pytest run does for its own machine). Each file is rewritten at most once,
     under a folder lock, re-read inside the lock so concurrent updaters lose no
     entry, and replaced atomically. A file with validation errors is not touched, and none
     is while a file of the folder cannot be read at all.
@@ -385,6 +389,8 @@ def apply_updates(
             as :data:`UNKNOWN_COMMIT` with a warning in the report.
         date: ISO date for provenance (default today).
         reason: why a reviewer accepted the values, recorded in each written entry's provenance.
+        trusted: the machine identities whose files may be written (:func:`perfbudget.measure.machine.
+            trusted_identities`); ``None``: every one.
 
     Returns:
         The :class:`UpdateReport` (diffs to print, per-entry actions, errors).
@@ -402,6 +408,13 @@ def apply_updates(
             path, selector = _target(m, budgets)
         except BudgetError as exc:
             report.errors.append(exc)
+            continue
+        keyed = _keyed_by(path, selector, budgets)
+        if trusted is not None and keyed is not None and m.device.identity not in trusted:
+            report.changes.append(Change(
+                path=path, key=m.key, metric=m.metric, action="refused", old=None, new=m.value,
+                why=f"the results claim {keyed}, which a results file cannot prove: write it on that machine, "
+                    "or trust the claim (--trust-identity)"))
             continue
         per_file.setdefault(path, (selector, []))[1].append(m)
     if not per_file:
@@ -529,13 +542,14 @@ def _write(path: Path, old_text: str | None, new_text: str, report: UpdateReport
     return True
 
 
-def _keyed_by_identity(path: Path, budgets: BudgetSet, identity: str | None) -> bool:
-    """Whether the budget file at ``path`` exists and its selector names ``identity``."""
-    f = next((f for f in budgets.files if f.path == path), None)
-    if f is None or f.selector is None:
-        return False
-    named = dict(f.selector.criteria).get("identity")
-    return identity is not None and named is not None and str(named).lower() == identity.lower()
+def _keyed_by(path: Path, selector: Mapping[str, Any], budgets: BudgetSet) -> str | None:
+    """The machine identity the budget file at ``path`` is keyed by (``selector``: the device block of
+    a file :func:`_target` would create), or ``None``."""
+    if not selector:
+        f = next((f for f in budgets.files if f.path == path), None)
+        selector = f.selector.as_dict() if f is not None and f.selector is not None else {}
+    named = selector.get("identity")
+    return None if named is None else str(named)
 
 
 def accept_results(
@@ -553,9 +567,9 @@ def accept_results(
     A timing, rate or energy value is written only where a budget file keyed by the identity
     of the machine that measured it holds it or would take it (a hosted runner is another
     machine every time: its timing says nothing of a stored budget's machine); it is reported
-    ``skipped`` elsewhere, and ``refused`` when its identity is not in ``trusted``: a results
-    file cannot prove where it ran (``None``: the caller vouches for every claim). Every other
-    value goes where :func:`apply_updates` files it. The
+    ``skipped`` elsewhere. Every value goes where :func:`apply_updates` files it, ``refused`` in a
+    file keyed by an identity not in ``trusted``: a results file cannot prove where it ran
+    (``None``: the caller vouches for every claim). The
     ratchet's rules hold (noise within a third of the tolerance is kept; values derived from
     several machines are kept), with worse values allowed: the reason is the reviewer's licence.
 
@@ -576,22 +590,16 @@ def accept_results(
                 keep.append(m)  # apply_updates reports it where it reports every such error
                 continue
             identity = m.device.identity
-            if selector or not _keyed_by_identity(path, budgets, identity):
+            if selector or identity is None or _keyed_by(path, {}, budgets) is None:
                 where = identity or "a machine of unknown identity"
                 skipped.append(Change(
                     path=path, key=m.key, metric=m.metric, action="skipped", old=None, new=m.value,
                     why=f"timing measured on {where}: no budget file here is keyed by that "
                         "identity"))
                 continue
-            if trusted is not None and identity not in trusted:
-                skipped.append(Change(
-                    path=path, key=m.key, metric=m.metric, action="refused", old=None, new=m.value,
-                    why=f"the results claim {identity}, which a results file cannot prove: accept "
-                        "on that machine, or trust the claim (--trust-identity)"))
-                continue
         keep.append(m)
     report = apply_updates(keep, budgets, allow_loosen=True, commit=commit, date=date,
-                           reason=reason.strip())
+                           reason=reason.strip(), trusted=trusted)
     report.changes.extend(skipped)
     return report
 
