@@ -158,7 +158,7 @@ def test_a_run_spec_goes_through_its_file_unchanged(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("text", "message"), [
     (None, "cannot be read: [Errno 2] No such file"),
     ("{side: head", "cannot be read: Expecting property name"),
-    ('["head"]', "expected an object with side and some of ['burst_ms', 'lease', 'operators_file', 'precision', 'report', "
+    ('["head"]', "expected an object with side and some of ['allocator', 'burst_ms', 'lease', 'operators_file', 'precision', 'report', "
                  "'socket', 'wait_s'], got ['head']"),
     ('{"socket": "/s"}', "expected an object with side and some of"),
     ('{"side": "head", "burst": 5}', "got unknown keys ['burst']"),

@@ -22,7 +22,7 @@ from .metrics import lookup
 from .preflight import check as preflight_check
 from .recorder import CountedSteps, PerfRecorder
 from .results import Record, is_unrecorded_budget
-from .session import PerfSession, add_options
+from .session import PerfSession, add_options, settle_allocator
 from .settings import STABLE_MACHINE_ENV
 from .vocabulary import Outcome, TestOutcome, count_outcomes, tally_text
 
@@ -112,6 +112,12 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     add_options(parser)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    # Before any conftest imports torch: torch reads its alignment setting at its first allocation.
+    settle_allocator(early_config)
 
 
 def pytest_configure(config: pytest.Config) -> None:

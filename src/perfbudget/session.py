@@ -21,6 +21,7 @@ from .device import DeviceInfo, DeviceType
 from .fileio import atomic_write, lock
 from .judge import stable_identity
 from .judging import Judging, judging_for
+from .measure import allocator
 from .measure.instructions import running_under_valgrind
 from .measure.machine import describe
 from .metrics import lookup
@@ -63,6 +64,21 @@ def add_options(parser: pytest.Parser) -> None:
 
 
 _SETTINGS = pytest.StashKey[Settings]()
+_ALLOCATOR = pytest.StashKey[str]()
+
+
+def settle_allocator(config: pytest.Config) -> str:
+    """Settle the process's allocator as the run's settings say, once, before the conftests import torch
+    (:func:`perfbudget.measure.allocator.settle`); returns what is in effect."""
+    if _ALLOCATOR not in config.stash:
+        ini = {f.metadata["ini"]: config.getini(f.metadata["ini"]) for f in _INI_FIELDS}
+        try:  # the command line is not parsed yet: the allocator has no option of its own
+            mode = Settings.resolve(ini=ini, ini_file=str(config.inipath or "ini"),
+                                    root=Path(str(config.rootpath))).allocator
+        except ValueError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        config.stash[_ALLOCATOR] = allocator.settle(mode)
+    return config.stash[_ALLOCATOR]
 
 
 def settings_of(config: pytest.Config) -> Settings:
@@ -105,6 +121,8 @@ class PerfSession:
     whole folders (``None``: a file or a test was named, or nothing was collected here): a budgeted key
     outside it has no test (:meth:`not_measured`)."""
     update_report: UpdateReport | None = None
+    allocator: str = "as-is"
+    """The allocator as the session found or settled it (:func:`settle_allocator`)."""
     _budgets: BudgetSet | None = None
     _devices: dict[str, DeviceInfo] = field(default_factory=dict)
     _checkpointed: int = 0
@@ -140,6 +158,7 @@ class PerfSession:
             commit=commit,
             budgets_dir_arg=config.getoption("--budgets-dir"),
             artifacts=ArtifactConfig(kinds=kinds, threads=settings.threads),
+            allocator=settle_allocator(config),
         )
 
     @property
@@ -213,7 +232,8 @@ class PerfSession:
         versions: dict[str, str] = {name: str(getattr(sys.modules[name], "__version__", "?"))
                                     for name in ("torch", "triton", "numpy") if name in sys.modules}
         cpu = self.device("cpu") if "torch" in sys.modules else None
-        return HowMeasured(settings={k: str(getattr(self.settings, k)) for k in _MEASURING_SETTINGS},
+        return HowMeasured(settings={**{k: str(getattr(self.settings, k)) for k in _MEASURING_SETTINGS},
+                                     "allocator": self.allocator},
                            machine=(cpu.identity or cpu.label) if cpu is not None else "",
                            versions={**versions, "python": platform.python_version()},
                            # Not from the devices touched so far: a side stopped before its first

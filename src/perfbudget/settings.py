@@ -29,6 +29,7 @@ else:  # pytest's own dependency before 3.11
     import tomli as tomllib
 
 __all__ = [
+    "ALLOCATOR_MODES",
     "CALLGRIND_OUT_ENV",
     "DEFAULT_BURST_MS",
     "DEFAULT_MAX_LOAD_PER_CORE",
@@ -54,6 +55,8 @@ SPEC_ENV = "PERFBUDGET_AB_SPEC"
 """Path of the :class:`RunSpec` that ``perfbudget ab`` hands each side process."""
 
 SIDES: tuple[str, ...] = ("base", "head")
+#: How a session leaves the process's allocator before timing (:mod:`perfbudget.measure.allocator`).
+ALLOCATOR_MODES: tuple[str, ...] = ("settled", "as-is")
 
 # Bursts long enough that the hand-over (two socket round trips, ~0.1 ms, and one untimed
 # re-warm call) is small, short enough that the two sides see the same machine: a 2-vCPU VM's
@@ -70,10 +73,12 @@ DEFAULT_WAIT_S = 1800.0
 DEFAULT_MAX_LOAD_PER_CORE = 1.5
 
 
-def _from(*, ini: str = "", env: str = "", help: str = "", positive: bool = False, spec: bool = False) -> dict[str, Any]:
+def _from(*, ini: str = "", env: str = "", help: str = "", positive: bool = False, spec: bool = False,
+          choices: tuple[str, ...] = ()) -> dict[str, Any]:
     """Where a field may come from besides the command line (``help``: the ini key's; ``spec``: an A/B
-    side's run spec, which then wins over the environment and the ini file)."""
-    return {"ini": ini, "env": env, "help": help, "positive": positive, "spec": spec}
+    side's run spec, which then wins over the environment and the ini file; ``choices``: a text field's
+    allowed values)."""
+    return {"ini": ini, "env": env, "help": help, "positive": positive, "spec": spec, "choices": choices}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,6 +131,12 @@ class Settings:
     """Where the compiled callgrind helper is kept."""
     callgrind_out: str = field(default="callgrind.out.%p", metadata=_from(env=CALLGRIND_OUT_ENV))
     """The ``--callgrind-out-file`` pattern this process runs under (``%p``: its pid)."""
+    allocator: str = field(default="settled", metadata=_from(
+        ini="perfbudget_allocator", env="PERFBUDGET_ALLOCATOR", spec=True, choices=ALLOCATOR_MODES,
+        help="settled (default): glibc keeps large blocks on its heap and torch aligns them, so a process's "
+             "allocation history does not set the speed of large-tensor code; as-is: leave the allocator alone"))
+    """How the process's allocator is left before timing (:mod:`perfbudget.measure.allocator`); an A/B side
+    takes the driver's."""
     burst_ms: float = field(default=DEFAULT_BURST_MS, metadata=_from(env="PERFBUDGET_TURNS_BURST_MS", positive=True, spec=True))
     """``perfbudget ab``: target length of one turn-taking burst, in milliseconds."""
     wait_s: float = field(default=DEFAULT_WAIT_S, metadata=_from(env="PERFBUDGET_TURNS_WAIT_S", positive=True))
@@ -163,6 +174,8 @@ class Settings:
             where, raw, folder = next(g for g in given if g[1] is not None)
             try:
                 value = _parse(f.type, raw, positive=f.metadata.get("positive", False))
+                if f.metadata.get("choices") and value not in f.metadata["choices"]:
+                    raise ValueError(f"expected one of {', '.join(f.metadata['choices'])}, got {raw!r}")
             except ValueError as exc:
                 raise ValueError(f"{where}: {exc}") from None
             if isinstance(value, Path) and not value.is_absolute():
@@ -307,6 +320,8 @@ class RunSpec:
     """The driver's JSON ``{nodeid: {key: [operator, ...]}}`` of pinned operators (absent before it writes one)."""
     lease: bool = False
     """Lease-sized work (:attr:`Settings.lease`), the same on both sides: the driver's setting."""
+    allocator: str = "settled"
+    """How both sides leave their allocator (:attr:`Settings.allocator`): the driver's setting."""
 
     def __post_init__(self) -> None:
         def number(x: object) -> bool:
@@ -317,6 +332,7 @@ class RunSpec:
                   *((k, number(getattr(self, k)) and getattr(self, k) > 0, "a positive number")
                     for k in ("burst_ms", "wait_s")),
                   ("lease", isinstance(self.lease, bool), "true or false"),
+                  ("allocator", self.allocator in ALLOCATOR_MODES, f"one of {', '.join(ALLOCATOR_MODES)}"),
                   ("precision", self.precision is None or (number(self.precision) and 0 < self.precision < 1),
                    "a fraction in (0, 1) such as 0.01, or null for one fixed sample set")]
         for key, ok, expected in checks:

@@ -89,7 +89,7 @@ def test_a_side_records_its_threads_from_its_settings(tmp_path: Path) -> None:
     session = PerfSession(rootdir=tmp_path, settings=Settings(threads=2), judging=Stored(), allow_loosen=False,
                           json_path=tmp_path / "r.json", is_worker=False)
     how = session.how_measured()
-    assert how.settings == {"threads": "2", "burst_ms": "100.0", "lease": "False"} and how.way == "wall"
+    assert how.settings == {"threads": "2", "burst_ms": "100.0", "lease": "False", "allocator": "as-is"} and how.way == "wall"
     assert set(how.versions) >= {"torch", "python"} and how.machine
 
 

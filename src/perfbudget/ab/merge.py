@@ -36,6 +36,7 @@ from ..budgets.verdict import Outcome, Verdict, decide
 from ..extras import InstructionProfile, OperatorMoves
 from ..judge import as_advisory, not_gating, stable_identity
 from ..measure import stats
+from ..measure.memory import Allocation
 from ..measure.nvml import GpuClocks
 from ..measure.operators import OpMove, op_metric
 from ..metrics import (
@@ -46,7 +47,15 @@ from ..metrics import (
 )
 from ..results import BaseSide, BudgetRef, Record, Results, SetAsidePair, is_unrecorded_budget
 from ..rule import Limits, classify, family_confidence, tolerance_for, with_evidence
-from .ratios import ABPolicy, can_decide, describe_change, judge_ratios, outlying_pair, pair_ratio
+from .ratios import (
+    ABPolicy,
+    can_decide,
+    describe_change,
+    judge_ratios,
+    outlying_pair,
+    pair_ratio,
+    process_modes,
+)
 
 __all__ = ["MAX_CLOCK_OFFSET", "CheckId", "Comparison", "PairRecords", "clock_refusal", "compare_pairs"]
 
@@ -379,6 +388,7 @@ def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_
         set_aside.append(SetAsidePair(pair=taken[i].pair, ratio=taken[i].ratio, why=why))
         skipped.append(f"pair {taken[i].pair} (set aside: {why})")
         del taken[i]
+    modes = process_modes([t.ratio for t in taken] + [p.ratio for p in set_aside])
     ratios = [t.ratio for t in taken]
     head_stats = [stats.quantile(t.head, info.quantile) for t in taken]
     base_stats = [stats.quantile(t.base, info.quantile) for t in taken]
@@ -402,7 +412,9 @@ def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_
                                                       "inconclusive")
     base_value = stats.median(base_stats)
     measured = "" if prior.source.startswith("default") else f"; prior sd {prior.sd:.1%} per pair, {prior.source}"
-    reason = f"{rv.reason} [tolerance from {source}{measured}]"
+    said = [rv.reason, *([f"bimodal between processes: {modes[0]:.2f} / {modes[1]:.2f}"] if modes else []),
+            *filter(None, [_allocation_change(used)])]
+    reason = f"{'; '.join(said)} [tolerance from {source}{measured}]"
     if skipped:
         reason += f"; not compared in {', '.join(skipped)}"
     rec = head0.with_(
@@ -418,6 +430,20 @@ def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_
                       confidence=rv.confidence, set_aside=tuple(set_aside)),
     )
     return rec, state
+
+
+def _allocation_change(used: Sequence[_Used]) -> str:
+    """What one call of the head allocates unlike the base's, from the first pair in which both sides said
+    (:meth:`~perfbudget.measure.memory.Allocation.change_from`; empty: no change, or not known)."""
+    for u in used:
+        try:
+            head = Allocation.from_extra(u.head.extra)
+            base = Allocation.from_extra(u.base.extra) if u.base is not None else None
+        except ValueError:
+            return ""
+        if head is not None and base is not None:
+            return head.change_from(base)
+    return ""
 
 
 def _gap(u: _Used, *, on_gpu: bool) -> tuple[str, str]:

@@ -73,6 +73,7 @@ __all__ = [
     "judge_ratios",
     "outlying_pair",
     "pair_ratio",
+    "process_modes",
     "resolvable_lines",
     "t_quantile",
 ]
@@ -371,6 +372,38 @@ def outlying_pair(pair_ratios: Sequence[float], *, floor_sd: float) -> tuple[int
         return None
     return i, (f"head/base {pair_ratios[i]:.3g} lies {far:.0f} robust SDs from the other pairs' median "
                f"{math.exp(robust_sds(i)[1]):.3g}, outside their {OUTLIER_COVERAGE:.0%} prediction interval")
+
+
+#: Least distance between two clusters of pair ratios to call them two modes (a ratio of 1.1): nearer
+#: clusters are a spread the interval already carries.
+MODES_MIN_GAP = math.log(1.1)
+#: ... and in multiples of the larger cluster's robust spread (its ln ratios' median absolute deviation).
+MODES_GAP_MADS = 4.0
+
+
+def process_modes(pair_ratios: Sequence[float]) -> tuple[float, float] | None:
+    """The two modes of a check whose pairs split in two clusters, as their medians ``(low, high)``;
+    ``None`` when they do not.
+
+    Whole processes run some code in one of two speeds (large tensors: the allocator's state): a
+    check's pairs then split into head-fast and head-slow ones, and the interval only says
+    "inconclusive". Two clusters of at least 2 pairs each, at the widest gap between sorted ln ratios,
+    when that gap is at least :data:`MODES_MIN_GAP` and :data:`MODES_GAP_MADS` times the larger
+    cluster's median absolute deviation.
+    """
+    if len(pair_ratios) < 4 or min(pair_ratios) <= 0:
+        return None
+    ys = sorted(math.log(r) for r in pair_ratios)
+
+    def mad(xs: list[float]) -> float:
+        mid = stats.median(xs)
+        return stats.median([abs(x - mid) for x in xs])
+
+    gap, i = max((ys[i] - ys[i - 1], i) for i in range(2, len(ys) - 1))
+    low, high = ys[:i], ys[i:]
+    if gap < max(MODES_MIN_GAP, MODES_GAP_MADS * max(mad(low), mad(high))):
+        return None
+    return math.exp(stats.median(low)), math.exp(stats.median(high))
 
 
 def can_decide(rv: RatioVerdict, pairs_left: int) -> bool:

@@ -35,6 +35,7 @@ from ..budgets.schema import BudgetError
 from ..exitcodes import ExitCode
 from ..fileio import atomic_write
 from ..instructions_run import callgrind_environment, under_callgrind
+from ..measure import allocator
 from ..measure.instructions import INSTALL_HINT, build_helper
 from ..measure.unmeasurable import Unmeasurable
 from ..metrics import STATISTICAL_KINDS, op_metric
@@ -248,7 +249,7 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
     trees = {"base": base.path, "head": root}
     instrument = instrument_dir(root)
     shims = {s: build_shim(workdir / f"shim-{s}", tree=t, instrument=instrument) for s, t in trees.items()}
-    env = dict(os.environ)
+    env = {**os.environ, **allocator.environment(settings.allocator)}  # both sides settled from their start
     if command is None:
         command = pytest_command(config.pytest_args)
         if config.instructions:
@@ -259,7 +260,7 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
     operators_file = workdir / "operators.json"
     operators_file.unlink(missing_ok=True)
     spec = RunSpec(side="head", burst_ms=burst_ms, wait_s=settings.wait_s, precision=config.precision or None,
-                   operators_file=str(operators_file), lease=settings.lease)  # each side's, with its side, socket and report
+                   operators_file=str(operators_file), lease=settings.lease, allocator=settings.allocator)  # each side's, with its side, socket and report
     plan = _Plan(config=config, budgets_dir=settings.budgets_dir, deadline=deadline, operators_file=operators_file,
                  policy=_with_noise(config, settings.budgets_dir, say, burst_ms=burst_ms), say=say,
                  stable_machine=settings.stable_machine)

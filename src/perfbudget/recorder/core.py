@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 from ..budgets.verdict import Verdict
 from ..judge import Judge
 from ..measure.measurement import Explanation, Measurement
+from ..measure.memory import ALLOCATION, allocation
 from ..measure.reference import machine_reference
 from ..measure.timing import bench, bench_paired
 from ..metrics import UnknownMetricError, parse_name
@@ -162,6 +163,14 @@ class RecorderCore:
         return v
 
     # -- timing helpers shared by the families ----------------------------------------------
+
+    def _allocation(self, v: Verdict, fn: Callable[[], Any]) -> Verdict:
+        """Keep what one call of the warm ``fn`` allocates beside its timing verdict ``v``
+        (:func:`perfbudget.measure.memory.allocation`): an A/B run names a change of it."""
+        if v.outcome not in (Outcome.ERROR, Outcome.UNMEASURABLE):
+            got = allocation(fn, device=self._dev, calls=1, threads=self._timing_threads())
+            self.extras.setdefault(v.metric, {})[ALLOCATION] = got.to_extra()
+        return v
 
     def _timing_threads(self) -> int | None:
         return self.threads if self._dev == "cpu" else None
