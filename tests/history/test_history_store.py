@@ -24,6 +24,7 @@ from perfbudget.history import (
     checks_from_results,
     run_of,
 )
+from perfbudget.history.store import MAX_ROW_BYTES, _hardened
 from perfbudget.results import ABPolicyInfo, ABRunInfo, RunInfo, load_results
 from perfbudget.vocabulary import Outcome, RunMode
 
@@ -266,3 +267,45 @@ def test_a_read_only_store_is_read_and_a_write_says_permissions(tmp_path: Path) 
         assert "move it aside" not in str(err.value)
     finally:
         db.chmod(0o644)
+
+
+@pytest.mark.parametrize(("sql", "kind", "name"), [
+    ("CREATE TRIGGER pwn AFTER INSERT ON runs BEGIN INSERT INTO meta VALUES ('pwned', 'yes'); END", "trigger", "pwn"),
+    ("CREATE VIEW checks_view AS SELECT * FROM checks", "view", "checks_view"),
+])
+@pytest.mark.parametrize("read_only", [False, True])
+def test_a_store_holding_sql_of_its_own_is_refused_before_it_runs(
+        tmp_path: Path, sql: str, kind: str, name: str, read_only: bool) -> None:
+    db = tmp_path / "history.db"
+    HistoryStore(db).close()
+    with sqlite3.connect(db) as raw:
+        raw.execute(sql)
+    with pytest.raises(HistoryError, match=rf"^{db}: {kind} '{name}': not one perfbudget creates"), \
+            HistoryStore(db, read_only=read_only) as store:
+        store.add(run(1), checks_from_results(stored_results(40.0)))
+    with sqlite3.connect(db) as raw:
+        assert raw.execute("SELECT count(*) FROM meta WHERE key = 'pwned'").fetchone() == (0,)
+
+
+def test_the_stores_schema_calls_no_function_that_is_not_innocuous() -> None:
+    """Every connection of the store (the file's, a read-only copy's) runs with ``trusted_schema`` off: a
+    function registered on it that is not marked innocuous never runs from the store's own schema."""
+    db = _hardened(sqlite3.connect(":memory:", isolation_level=None))
+    called = []
+    db.create_function("side_effect", 0, lambda: called.append(1))
+    db.execute("CREATE TABLE runs (source TEXT DEFAULT (side_effect()))")
+    with pytest.raises(sqlite3.OperationalError, match=r"unsafe use of side_effect\(\)"):
+        db.execute("INSERT INTO runs DEFAULT VALUES")
+    assert called == []
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="sqlite3 sets limits from Python 3.11")
+def test_a_row_longer_than_the_store_writes_is_refused_unread(tmp_path: Path) -> None:
+    db = tmp_path / "history.db"
+    with HistoryStore(db) as store:
+        store.add(run(1), checks_from_results(stored_results(40.0)))
+    with sqlite3.connect(db) as raw:
+        raw.execute("UPDATE runs SET source = ?", ("x" * (MAX_ROW_BYTES + 1),))
+    with pytest.raises(HistoryError, match=rf"^{db}: cannot read it: string or blob too big: a row longer than "
+                                           f"{MAX_ROW_BYTES} bytes"), HistoryStore(db, read_only=True) as store:
+        store.runs()

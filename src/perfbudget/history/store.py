@@ -8,6 +8,7 @@ import contextlib
 import math
 import sqlite3
 import statistics
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -67,6 +68,11 @@ Mode = Literal["stored", "ab"]
 
 BUSY_TIMEOUT_S = 60.0
 """How long a writer waits for another writer's transaction before giving up."""
+
+MAX_ROW_BYTES = 1 << 20
+"""The longest row (or value) read or written: a row perfbudget writes holds a few names of at most
+1,000 characters each; a crafted store's 100 MB row is refused before it is read into memory
+(Python 3.11 and later, whose ``sqlite3`` sets the limit)."""
 
 _TABLES = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -278,7 +284,7 @@ class HistoryStore:
         try:
             # isolation_level=None: this class opens and ends every transaction itself.
             where, uri = (f"file:{quote(str(self.path.resolve()))}?mode=ro", True) if read_only else (str(self.path), False)
-            self._db = sqlite3.connect(where, timeout=timeout_s, isolation_level=None, uri=uri)
+            self._db = _hardened(sqlite3.connect(where, timeout=timeout_s, isolation_level=None, uri=uri))
         except sqlite3.Error as exc:
             raise HistoryError(f"{self.path}: cannot open: {exc}") from None
         try:
@@ -298,6 +304,14 @@ class HistoryStore:
     # ------------------------------------------------------------------ schema
 
     def _open(self) -> None:
+        # The store comes from a branch anyone with push access may write: SQL of its own (a trigger
+        # runs on each write, a view on each read) is refused before anything is read or written.
+        found = self._db.execute("SELECT type, name FROM sqlite_master WHERE type IN ('trigger', 'view') "
+                                 "ORDER BY type, name").fetchone()
+        if found is not None:
+            raise HistoryError(f"{self.path}: {found[0]} {found[1]!r}: not one perfbudget creates (it would run "
+                               "SQL of its own on the store): refused; restore the store from the history branch "
+                               "or move it aside to start a new one")
         check = self._db.execute("PRAGMA quick_check").fetchone()
         if check is None or check[0] != "ok":
             raise HistoryError(f"{self.path}: corrupt database: {check[0] if check else 'no answer'}; restore it "
@@ -310,7 +324,7 @@ class HistoryStore:
                 raise HistoryError(f"{self.path}: an empty database, no history yet: keep a run first "
                                    f"(perfbudget history add RESULTS.json --db {self.path})")
             # Read as migrated: the same migrations, on a copy in memory; the file stays as it is.
-            memory = sqlite3.connect(":memory:", isolation_level=None)
+            memory = _hardened(sqlite3.connect(":memory:", isolation_level=None))
             self._db.backup(memory)
             self._db.close()
             self._db = memory
@@ -396,7 +410,7 @@ class HistoryStore:
                          *(c.ci or (None, None)), c.ratio, *(c.ratio_ci or (None, None)), c.log_se, c.df, c.pairs,
                          c.value_se, c.pair_sd))
                     written += 1
-        except sqlite3.OperationalError as exc:  # "database is locked" after the busy timeout, a full disk
+        except (sqlite3.OperationalError, sqlite3.DataError) as exc:  # locked past the busy timeout, a full disk
             raise HistoryError(_cannot(self.path, f"write run {run.short} on {run.machine}", exc,
                                        self._timeout_s)) from None
         return written
@@ -407,7 +421,7 @@ class HistoryStore:
         """The rows of one query; a writer's lock held past the busy timeout is a :class:`HistoryError`."""
         try:
             return self._db.execute(sql, params).fetchall()
-        except sqlite3.OperationalError as exc:
+        except (sqlite3.OperationalError, sqlite3.DataError) as exc:  # DataError: a row past MAX_ROW_BYTES
             raise HistoryError(_cannot(self.path, "read it", exc, self._timeout_s)) from None
 
     def runs(self) -> list[Run]:
@@ -442,9 +456,21 @@ class HistoryStore:
         self.close()
 
 
-def _cannot(path: Path, doing: str, exc: sqlite3.OperationalError, timeout_s: float) -> str:
+def _hardened(db: sqlite3.Connection) -> sqlite3.Connection:
+    """``db`` with no function of the store's schema trusted (``trusted_schema`` off: a view, trigger,
+    index or default calls only innocuous functions) and rows bounded by :data:`MAX_ROW_BYTES`."""
+    db.execute("PRAGMA trusted_schema = OFF")
+    if sys.version_info >= (3, 11):  # sqlite3 sets limits since
+        db.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_ROW_BYTES)
+    return db
+
+
+def _cannot(path: Path, doing: str, exc: sqlite3.OperationalError | sqlite3.DataError, timeout_s: float) -> str:
     """What an operational error (no corruption) means for the history, which it leaves intact."""
     text = str(exc)
+    if isinstance(exc, sqlite3.DataError):
+        return (f"{path}: cannot {doing}: {text}: a row longer than {MAX_ROW_BYTES} bytes, which perfbudget never "
+                "writes; restore the store from the history branch or move it aside")
     if "locked" in text or "busy" in text:
         return (f"{path}: cannot {doing}: {text}: another process (a `perfbudget history add`?) held it for more "
                 f"than the {timeout_s:g} s busy timeout; retry when it has finished")
