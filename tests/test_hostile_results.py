@@ -260,3 +260,29 @@ def test_a_noise_folder_that_leads_out_of_the_budgets_folder_is_neither_read_nor
         with pytest.raises(BudgetError, match=rf"^{root / 'noise'}: a symbolic link \(to {outside}\)"):
             action()
     assert files_under(outside) == set()
+
+
+def test_a_results_file_larger_than_perfbudget_writes_is_refused_unread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import perfbudget.results
+
+    monkeypatch.setattr(perfbudget.results, "MAX_RESULTS_BYTES", 1 << 20)
+    path = results_file(tmp_path)
+    path.write_text(path.read_text() + " " * (1 << 20))  # valid JSON, but past the limit
+    with pytest.raises(ValueError) as err:
+        load_results(path)
+    assert str(err.value) == (f"{path}: cannot read results: larger than 1 MiB, more than perfbudget writes "
+                              f"({path.stat().st_size} bytes)")
+
+
+@pytest.mark.parametrize("command", [["update"], ["accept", "--reason", "r", "--commit", "abc1234"]])
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_a_value_that_is_not_finite_is_named_with_why_it_is_not_written(
+        tmp_path: Path, command: list[str], value: str) -> None:
+    path = results_file(tmp_path, {"value": value})
+    root = tmp_path / "budgets"
+    out = io.StringIO()
+    code = main([command[0], str(path), "--budgets-dir", str(root), *command[1:]], out=out)
+    assert code == ExitCode.FAILED and files_under(tmp_path) == {path}
+    assert f"refused  cpu.yaml  enc.flops: measured value {value}: expected a finite non-negative number" \
+        in out.getvalue()

@@ -6,6 +6,7 @@ import contextlib
 import enum
 import json
 import math
+import os
 import re
 import types
 import unicodedata
@@ -24,7 +25,7 @@ from .measure.stats import normal_quantile, t_quantile
 from .metrics import UNIT, UnknownMetricError, parse_name
 from .vocabulary import RunMode, count_outcomes
 
-__all__ = ["RESULTS_SCHEMA", "ABPolicyInfo", "ABRunInfo", "BaseSide", "BudgetRef", "FieldError", "HowMeasured", "PairClocks",
+__all__ = ["MAX_RESULTS_BYTES", "RESULTS_SCHEMA", "ABPolicyInfo", "ABRunInfo", "BaseSide", "BudgetRef", "FieldError", "HowMeasured", "PairClocks",
            "Record", "Results", "RunInfo", "SetAsidePair", "load_results", "merge_results"]
 
 RESULTS_SCHEMA = 4
@@ -397,8 +398,9 @@ class Record:
         return _decode_fields(cls, d, "")
 
     def measured(self) -> Measured | None:
-        """The value the updater may write, or ``None`` for errors, unmeasurable metrics and
-        timing set aside on a busy machine (a budget must not be written from it)."""
+        """The value offered to the updater (one that is not finite too: the updater refuses it, saying
+        why), or ``None`` for errors, unmeasurable metrics and timing set aside on a busy machine (a
+        budget must not be written from it)."""
         if self.outcome in (Outcome.ERROR, Outcome.UNMEASURABLE, Outcome.NOT_JUDGED, Outcome.NOT_MEASURED) or self.value is None \
                 or self.device is None:
             return None
@@ -565,7 +567,8 @@ class Results:
 def load_results(path: str | Path) -> Results:
     """Read a results JSON file written by the plugin (or ``perfbudget merge``/``ab``).
 
-    Files of an older schema are migrated (:func:`_migrate`); a newer one is refused.
+    Files of an older schema are migrated (:func:`_migrate`); a newer one is refused, and so is one
+    larger than :data:`MAX_RESULTS_BYTES`.
 
     Raises:
         ValueError: naming the file (and the record and field) when it is not a results file
@@ -573,7 +576,13 @@ def load_results(path: str | Path) -> Results:
     """
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_unique_keys)
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size  # a file of gigabytes is refused unread; a pipe read up to the limit
+            raw = fh.read(MAX_RESULTS_BYTES + 1) if size <= MAX_RESULTS_BYTES else b""
+        if max(size, len(raw)) > MAX_RESULTS_BYTES:
+            raise ValueError(f"larger than {MAX_RESULTS_BYTES >> 20} MiB, more than perfbudget writes "
+                             f"({max(size, len(raw))} bytes)")
+        data = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
     except (OSError, ValueError, RecursionError) as exc:  # ValueError: bad JSON, an integer of 5000 digits
         raise ValueError(f"{path}: cannot read results: {exc}") from None
     if not isinstance(data, dict):
@@ -593,6 +602,12 @@ def load_results(path: str | Path) -> Results:
     except FieldError as exc:
         raise ValueError(f"{path}: {exc}") from None
     return Results(records=records, meta=meta)
+
+
+#: The largest results file :func:`load_results` reads. A suite's results, operator tables included, are a
+#: few hundred KiB (``benchmarks/*.json``); a file a pull request's code wrote could be any size, and
+#: reading it takes twice its size in memory.
+MAX_RESULTS_BYTES = 64 << 20
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -78,14 +78,13 @@ def measured_value(
     ci: tuple[float, float] | None = None,
     confidence: float | None = None,
     ref_ms: float | None = None,
-) -> Measured | None:
+) -> Measured:
     """The :class:`Measured` for a judged value, with its noise (relative standard error)
-    taken from its CI at the CI's own confidence; ``None`` when ``value`` is not finite. A noise
-    that is not finite (a CI of +-1e308, a value of 5e-324) is left out: no tolerance follows from it."""
-    if not math.isfinite(value):
-        return None
+    taken from its CI at the CI's own confidence. A noise that is not finite (a CI of +-1e308, a
+    value of 5e-324) is left out: no tolerance follows from it. A value that is not finite is kept,
+    for the updater to refuse by name (:func:`apply_updates`), never dropped unsaid."""
     noise = None
-    if ci is not None and value and all(math.isfinite(x) for x in ci):
+    if ci is not None and math.isfinite(value) and value and all(math.isfinite(x) for x in ci):
         z = normal_quantile(0.5 + (confidence or 0.95) / 2)
         noise = abs(ci[1] - ci[0]) / (2 * z * abs(value))
         noise = noise if math.isfinite(noise) else None
