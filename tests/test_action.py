@@ -364,6 +364,17 @@ def test_action_steps_take_inputs_from_the_environment_and_run_what_parses(
     assert "--index-url https://download.pytorch.org/whl/cpu \"torch==$TORCH+cpu\"" in setup
 
 
+def test_each_python_the_action_runs_leaves_the_working_folder_off_its_path(action: dict[str, Any]) -> None:
+    """``python -m pip`` (or ``-m perfbudget.github``) with the working folder on ``sys.path`` runs a
+    ``pip/__main__.py`` a pull request commits. Only the step that runs the project's own tests keeps
+    it: pytest and the project's code run there by design."""
+    for step in action["runs"]["steps"]:
+        runs_python = re.search(r"(^|[\s;(])python3? ", str(step.get("run", "")))
+        if runs_python and step["name"] != "Perf checks":
+            safe = step.get("env", {}).get("PYTHONSAFEPATH") == "1" or "python -P" in step["run"]
+            assert safe, f"{step['name']}: runs python without PYTHONSAFEPATH=1 or -P"
+
+
 def test_this_repositorys_workflows_use_the_action_with_declared_inputs(
         action: dict[str, Any]) -> None:
     """``perf.yml`` publishes the merged results read-only; ``perf-comment.yml`` comments from its
