@@ -340,7 +340,8 @@ def cmd_instructions(args: argparse.Namespace, out: TextIO) -> int:
 # --------------------------------------------------------------------------- main
 
 
-_BUDGETS_DIR_HELP = "budget folder (default: ini perfbudget_budgets_dir of the pytest run here, else budgets)"
+_BUDGETS_DIR_HELP = ("budget folder (default: ini perfbudget_budgets_dir of the pytest run here, else budgets; "
+                     "refused when it leads out of the repository)")
 _TRUST_HELP = ("write timing, instruction counts and other values of a budget file keyed by a machine identity "
                "when the results claim another identity than this machine's (perfbudget show --identity). A "
                "results file cannot prove where it ran (anyone can write an identity into one): pass it only "

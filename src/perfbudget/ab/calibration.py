@@ -90,7 +90,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                     "comparison with its base follows its spread over A/A runs.",
     )
     p.add_argument("results", nargs="+", help="results JSON files written by `perfbudget ab`")
-    p.add_argument("--budgets-dir", help="budget folder (default: ini perfbudget_budgets_dir, else budgets)")
+    p.add_argument("--budgets-dir", help="budget folder (default: ini perfbudget_budgets_dir, else budgets; "
+                                         "refused when it leads out of the repository)")
     p.add_argument("--replace", action="store_true",
                    help="start the machine's noise file over instead of pooling into it")
     p.add_argument("--pairs", type=int, default=4,

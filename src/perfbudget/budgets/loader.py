@@ -412,15 +412,12 @@ def confined(budgets_dir: Path, *, named: bool, cwd: Path | None = None) -> Path
     relative to. Else ``perfbudget accept`` could write ``cpu.yaml`` where ``git status`` shows nothing.
 
     Raises:
-        BudgetError: naming the ini file and key (or the default folder), the value and where it leads;
-            also when the ini file cannot be read.
+        BudgetError: naming the ini file and key (or the default folder), the value and where it leads.
+        ValueError: the ini file cannot be read (naming it).
     """
     if named:
         return budgets_dir
-    try:
-        rootdir, ini, options = find_ini(cwd or Path.cwd())
-    except ValueError as exc:
-        raise BudgetError(str(exc)) from None
+    rootdir, ini, options = find_ini(cwd or Path.cwd())
     leads = budgets_dir.resolve()
     if leads.is_relative_to(rootdir.resolve()):
         return budgets_dir
