@@ -64,3 +64,19 @@ def test_a_bimodal_check_says_so_in_its_reason() -> None:
              for x in ratios]
     r = one(pairs, final=True)
     assert r.outcome == "inconclusive" and "bimodal between processes: 0.39 / 0.98" in r.reason
+
+
+@pytest.mark.parametrize(("ratios", "modes"), [
+    # An A/A of examples/image-colour-suite with the allocator as-is (benchmarks/large-tensors-cpu.json).
+    ([8.864, 0.989, 1.005, 8.513, 0.876, 0.986], (0.99, 8.69)),
+    ([0.085, 0.869, 0.997, 0.172, 0.232, 0.94], (0.17, 0.94)),
+    ([0.746, 1.05, 0.796, 1.029, 0.823, 1.052], (0.80, 1.05)),
+])
+def test_the_recorded_as_is_pairs_of_large_tensors_are_named_bimodal(ratios: list[float],
+                                                                     modes: tuple[float, float]) -> None:
+    assert process_modes(ratios) == pytest.approx(modes, abs=0.01)
+
+
+def test_the_recorded_settled_pairs_are_not() -> None:
+    assert process_modes([1.042, 1.011, 1.005, 0.994]) is None
+    assert process_modes([1.024, 1.026, 1.016, 1.005]) is None
