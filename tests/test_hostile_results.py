@@ -286,3 +286,20 @@ def test_a_value_that_is_not_finite_is_named_with_why_it_is_not_written(
     assert code == ExitCode.FAILED and files_under(tmp_path) == {path}
     assert f"refused  cpu.yaml  enc.flops: measured value {value}: expected a finite non-negative number" \
         in out.getvalue()
+
+
+def test_a_folder_named_inside_the_repository_that_a_link_leads_out_of_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # The comment's accept command names the pull request's folder: named, it is still the PR's link.
+    repo, outside = tmp_path / "repo", tmp_path / "outside"
+    repo.mkdir()
+    outside.mkdir()
+    (repo / "pytest.ini").write_text("[pytest]\n")
+    (repo / "perf-budgets").symlink_to(outside)
+    results = flops_results(repo / "results.json")
+    monkeypatch.chdir(repo)
+    code = main(["accept", str(results), "--reason", "r", "--budgets-dir", "perf-budgets"], out=io.StringIO())
+    assert code == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert f"perf-budgets: a folder inside the repository that leads to {outside}, outside the repository" in err
+    assert files_under(outside) == set()

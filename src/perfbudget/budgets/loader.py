@@ -405,24 +405,30 @@ def subfolder(root: str | Path, name: str) -> Path:
 def confined(budgets_dir: Path, *, named: bool, cwd: Path | None = None) -> Path:
     """``budgets_dir``, a command's budgets folder, refused when it leads out of the repository.
 
-    A folder named on the command line (``--budgets-dir``, ``named``) is the user's choice, taken as
-    given. One from the ini file or the default (``budgets``) is what a pull request commits, so it
+    A folder named on the command line (``--budgets-dir``, ``named``) outside the repository is the
+    user's choice, taken as given; one named inside it must stay inside, links followed: a link a
+    pull request committed there (the folder its comment's accept command names) is not the user's
+    choice. One from the ini file or the default (``budgets``) is what a pull request commits, so it
     must resolve, links followed, inside the repository: the rootdir pytest finds from ``cwd``
     (:func:`perfbudget.settings.find_ini`, default the working folder), which the ini value is
     relative to. Else ``perfbudget accept`` could write ``cpu.yaml`` where ``git status`` shows nothing.
 
     Raises:
-        BudgetError: naming the ini file and key (or the default folder), the value and where it leads.
+        BudgetError: naming the ini file and key (or the folder), the value and where it leads.
         ValueError: the ini file cannot be read (naming it).
     """
-    if named:
-        return budgets_dir
     rootdir, ini, options = find_ini(cwd or Path.cwd())
-    leads = budgets_dir.resolve()
-    if leads.is_relative_to(rootdir.resolve()):
+    root, leads = rootdir.resolve(), budgets_dir.resolve()
+    if leads.is_relative_to(root):
         return budgets_dir
-    why = (f"leads to {leads}, outside the repository {rootdir}: refused, since a pull request may have "
-           "committed it; to use a folder outside, name it with --budgets-dir")
+    as_written = Path(os.path.normpath((cwd or Path.cwd()) / budgets_dir))
+    if named and not as_written.is_relative_to(root) and not as_written.is_relative_to(rootdir):
+        return budgets_dir
+    leads_out = f"leads to {leads}, outside the repository {rootdir}: refused, since a pull request may have committed it"
+    if named:
+        raise BudgetError(f"a folder inside the repository that {leads_out}; name the folder it leads to instead",
+                          path=budgets_dir)
+    why = f"{leads_out}; to use a folder outside, name it with --budgets-dir"
     if "perfbudget_budgets_dir" in options:
         raise BudgetError(why, path=ini, keypath=("perfbudget_budgets_dir",), value=options["perfbudget_budgets_dir"])
     raise BudgetError(f"the default budgets folder {why}", path=budgets_dir)
