@@ -63,7 +63,8 @@ KINDS = {"aa": "main", "plant5": "plant5", "plant10": "plant10"}
 # One lever of the gate turned back at a time (issue 25's items), to say what each one buys:
 # extra environment, an edit committed on every branch (base and head alike), extra ab/pytest args.
 VARIANTS = {
-    "burst400": {"env": {"PERFBUDGET_TURNS_BURST_MS": "400"}},  # item 1: turns of 400 ms (was the default)
+    "burst400": {"env": {"PERFBUDGET_TURNS_BURST_MS": "400"}},
+    "allocator-as-is": {"env": {"PERFBUDGET_ALLOCATOR": "as-is"}},  # the allocator left as glibc starts it  # item 1: turns of 400 ms (was the default)
     "rounds1": {"edit": ("tests_perf/test_gpt2.py", "perf.serve(gpt2.requests)",
                          "perf.serve(gpt2.requests, rounds=1)")},  # item 4: one serving round per pair
     # item 6: the BERT step counted under callgrind, both sides at once on both CPUs (a BERT step

@@ -337,9 +337,19 @@ def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_
             return head0.with_(outcome=Outcome.ERROR, reason=problem), "kept"
     if not info.statistical:
         return _merge_exact(head0, used, ctx, base_has_it=base_has_it), "kept"
+    taken, skipped, gaps = _take(used, info)
+    if not taken:
+        return _without_ratios(head0, used, budget, ctx, gaps, base_has_it=base_has_it)
+    return _with_ratios(head0, used, budget, ctx, info, taken, skipped, confidence=confidence)
+
+
+def _take(used: Sequence[_Used], info: Metric) -> tuple[list[_Taken], list[str], dict[str, list[str]]]:
+    """The pairs that give a check a head/base ratio; the others as ``pair 2 (why)``, and their whys by
+    kind of gap (:func:`_gap`)."""
     taken: list[_Taken] = []
     skipped: list[str] = []  # "pair 2 (the base did not record it there)"
     gaps: dict[str, list[str]] = {"problem": [], "unlike": [], "refused": []}
+    head0 = used[0].head
     on_gpu = head0.device is not None and head0.device.type == "cuda"
     for u in used:
         kind, why = _gap(u, on_gpu=on_gpu)
@@ -356,28 +366,38 @@ def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_
                 kind, why = "problem", str(exc)
         gaps.setdefault(kind, []).append(f"pair {u.pair.index}: {why}" if kind == "refused" else why)
         skipped.append(f"pair {u.pair.index} ({'not comparable: ' if kind == 'unlike' else ''}{why})")
+    return taken, skipped, gaps
+
+
+def _without_ratios(head0: Record, used: list[_Used], budget: Budget | None, ctx: _Context,
+                    gaps: dict[str, list[str]], *, base_has_it: bool) -> tuple[Record, str]:
+    """A statistical check no pair gave a ratio: not comparable, not judged, or judged without the base."""
     problems, unlike, refused = gaps["problem"], gaps["unlike"], gaps["refused"]
-    if not taken and unlike:
+    if unlike:
         return head0.with_(outcome=Outcome.ERROR, reason=_unlike_reason(unlike[0]),
                            base=BaseSide(value=None, compared=False, note=f"not comparable: {unlike[0]}",
                                          not_comparable=unlike[0])), "not comparable"
-    if not taken and refused:
+    if refused:
         # Not judged against the budgets either: on this machine the clocks were not the sides' to compare.
         rec = head0.with_(outcome=Outcome.NOT_JUDGED, reason=f"not judged: {'; '.join(refused)}",
                           base=_not_with_base(refused[0]))
         return rec, "kept" if ctx.final else "undecided"
-    if not taken:
-        why = _why_not(ctx, problems, base_has_it=base_has_it)
-        if ctx.require_base and not ctx.base_ran:
-            return head0.with_(
-                outcome=Outcome.ERROR,
-                reason=f"not compared with the base: {why}; a timing check is judged on head/base and the "
-                       "base gave none (pass --allow-missing-base to judge it against the stored budgets instead)",
-                base=_not_with_base(why)), "not compared"
-        if head0.outcome == Outcome.NOT_JUDGED:  # set aside by the head's preflight: nothing to judge alone
-            return head0.with_(reason=f"not compared with the base: {why}; {head0.reason}",
-                               base=_not_with_base(why)), "not compared"
-        return _not_compared(head0, used, budget, why, ctx), "not compared"
+    why = _why_not(ctx, problems, base_has_it=base_has_it)
+    if ctx.require_base and not ctx.base_ran:
+        return head0.with_(
+            outcome=Outcome.ERROR,
+            reason=f"not compared with the base: {why}; a timing check is judged on head/base and the "
+                   "base gave none (pass --allow-missing-base to judge it against the stored budgets instead)",
+            base=_not_with_base(why)), "not compared"
+    if head0.outcome == Outcome.NOT_JUDGED:  # set aside by the head's preflight: nothing to judge alone
+        return head0.with_(reason=f"not compared with the base: {why}; {head0.reason}",
+                           base=_not_with_base(why)), "not compared"
+    return _not_compared(head0, used, budget, why, ctx), "not compared"
+
+
+def _with_ratios(head0: Record, used: Sequence[_Used], budget: Budget | None, ctx: _Context, info: Metric,
+                 taken: list[_Taken], skipped: list[str], *, confidence: float) -> tuple[Record, str]:
+    """A statistical check judged on its pairs' head/base ratios, after setting an outlying pair aside."""
     chosen = tolerance_for(info, budget, against="base", from_budgets=ctx.policy.tolerance_from_budgets)
     tolerance, source = chosen.value, chosen.source
     identity = head0.device.identity if head0.device is not None else None
