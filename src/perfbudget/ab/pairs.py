@@ -291,24 +291,15 @@ def run_pair(
 ) -> PairRun:
     """Run both sides of pair ``index`` to the end, taking turns, and return how it went.
 
-    Args:
-        index: pair number; the side files go to ``workdir/pair-<index>/<side>.json|.log``.
-        trees: each side's checkout (its working directory).
-        shims: each side's import shim (leads its ``PYTHONPATH``).
-        workdir: the A/B run's folder.
-        command: the argv of one side.
-        first: the side granted the machine first.
-        timeout_s: wall-clock limit for the pair; sides still running then are stopped (see the module).
-        spec: what every side is told besides its side, socket and report file (burst length,
-            wait, precision, operators file); default: the instrument's defaults.
-        cpus: CPUs both sides are pinned to (``()``: not pinned; see :func:`one_cpu`), or each side's
-            (:func:`placement`).
-        env: base environment of the sides (default: this process's).
-        tests: the nodeids both sides run, in order (``None``: the user's selection).
-        replaces: the invalid pair this one re-runs (recorded only).
-        lockstep: the sides take turns (timing); ``False`` runs them at once with no
-            coordinator, for measurements that do not depend on the machine's state
-            (instruction counts).
+    Each side runs ``command`` in its checkout (``trees``) behind its import shim (``shims``), told
+    ``spec`` (default: the instrument's) with its side, socket and report file; its files go to
+    ``workdir/pair-<index>/<side>.json|.log``. ``first`` gets the machine first; past ``timeout_s``
+    the sides still running are stopped (see the module). ``cpus``: the CPUs both sides are pinned to
+    (``()``: none; :func:`one_cpu`) or each side's (:func:`placement`); ``env``: their base environment
+    (default: this process's); ``tests``: the nodeids both run, in order (``None``: the user's
+    selection); ``replaces``: the invalid pair this one re-runs (recorded only); ``lockstep=False``
+    runs the sides at once with no coordinator, for what does not depend on the machine's state
+    (instruction counts).
 
     With lockstep, the GPU's clocks are sampled through NVML and filed under the side that runs.
     The pair comes back ``invalid`` when a side's turn-taking client reported a loss in
@@ -328,13 +319,10 @@ def run_pair(
     procs: dict[str, subprocess.Popen[bytes]] = {}
     started: dict[str, float] = {}
     ended: dict[str, float] = {}
-    logs = {s: folder / f"{s}.log" for s in SIDES}
-    results = {s: folder / f"{s}.json" for s in SIDES}
-    reports = {s: folder / f"{s}.turns" for s in SIDES}
+    logs, results, reports = ({s: folder / f"{s}{suffix}" for s in SIDES} for suffix in (".log", ".json", ".turns"))
     chosen = None if tests is None else tuple(tests)
     t0 = time.monotonic()
-    timed_out = False
-    stopped: set[str] = set()
+    timed_out, stopped = False, set[str]()
     try:
         # Inside the try: the socket folder, the coordinator and the sampler are closed whatever fails.
         if lockstep:
@@ -345,49 +333,12 @@ def run_pair(
                            socket=str(sockpath) if coordinator is not None else "")
             spec_path = atomic_write(folder / f"{side}.spec.json", told.to_json())
             argv = list(command(SideSetup(side=side, tree=trees[side], results=results[side], tests=chosen)))
-            with open(logs[side], "wb") as out, _interruptible():
-                out.write(f"$ (cd {trees[side]} && {' '.join(argv)})\n".encode())
-                out.flush()
-                procs[side] = subprocess.Popen(
-                    argv, cwd=trees[side], env=side_env(shims[side], base_env=env, **{SPEC_ENV: str(spec_path)}),
-                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                    start_new_session=True,  # its own process group: a timeout kills its children too
-                )
+            procs[side] = _start_side(argv, tree=trees[side], log=logs[side], cpus=per_side.get(side, ()),
+                                      env=side_env(shims[side], base_env=env, **{SPEC_ENV: str(spec_path)}))
             started[side] = time.monotonic()
-            if per_side.get(side) and hasattr(os, "sched_setaffinity"):
-                # Right after the start, before any timing: threads made later inherit it.
-                os.sched_setaffinity(procs[side].pid, set(per_side[side]))
-        while len(ended) < len(procs):
-            for side, proc in procs.items():
-                if side not in ended and proc.poll() is not None:
-                    ended[side] = time.monotonic()
-                    if coordinator is not None:
-                        coordinator.side_exited(side)
-            late_s = time.monotonic() - t0 - timeout_s
-            if late_s > 0 and not timed_out:
-                timed_out = True
-                if coordinator is not None:
-                    coordinator.halt()
-            if timed_out:
-                # Between turns: a side waiting for one is interrupted now, the others once their grace is over.
-                parked = coordinator.parked() if coordinator is not None else frozenset(procs)
-                for side in procs.keys() - ended.keys() - stopped:
-                    if side in parked or late_s > STOP_GRACE_S:
-                        _signal(procs[side], signal.SIGINT)
-                        stopped.add(side)
-                if late_s > STOP_GRACE_S + INTERRUPT_GRACE_S:
-                    break
-            time.sleep(0.05)
+        timed_out = _wait(procs, coordinator, deadline=t0 + timeout_s, ended=ended, stopped=stopped)
     finally:
-        running = [side for side, proc in procs.items() if proc.poll() is None]
-        _stop_all(list(procs.values()))
-        for side in running:
-            stopped.add(side)
-            ended.setdefault(side, time.monotonic())
-            if coordinator is not None:
-                coordinator.side_exited(side)
-        turn_log = coordinator.close() if coordinator is not None else TurnLog(turns=(), joined=(), left=())
-        clocks = sampler.stop() if sampler is not None else {}
+        turn_log, clocks = _close(procs, coordinator, sampler, ended=ended, stopped=stopped)
         shutil.rmtree(sockdir, ignore_errors=True)
     sides = {
         s: SideRun(side=s, results=results[s], log=logs[s],
@@ -401,6 +352,67 @@ def run_pair(
                    timed_out=timed_out, cpus={s: c for s, c in per_side.items() if c}, tests=chosen,
                    replaces=replaces, clocks=clocks,
                    invalid=f"turn-taking was lost: {'; '.join(lost)}" if lost else "")
+
+
+def _start_side(argv: list[str], *, tree: Path, log: Path, cpus: Sequence[int],
+                env: Mapping[str, str]) -> subprocess.Popen[bytes]:
+    """Start one side in its checkout, its output to ``log``, pinned to ``cpus`` (``()``: not pinned)."""
+    with open(log, "wb") as out, _interruptible():
+        out.write(f"$ (cd {tree} && {' '.join(argv)})\n".encode())
+        out.flush()
+        proc = subprocess.Popen(
+            argv, cwd=tree, env=dict(env), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: a timeout kills its children too
+        )
+    if cpus and hasattr(os, "sched_setaffinity"):
+        # Right after the start, before any timing: threads made later inherit it.
+        os.sched_setaffinity(proc.pid, set(cpus))
+    return proc
+
+
+def _wait(procs: Mapping[str, subprocess.Popen[bytes]], coordinator: Coordinator | None, *, deadline: float,
+          ended: dict[str, float], stopped: set[str]) -> bool:
+    """Wait for the sides to end, noting when each did in ``ended``; past ``deadline`` interrupt them
+    (a side waiting for its turn at once, the others after :data:`STOP_GRACE_S`), noting them in
+    ``stopped``, and give up :data:`INTERRUPT_GRACE_S` later. Returns whether the deadline passed."""
+    timed_out = False
+    while len(ended) < len(procs):
+        for side, proc in procs.items():
+            if side not in ended and proc.poll() is not None:
+                ended[side] = time.monotonic()
+                if coordinator is not None:
+                    coordinator.side_exited(side)
+        late_s = time.monotonic() - deadline
+        if late_s > 0 and not timed_out:
+            timed_out = True
+            if coordinator is not None:
+                coordinator.halt()
+        if timed_out:
+            # Between turns: a side waiting for one is interrupted now, the others once their grace is over.
+            parked = coordinator.parked() if coordinator is not None else frozenset(procs)
+            for side in procs.keys() - ended.keys() - stopped:
+                if side in parked or late_s > STOP_GRACE_S:
+                    _signal(procs[side], signal.SIGINT)
+                    stopped.add(side)
+            if late_s > STOP_GRACE_S + INTERRUPT_GRACE_S:
+                break
+        time.sleep(0.05)
+    return timed_out
+
+
+def _close(procs: Mapping[str, subprocess.Popen[bytes]], coordinator: Coordinator | None,
+           sampler: ClockSampler | None, *, ended: dict[str, float], stopped: set[str]) -> tuple[TurnLog, dict[str, GpuClocks]]:
+    """Stop what still runs (noting it in ``stopped`` and ``ended``), close the coordinator and the clock
+    sampler; returns the turns taken and the clocks sampled."""
+    running = [side for side, proc in procs.items() if proc.poll() is None]
+    _stop_all(list(procs.values()))
+    for side in running:
+        stopped.add(side)
+        ended.setdefault(side, time.monotonic())
+        if coordinator is not None:
+            coordinator.side_exited(side)
+    turn_log = coordinator.close() if coordinator is not None else TurnLog(turns=(), joined=(), left=())
+    return turn_log, sampler.stop() if sampler is not None else {}
 
 
 def _lines(path: Path) -> list[str]:
