@@ -41,7 +41,7 @@ from ..measure.unmeasurable import Unmeasurable
 from ..metrics import STATISTICAL_KINDS, op_metric
 from ..pinning import nvml_gpu_count
 from ..results import ABPolicyInfo, ABRunInfo, PairClocks, Results, RunInfo, load_results
-from ..settings import RunSpec, for_folder, pytest_cli, pytest_overrides
+from ..settings import RunSpec, Settings, for_folder, pytest_cli, pytest_overrides
 from ..vocabulary import Outcome, RunMode, StrEnum
 from .merge import Comparison, PairRecords, compare_pairs
 from .pairs import (
@@ -57,7 +57,7 @@ from .pairs import (
     run_pair,
 )
 from .ratios import ABPolicy, resolvable_lines
-from .trees import AB_DIR, GitError, build_shim, head_commit, instrument_dir, prepare_base
+from .trees import AB_DIR, BaseTree, GitError, build_shim, head_commit, instrument_dir, prepare_base
 
 __all__ = ["ABConfig", "ABRun", "StopReason", "UsageError", "default_cpus", "run_ab"]
 
@@ -213,12 +213,8 @@ def _read(path: Path) -> tuple[Results | None, str]:
 
 
 def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callable[[str], None] = _say) -> ABRun:
-    """Run the lockstep A/B comparison and write its merged results.
-
-    Args:
-        config: what to run.
-        command: the argv of one side (default: pytest with ``--perf-collect``).
-        say: where progress lines go (standard error by default).
+    """Run the lockstep A/B comparison ``config`` asks for and write its merged results; ``command`` is one
+    side's argv (default: pytest with ``--perf-collect``), ``say`` takes progress lines (default: stderr).
 
     Raises:
         UsageError: the base is not a commit here, or the root is not a git checkout.
@@ -226,26 +222,10 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
     t0 = time.monotonic()
     deadline = t0 + config.max_minutes * 60.0
     root = config.root.resolve()
-    try:  # resolved once, as the sides' pytest would (its args' options and -o overrides too); both sides get
-        # the burst length and the lease, and the results keep them (a calibration holds for a burst length)
-        cli = {**pytest_cli(config.pytest_args), "burst_ms": config.burst_ms}
-        if config.strict:
-            cli["strict"] = True
-        settings = for_folder(root, cli=cli, overrides=pytest_overrides(config.pytest_args))
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    settings = _settings(config, root)
     burst_ms = settings.burst_ms
-    try:
-        base = prepare_base(root, config.base, merge_base=config.merge_base, path=config.workdir / "base")
-        head = head_commit(root)
-    except GitError as exc:
-        raise UsageError(str(exc)) from None
-    say(f"perfbudget ab: base {base.commit[:12]} ({config.base}{', merge-base' if base.merge_base else ''}) "
-        f"vs head {head[:12]}{' (working tree)' if head.endswith('-dirty') else ''}")
+    base, head = _base_and_head(config, root, say)
     workdir = config.workdir
-    for old in workdir.glob("pair-*"):
-        if old.is_dir():
-            shutil.rmtree(old)  # a pair left by an earlier run must not be read as this run's
     trees = {"base": base.path, "head": root}
     instrument = instrument_dir(root)
     shims = {s: build_shim(workdir / f"shim-{s}", tree=t, instrument=instrument) for s, t in trees.items()}
@@ -260,7 +240,7 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
     operators_file = workdir / "operators.json"
     operators_file.unlink(missing_ok=True)
     spec = RunSpec(side="head", burst_ms=burst_ms, wait_s=settings.wait_s, precision=config.precision or None,
-                   operators_file=str(operators_file), lease=settings.lease, allocator=settings.allocator)  # each side's, with its side, socket and report
+                   operators_file=str(operators_file), lease=settings.lease, allocator=settings.allocator)
     plan = _Plan(config=config, budgets_dir=settings.budgets_dir, deadline=deadline, operators_file=operators_file,
                  policy=_with_noise(config, settings.budgets_dir, say, burst_ms=burst_ms), say=say,
                  stable_machine=settings.stable_machine)
@@ -298,14 +278,56 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
     if cut:
         problems.append(cut)
     head_meta = next((p.head.meta for p in records if p.head is not None), RunInfo())
-    wall_s = time.monotonic() - t0
     # Every side's measuring faults, of every pair: a base test that raised leaves its checks "not compared".
     faults = {json.dumps(e, sort_keys=True): e for p in records for side, res in (("head", p.head), ("base", p.base))
               if res is not None for e in ({**x, "side": side} for x in res.meta.errors)}
-    results = Results(records=comparison.records, meta=replace(head_meta, errors=tuple(faults.values()), mode=RunMode.AB, ab=ABRunInfo(
+    info = _run_info(config, plan, comparison, base=base, head=head, stopped=stopped, strict=settings.strict,
+                     burst_ms=burst_ms, wall_s=time.monotonic() - t0, problems=problems)
+    results = Results(records=comparison.records, meta=replace(head_meta, errors=tuple(faults.values()), mode=RunMode.AB,
+                                                               ab=info, lease=settings.lease or None))
+    path = results.write(config.results_path)
+    code = _exit_code(comparison, runs, failed=bool(head_failed or missing_base or cut),
+                      strict=settings.strict)
+    return ABRun(results=results, path=path, exit_code=code, comparison=comparison, pairs=tuple(runs),
+                 problems=tuple(problems), stopped=stopped, invalid=invalid)
+
+
+def _base_and_head(config: ABConfig, root: Path, say: Callable[[str], None]) -> tuple[BaseTree, str]:
+    """The base's worktree and the head's commit, said; the pairs an earlier run left are removed."""
+    try:
+        base = prepare_base(root, config.base, merge_base=config.merge_base, path=config.workdir / "base")
+        head = head_commit(root)
+    except GitError as exc:
+        raise UsageError(str(exc)) from None
+    say(f"perfbudget ab: base {base.commit[:12]} ({config.base}{', merge-base' if base.merge_base else ''}) "
+        f"vs head {head[:12]}{' (working tree)' if head.endswith('-dirty') else ''}")
+    for old in config.workdir.glob("pair-*"):
+        if old.is_dir():
+            shutil.rmtree(old)  # a pair left by an earlier run must not be read as this run's
+    return base, head
+
+
+def _settings(config: ABConfig, root: Path) -> Settings:
+    """The run's settings, resolved once as the sides' pytest would (its args' options and -o overrides
+    too); both sides get the burst length, the lease and the allocator, and the results keep them (a
+    calibration holds for a burst length)."""
+    try:
+        cli = {**pytest_cli(config.pytest_args), "burst_ms": config.burst_ms}
+        if config.strict:
+            cli["strict"] = True
+        return for_folder(root, cli=cli, overrides=pytest_overrides(config.pytest_args))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _run_info(config: ABConfig, plan: _Plan, comparison: Comparison, *, base: BaseTree, head: str,
+              stopped: StopReason, strict: bool, burst_ms: float, wall_s: float, problems: Sequence[str]) -> ABRunInfo:
+    """What the merged results say of the run (``meta.ab``)."""
+    runs, records = plan.runs, plan.records
+    return ABRunInfo(
         base_ref=config.base, base_commit=base.commit, merge_base=base.merge_base, head_commit=head,
-        pairs=len(runs), valid_pairs=len(records), invalid_pairs=invalid, min_pairs=config.min_pairs,
-        max_pairs=config.max_pairs, stopped=stopped, strict=settings.strict,
+        pairs=len(runs), valid_pairs=len(records), invalid_pairs=tuple(r.index for r in runs if r.invalid),
+        min_pairs=config.min_pairs, max_pairs=config.max_pairs, stopped=stopped, strict=strict,
         allow_missing_base=config.allow_missing_base, wall_s=round(wall_s, 3),
         cpus=tuple(sorted({c for r in runs for cs in r.cpus.values() for c in cs})), burst_ms=burst_ms,
         compared=sum(1 for r in comparison.records if r.vs_base is not None),
@@ -315,20 +337,21 @@ def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callabl
                      for p in records if p.clocks),
         policy=ABPolicyInfo(confidence=config.policy.confidence, prior_sd=dict(config.policy.prior_sd),
                             prior_df=config.policy.prior_df, family_alpha=config.policy.family_alpha,
-                            noise=tuple(sorted(t.where for t in policy.noise.values()))),
-        runs=tuple(r.as_dict() for r in runs), problems=tuple(problems)), lease=settings.lease or None))
-    path = results.write(config.results_path)
-    bad = any(r.outcome in (Outcome.FAIL, Outcome.ERROR) for r in comparison.records)
+                            noise=tuple(sorted(t.where for t in plan.policy.noise.values()))),
+        runs=tuple(r.as_dict() for r in runs), problems=tuple(problems))
+
+
+def _exit_code(comparison: Comparison, runs: Sequence[PairRun], *, failed: bool, strict: bool) -> ExitCode:
+    """What the run exits with: a usage error when the head's first pytest said so and nothing was
+    recorded; a failure for a failing or erroring check, ``failed`` (the head's pytest failed, the base
+    could not run, the selection was cut), no check at all, or an inconclusive check under ``strict``."""
     first_head = runs[0].sides["head"].returncode if runs else None
     if first_head == 4 and not comparison.records:
-        code = ExitCode.USAGE  # pytest's own usage error: the pytest args are wrong
-    elif bad or head_failed or missing_base or cut or not comparison.records or \
-            (settings.strict and comparison.inconclusive):
-        code = ExitCode.FAILED
-    else:
-        code = ExitCode.OK
-    return ABRun(results=results, path=path, exit_code=code, comparison=comparison, pairs=tuple(runs),
-                 problems=tuple(problems), stopped=stopped, invalid=invalid)
+        return ExitCode.USAGE  # pytest's own usage error: the pytest args are wrong
+    bad = any(r.outcome in (Outcome.FAIL, Outcome.ERROR) for r in comparison.records)
+    if bad or failed or not comparison.records or (strict and comparison.inconclusive):
+        return ExitCode.FAILED
+    return ExitCode.OK
 
 
 @dataclass(kw_only=True)
