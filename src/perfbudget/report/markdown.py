@@ -96,50 +96,37 @@ def markdown_report(results: Results | Iterable[Record], *, title: str = "perf b
         if len(failing) > _MAX_FAILING:
             lines += [f"… {len(failing) - _MAX_FAILING} more failing tests: every one is in the HTML report and "
                       "the results JSON.", ""]
-    stale = [r for r in records if r.outcome == Outcome.STALE]
-    if stale:
-        lines.append("### Stale budgets (better than budget beyond tolerance)")
-        lines.append("")
-        lines.append("The code got faster or leaner: ratchet them with `pytest perf_tests --update-budgets` "
-                     "or `perfbudget update results.json`.")
-        lines.append("")
-        lines.extend(md_table(["key", "metric", "budget", "measured", "change", "device"],
-                              ([md_text(r.key, code=True), md_text(r.metric, code=True), budget_text(r), fmt_value(r.value, r.unit),
-                                change_text(r), md_text(device_label(r))] for r in stale)))
-        lines.append("")
-    inconclusive = [r for r in records if r.outcome == Outcome.INCONCLUSIVE]
-    if inconclusive:
-        lines.append("### Inconclusive (the interval still straddles the tolerance after the last pair)")
-        lines.append("")
-        lines.append("Not a failure (a failure under `--perf-strict`): this run could not tell. The reason "
-                     "names the smallest change it could have resolved; more pairs (`--max-pairs`) narrow it.")
-        lines.append("")
-        lines.extend(md_table(["key", "metric", "head/base", "why", "test"],
-                              ([md_text(r.key, code=True), md_text(r.metric, code=True), base_cells(r)[1] if r.vs_base else "-", md_text(r.reason),
-                                md_text(r.nodeid, code=True)] for r in inconclusive)))
-        lines.append("")
-    advisory = [r for r in records if r.outcome == Outcome.ADVISORY]
-    if advisory:
-        lines.append("### Advisory (stored timing budgets on a machine not declared stable for them)")
-        lines.append("")
-        lines.append("Shown, never a failure: stored timing budgets gate only on a machine declared stable "
-                     "(`PERFBUDGET_STABLE_MACHINE`) with budgets keyed by its identity. Judge timing on this "
-                     "machine with `perfbudget ab --base <ref>`.")
-        lines.append("")
-        lines.extend(md_table(["would be", "key", "metric", "budget", "measured", "change", "device"],
-                              ([md_text(r.advice) or "-", md_text(r.key, code=True), md_text(r.metric, code=True), budget_text(r),
-                                fmt_value(r.value, r.unit), change_text(r), md_text(device_label(r))] for r in advisory)))
-        lines.append("")
-    unbudgeted = [r for r in records if r.outcome in _NOT_JUDGED]
-    if unbudgeted:
-        lines.append("### Unbudgeted, set aside (not judged), not measured or unmeasurable")
-        lines.append("")
-        lines.extend(md_table(["verdict", "key", "metric", "measured", "why", "test"],
-                              ([r.outcome, md_text(r.key, code=True), md_text(r.metric, code=True), fmt_value(r.value, r.unit),
-                                md_text(r.reason), md_text(r.nodeid, code=True)] for r in unbudgeted)))
-        lines.append("")
-    lines.append(f"<details><summary>All {len(records)} records</summary>")
-    lines.append("")
+    lines += _section("Stale budgets (better than budget beyond tolerance)",
+                      "The code got faster or leaner: ratchet them with `pytest perf_tests --update-budgets` or "
+                      "`perfbudget update results.json`.",
+                      ["key", "metric", "budget", "measured", "change", "device"],
+                      [[md_text(r.key, code=True), md_text(r.metric, code=True), budget_text(r), fmt_value(r.value, r.unit),
+                        change_text(r), md_text(device_label(r))] for r in records if r.outcome == Outcome.STALE])
+    lines += _section("Inconclusive (the interval still straddles the tolerance after the last pair)",
+                      "Not a failure (a failure under `--perf-strict`): this run could not tell. The reason names the "
+                      "smallest change it could have resolved; more pairs (`--max-pairs`) narrow it.",
+                      ["key", "metric", "head/base", "why", "test"],
+                      [[md_text(r.key, code=True), md_text(r.metric, code=True), base_cells(r)[1] if r.vs_base else "-",
+                        md_text(r.reason), md_text(r.nodeid, code=True)]
+                       for r in records if r.outcome == Outcome.INCONCLUSIVE])
+    lines += _section("Advisory (stored timing budgets on a machine not declared stable for them)",
+                      "Shown, never a failure: stored timing budgets gate only on a machine declared stable "
+                      "(`PERFBUDGET_STABLE_MACHINE`) with budgets keyed by its identity. Judge timing on this machine "
+                      "with `perfbudget ab --base <ref>`.",
+                      ["would be", "key", "metric", "budget", "measured", "change", "device"],
+                      [[md_text(r.advice) or "-", md_text(r.key, code=True), md_text(r.metric, code=True), budget_text(r),
+                        fmt_value(r.value, r.unit), change_text(r), md_text(device_label(r))]
+                       for r in records if r.outcome == Outcome.ADVISORY])
+    lines += _section("Unbudgeted, set aside (not judged), not measured or unmeasurable", "",
+                      ["verdict", "key", "metric", "measured", "why", "test"],
+                      [[r.outcome, md_text(r.key, code=True), md_text(r.metric, code=True), fmt_value(r.value, r.unit),
+                        md_text(r.reason), md_text(r.nodeid, code=True)] for r in records if r.outcome in _NOT_JUDGED])
+    lines += _all_records(records, vs_base=vs_base)
+    return _capped(lines)
+
+
+def _all_records(records: list[Record], *, vs_base: bool) -> list[str]:
+    """Every record in a folded table (the first :data:`_MARKDOWN_MAX_ROWS`)."""
     header = ["verdict", "key", "metric", "budget", "measured", "CI", "n", *(("base", "head/base") if vs_base else ()),
               "device"]
     rows = []
@@ -149,12 +136,16 @@ def markdown_report(results: Results | Iterable[Record], *, title: str = "perf b
         if vs_base:
             row += base_cells(r)[:2]
         rows.append([*row, md_text(device_label(r))])
-    lines.extend(md_table(header, rows))
-    if len(records) > _MARKDOWN_MAX_ROWS:
-        lines.append("")
-        lines.append(f"… {len(records) - _MARKDOWN_MAX_ROWS} more in the results JSON and the HTML report.")
-    lines.extend(["", "</details>", ""])
-    return _capped(lines)
+    more = len(records) - _MARKDOWN_MAX_ROWS
+    return [f"<details><summary>All {len(records)} records</summary>", "", *md_table(header, rows),
+            *(["", f"… {more} more in the results JSON and the HTML report."] if more > 0 else []), "", "</details>", ""]
+
+
+def _section(title: str, intro: str, header: list[str], rows: list[list[str]]) -> list[str]:
+    """A heading, its intro and its table, when it has rows (none: nothing)."""
+    if not rows:
+        return []
+    return [f"### {title}", "", *([intro, ""] if intro else []), *md_table(header, rows), ""]
 
 
 def _size(text: str) -> int:
