@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from .ab.calibration import register as register_calibrate
 from .ab.cli import register as register_ab
@@ -354,9 +354,23 @@ def build_parser() -> argparse.ArgumentParser:
         description="Render, merge and compare perfbudget results; show and update budgets.",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _results_commands(sub)
+    _budget_commands(sub)
+    register_ab(sub)  # perfbudget ab: the lockstep A/B run (its own module)
+    register_calibrate(sub)  # perfbudget calibrate: each check's A/B noise, beside the budgets
+    register_history(sub)  # perfbudget history: main's results kept, plotted, checked for drift
+    return p
 
-    r = sub.add_parser("report", help="render results JSON (several files are merged first)",
-                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_EPILOG)
+
+def _command(sub: Any, name: str, help: str) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = sub.add_parser(name, help=help, epilog=_EPILOG,
+                                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    return parser
+
+
+def _results_commands(sub: Any) -> None:
+    """report, merge, diff: what reads results files."""
+    r = _command(sub, "report", "render results JSON (several files are merged first)")
     r.add_argument("results", nargs="+", help="results JSON file(s) written by pytest (--perf-json)")
     r.add_argument("-f", "--format", choices=("terminal", "markdown", "html", "junit", "comment"),
                    default="terminal",
@@ -374,14 +388,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--exit-zero", action="store_true", help="exit 0 even when the results hold regressions")
     r.set_defaults(func=cmd_report)
 
-    m = sub.add_parser("merge", help="merge shard results (xdist workers, CI matrix jobs) into one file",
-                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_EPILOG)
+    m = _command(sub, "merge", "merge shard results (xdist workers, CI matrix jobs) into one file")
     m.add_argument("results", nargs="+", help="results JSON files to merge")
     m.add_argument("-o", "--output", required=True, help="merged results JSON to write")
     m.set_defaults(func=cmd_merge)
 
-    d = sub.add_parser("diff", help="compare two results files, operator by operator",
-                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_EPILOG)
+    d = _command(sub, "diff", "compare two results files, operator by operator")
     d.add_argument("base", help="reference results JSON (e.g. from the main branch)")
     d.add_argument("new", help="results JSON to judge")
     d.add_argument("--threshold", type=float, default=None,
@@ -391,8 +403,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("-f", "--format", choices=("text", "markdown"), default="text")
     d.set_defaults(func=cmd_diff)
 
-    s = sub.add_parser("show", help="the budgets that apply to this machine, and why",
-                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_EPILOG)
+
+def _budget_commands(sub: Any) -> None:
+    """show, update, accept, instructions: what reads or writes budgets, or measures for them."""
+    s = _command(sub, "show", "the budgets that apply to this machine, and why")
     s.add_argument("--budgets-dir", help=_BUDGETS_DIR_HELP)
     s.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="which device of this machine")
     s.add_argument("--threads", type=int, help="torch threads the CPU budgets assume (default: ini perfbudget_threads, "
@@ -404,8 +418,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print only the machine identity (what PERFBUDGET_STABLE_MACHINE and budget files name)")
     s.set_defaults(func=cmd_show)
 
-    u = sub.add_parser("update", help="write a results file's measured values into the budgets (ratchet)",
-                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_EPILOG)
+    u = _command(sub, "update", "write a results file's measured values into the budgets (ratchet)")
     u.add_argument("results", nargs="+", help="results JSON file(s)")
     u.add_argument("--budgets-dir", help=_BUDGETS_DIR_HELP)
     u.add_argument("--allow-loosen", action="store_true", help="also write values worse than the budget")
@@ -413,9 +426,8 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--trust-identity", action="store_true", help=_TRUST_HELP)
     u.set_defaults(func=cmd_update)
 
-    a = sub.add_parser("accept", help="accept a reviewed change: write budgets from a run's own "
-                                      "results, with the reason and the commit in provenance",
-                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_EPILOG)
+    a = _command(sub, "accept", "accept a reviewed change: write budgets from a run's own "
+                                      "results, with the reason and the commit in provenance")
     a.add_argument("results", nargs="+",
                    help="results JSON file(s) of the run that made the change (a pull request's "
                         "A/B results)")
@@ -428,17 +440,12 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--dry-run", action="store_true", help="print the diff, write nothing")
     a.add_argument("--trust-identity", action="store_true", help=_TRUST_HELP)
     a.set_defaults(func=cmd_accept)
-    i = sub.add_parser("instructions", help="run pytest under callgrind, so perf instruction counts are measured",
-                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_EPILOG)
+    i = _command(sub, "instructions", "run pytest under callgrind, so perf instruction counts are measured")
     i.add_argument("--out", default=".perfbudget/instructions",
                    help="folder for callgrind dumps, valgrind logs and the results JSON "
                         "(default: .perfbudget/instructions)")
     i.add_argument("pytest_args", nargs="*", metavar="-- PYTEST_ARGS", help="arguments for pytest")
     i.set_defaults(func=cmd_instructions)
-    register_ab(sub)  # perfbudget ab: the lockstep A/B run (its own module)
-    register_calibrate(sub)  # perfbudget calibrate: each check's A/B noise, beside the budgets
-    register_history(sub)  # perfbudget history: main's results kept, plotted, checked for drift
-    return p
 
 
 def main(argv: Iterable[str] | None = None, *, out: TextIO | None = None) -> int:
