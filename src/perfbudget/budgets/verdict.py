@@ -178,94 +178,78 @@ def _decide_stat(
     policy: VerdictPolicy,
 ) -> Verdict:
     q = info.quantile
-
-    def summary(data: list[float]) -> tuple[float, tuple[float, float], float]:
-        """The quantile, its interval and the interval's coverage."""
-        lo, hi, coverage = stats.quantile_ci(data, q, policy.confidence)
-        return stats.quantile(data, q), (lo, hi), coverage
-
-    def short() -> str:
-        """Why a sample set's interval is no interval at the confidence asked (a high quantile of few samples)."""
-        return (f"; {len(xs)} samples give the interval of the {q:g} quantile only {coverage:.0%} coverage"
-                if q != 0.5 and coverage < policy.confidence else "")
-
-    med, ci, coverage = summary(xs)
-    v = base.with_(value=med, ci=ci, n=len(xs), cv=stats.cv(xs), samples=tuple(xs), confidence=policy.confidence)
+    v = _summarised(base, xs, q, policy)
     if budget is None:
         return v.with_(outcome=Outcome.UNBUDGETED, reason="no budget for this metric on this device")
     limits = _limits(info, budget)
-    bad = limits.bad
-    v = v.with_(limit=bad)
+    v = v.with_(limit=limits.bad)
     rounds = 1
-    while True:
-        extra = more is not None and rounds <= policy.max_extra_rounds
-        state = classify(ci[0], ci[1], limits, final=not extra)
-        if state in ("pass", "stale") and q != 0.5 and coverage < policy.confidence:
-            # All samples below the limit say little of a tail quantile when they are few (p90: 10 of them are
-            # all below it 35 % of the time): as a straddle, more samples, then the point estimate. (A median of
-            # few rounds, e.g. the lease's 3, is a choice of its owner, which says so.)
-            state = "undecided" if extra else "inconclusive"
-        if state == "fail":
-            # Entirely worse: confirm with an independent measurement before failing.
-            if policy.confirm and more is not None:
-                fresh = list(more())
-                problem = _check_finite(fresh)
-                if problem:
-                    return v.with_(outcome=Outcome.ERROR, reason=f"confirmation: {problem}", rounds=rounds + 1)
-                fmed, fci, _ = summary(fresh)
-                all_xs = xs + fresh
-                agreed = limits.worse(fmed)
-                v = v.with_(
-                    rounds=rounds + 1, samples=tuple(all_xs), n=len(all_xs), cv=stats.cv(all_xs),
-                    confirmed=agreed,
-                )
-                if not agreed:
-                    return v.with_(
-                        outcome=Outcome.PASS,
-                        reason=(
-                            f"first median {med:.4g} was beyond the limit {bad:.4g} but the confirmation "
-                            f"median {fmed:.4g} (CI {fci[0]:.4g}-{fci[1]:.4g}) was not"
-                        ),
-                    )
-                return v.with_(
-                    outcome=Outcome.FAIL,
-                    reason=(
-                        f"median {med:.4g} with CI {ci[0]:.4g}-{ci[1]:.4g} is entirely beyond the limit "
-                        f"{bad:.4g}; confirmed by a fresh median of {fmed:.4g}"
-                    ),
-                )
-            return v.with_(
-                outcome=Outcome.FAIL, rounds=rounds,
-                reason=f"median {med:.4g} with CI {ci[0]:.4g}-{ci[1]:.4g} is entirely beyond the limit {bad:.4g}",
-            )
-        if state == "stale":
-            return v.with_(
-                outcome=Outcome.STALE, rounds=rounds,
-                reason=f"CI {ci[0]:.4g}-{ci[1]:.4g} beats the budget {budget.value:.4g} beyond its tolerance",
-            )
-        if state == "pass":
-            return v.with_(outcome=Outcome.PASS, rounds=rounds, reason="CI within budget")
-        if state == "undecided":
-            # The CI straddles the limit: measure more, bounded, then decide on the point estimate.
-            assert more is not None
-            fresh = list(more())
-            problem = _check_finite(fresh)
-            if problem:
-                return v.with_(outcome=Outcome.ERROR, reason=f"extra round: {problem}", rounds=rounds + 1)
-            xs = xs + fresh
-            rounds += 1
-            med, ci, coverage = summary(xs)
-            v = v.with_(value=med, ci=ci, n=len(xs), cv=stats.cv(xs), samples=tuple(xs), rounds=rounds)
-            continue
-        if limits.worse(med):
-            return v.with_(
-                outcome=Outcome.FAIL, rounds=rounds,
-                reason=(
-                    f"CI {ci[0]:.4g}-{ci[1]:.4g} straddles the limit {bad:.4g} after {rounds} round(s); "
-                    f"the median {med:.4g} is beyond it{short()}"
-                ),
-            )
-        return v.with_(
-            outcome=Outcome.PASS, rounds=rounds,
-            reason=f"CI straddles the limit {bad:.4g} after {rounds} round(s); the median {med:.4g} is within it{short()}",
-        )
+    while (state := _state(v, limits, q, policy, final=more is None or rounds > policy.max_extra_rounds)) == "undecided":
+        # The CI straddles the limit: measure more, bounded, then decide on the point estimate.
+        assert more is not None
+        fresh = list(more())
+        problem = _check_finite(fresh)
+        if problem:
+            return v.with_(outcome=Outcome.ERROR, reason=f"extra round: {problem}", rounds=rounds + 1)
+        rounds += 1
+        v = _summarised(v, [*v.samples, *fresh], q, policy).with_(rounds=rounds)
+    assert v.value is not None and v.ci is not None
+    med, (lo, hi), bad = v.value, v.ci, limits.bad
+    if state == "fail" and policy.confirm and more is not None:
+        return _confirmed(v.with_(rounds=rounds), limits, more, q, policy)
+    if state == "fail":
+        return v.with_(outcome=Outcome.FAIL, rounds=rounds,
+                       reason=f"median {med:.4g} with CI {lo:.4g}-{hi:.4g} is entirely beyond the limit {bad:.4g}")
+    if state == "stale":
+        return v.with_(outcome=Outcome.STALE, rounds=rounds,
+                       reason=f"CI {lo:.4g}-{hi:.4g} beats the budget {budget.value:.4g} beyond its tolerance")
+    if state == "pass":
+        return v.with_(outcome=Outcome.PASS, rounds=rounds, reason="CI within budget")
+    coverage = stats.quantile_ci(v.samples, q, policy.confidence)[2]
+    short = (f"; {len(v.samples)} samples give the interval of the {q:g} quantile only {coverage:.0%} coverage"
+             if q != 0.5 and coverage < policy.confidence else "")
+    if limits.worse(med):
+        return v.with_(outcome=Outcome.FAIL, rounds=rounds,
+                       reason=f"CI {lo:.4g}-{hi:.4g} straddles the limit {bad:.4g} after {rounds} round(s); "
+                              f"the median {med:.4g} is beyond it{short}")
+    return v.with_(outcome=Outcome.PASS, rounds=rounds,
+                   reason=f"CI straddles the limit {bad:.4g} after {rounds} round(s); the median {med:.4g} is within it{short}")
+
+
+def _summarised(v: Verdict, xs: list[float], q: float, policy: VerdictPolicy) -> Verdict:
+    """``v`` holding the samples ``xs``: their quantile ``q`` and its distribution-free interval."""
+    lo, hi, _ = stats.quantile_ci(xs, q, policy.confidence)
+    return v.with_(value=stats.quantile(xs, q), ci=(lo, hi), n=len(xs), cv=stats.cv(xs), samples=tuple(xs),
+                   confidence=policy.confidence)
+
+
+def _state(v: Verdict, limits: Limits, q: float, policy: VerdictPolicy, *, final: bool) -> str:
+    """Where the interval of ``v`` lies against ``limits`` (:func:`classify`)."""
+    assert v.ci is not None
+    state = classify(v.ci[0], v.ci[1], limits, final=final)
+    if state in ("pass", "stale") and q != 0.5 and stats.quantile_ci(v.samples, q, policy.confidence)[2] < policy.confidence:
+        # All samples below the limit say little of a tail quantile when they are few (p90: 10 of them are
+        # all below it 35 % of the time): as a straddle, more samples, then the point estimate. (A median of
+        # few rounds, e.g. the lease's 3, is a choice of its owner, which says so.)
+        return "inconclusive" if final else "undecided"
+    return state
+
+
+def _confirmed(v: Verdict, limits: Limits, more: More, q: float, policy: VerdictPolicy) -> Verdict:
+    """A failure confirmed, or not, by an independent measurement before it fails."""
+    assert v.value is not None and v.ci is not None
+    fresh = list(more())
+    problem = _check_finite(fresh)
+    if problem:
+        return v.with_(outcome=Outcome.ERROR, reason=f"confirmation: {problem}", rounds=v.rounds + 1)
+    fmed = stats.quantile(fresh, q)
+    flo, fhi, _ = stats.quantile_ci(fresh, q, policy.confidence)
+    all_xs = [*v.samples, *fresh]
+    agreed = limits.worse(fmed)
+    (lo, hi), med, bad = v.ci, v.value, limits.bad
+    v = v.with_(rounds=v.rounds + 1, samples=tuple(all_xs), n=len(all_xs), cv=stats.cv(all_xs), confirmed=agreed)
+    if not agreed:
+        return v.with_(outcome=Outcome.PASS, reason=f"first median {med:.4g} was beyond the limit {bad:.4g} but the "
+                                                    f"confirmation median {fmed:.4g} (CI {flo:.4g}-{fhi:.4g}) was not")
+    return v.with_(outcome=Outcome.FAIL, reason=f"median {med:.4g} with CI {lo:.4g}-{hi:.4g} is entirely beyond the "
+                                                f"limit {bad:.4g}; confirmed by a fresh median of {fmed:.4g}")
