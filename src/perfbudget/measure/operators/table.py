@@ -487,30 +487,9 @@ def _is_step_marker(name: str) -> bool:
 _RUNTIME_PREFIXES = ("cuda", "cu", "hip")
 
 
-def table_from_events(
-    events: Iterable[Any],
-    *,
-    steps: int,
-    device: DeviceType = "cpu",
-    flop_count: FlopCount | None = None,
-    peaks: DevicePeaks | None = None,
-    trace_path: str | None = None,
-) -> OpTable:
-    """Aggregate profiler ``FunctionEvent``s into an :class:`OpTable` (per-step averages).
-
-    Args:
-        events: ``prof.events()`` of a profile covering ``steps`` steps.
-        steps: number of steps the events cover.
-        device: ``"cuda"`` takes self device time as ``self_ms``, ``"cpu"`` self CPU time.
-        flop_count: FlopCounterMode count of one step; fills FLOPs the profiler lacks.
-        peaks: device ceilings for the roofline class; ``None`` leaves it ``"unknown"``.
-        trace_path: recorded on the table.
-
-    Returns:
-        The table.
-    """
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps!r}")
+def _per_op(events: Iterable[Any], device: DeviceType) -> dict[str, dict[str, Any]]:
+    """Each operator's sums over the profile's host events: calls, self and total time (us), self CPU
+    time, FLOPs, bytes, its first dtype, and self time by input shapes."""
     # torch's own enum of where an event ran, not this package's DeviceType.
     from torch.autograd import DeviceType as EventDevice
 
@@ -518,19 +497,8 @@ def table_from_events(
     for e in events:
         if getattr(e, "device_type", EventDevice.CPU) != EventDevice.CPU or _is_step_marker(e.name):
             continue
-        a = acc.setdefault(
-            e.name,
-            {
-                "calls": 0,
-                "self": 0.0,
-                "total": 0.0,
-                "self_cpu": 0.0,
-                "flops": 0.0,
-                "bytes": 0.0,
-                "dtype": None,
-                "shapes": {},
-            },
-        )
+        a = acc.setdefault(e.name, {"calls": 0, "self": 0.0, "total": 0.0, "self_cpu": 0.0, "flops": 0.0,
+                                    "bytes": 0.0, "dtype": None, "shapes": {}})
         self_cpu = float(read_event_field(e, "self_cpu_time_total"))
         if device == "cuda":
             self_t = float(read_event_field(e, "self_device_time_total"))
@@ -561,7 +529,12 @@ def table_from_events(
                     a["dtype"] = dt
         key = tuple(tuple(int(d) for d in s) for s in shapes)
         a["shapes"][key] = a["shapes"].get(key, 0.0) + self_t
+    return acc
 
+
+def _rows(acc: dict[str, dict[str, Any]], *, steps: int, flop_count: FlopCount | None,
+          peaks: DevicePeaks | None) -> list[OpRow]:
+    """Per-step rows of :func:`_per_op`'s sums, slowest first; FLOPs the profiler lacks from ``flop_count``."""
     counter_by_op = dict(flop_count.by_op) if flop_count is not None else {}
     total_self = math.fsum(a["self"] for a in acc.values()) / 1e3 / steps
     rows = []
@@ -592,6 +565,34 @@ def table_from_events(
             )
         )
     rows.sort(key=lambda r: (r.self_ms, r.name), reverse=True)
+    return rows
+
+
+def table_from_events(
+    events: Iterable[Any],
+    *,
+    steps: int,
+    device: DeviceType = "cpu",
+    flop_count: FlopCount | None = None,
+    peaks: DevicePeaks | None = None,
+    trace_path: str | None = None,
+) -> OpTable:
+    """Aggregate profiler ``FunctionEvent``s into an :class:`OpTable` (per-step averages).
+
+    Args:
+        events: ``prof.events()`` of a profile covering ``steps`` steps.
+        steps: number of steps the events cover.
+        device: ``"cuda"`` takes self device time as ``self_ms``, ``"cpu"`` self CPU time.
+        flop_count: FlopCounterMode count of one step; fills FLOPs the profiler lacks.
+        peaks: device ceilings for the roofline class; ``None`` leaves it ``"unknown"``.
+        trace_path: recorded on the table.
+
+    Returns:
+        The table.
+    """
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps!r}")
+    rows = _rows(_per_op(events, device), steps=steps, flop_count=flop_count, peaks=peaks)
     return OpTable(
         rows=tuple(rows),
         steps=steps,
