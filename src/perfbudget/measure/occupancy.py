@@ -152,6 +152,46 @@ class TheoreticalOccupancy:
     ``active_blocks_per_sm``."""
 
 
+def _check_launch(a: GpuArch, threads_per_block: int, registers_per_thread: int, shared_mem_per_block_bytes: int,
+                  grid_blocks: int | None, num_sms: int | None) -> None:
+    """Refuse a configuration that cannot launch on ``a``, naming the value and its bounds."""
+    if grid_blocks is not None and (num_sms is None or num_sms < 1 or grid_blocks < 1):
+        raise ValueError(
+            f"grid_blocks needs num_sms, both >= 1; got grid_blocks={grid_blocks}, num_sms={num_sms}"
+        )
+    if not 1 <= threads_per_block <= a.max_threads_per_block:
+        raise ValueError(
+            f"threads_per_block must be in [1, {a.max_threads_per_block}], got {threads_per_block}"
+        )
+    if not 0 <= registers_per_thread <= a.max_registers_per_thread:
+        raise ValueError(
+            f"registers_per_thread must be in [0, {a.max_registers_per_thread}], got {registers_per_thread}"
+        )
+    if not 0 <= shared_mem_per_block_bytes <= a.max_smem_per_block_bytes:
+        raise ValueError(
+            f"shared_mem_per_block_bytes must be in [0, {a.max_smem_per_block_bytes}] on {a.name}, "
+            f"got {shared_mem_per_block_bytes}"
+        )
+
+
+def _blocks_by_registers(a: GpuArch, registers_per_thread: int, warps_per_block: int) -> int:
+    """Blocks per SM the register file allows (no cap from registers when they are not known: 0)."""
+    if registers_per_thread > 0:
+        regs_per_warp = _round_up(registers_per_thread * a.warp_size, a.register_alloc_unit)
+        # The hardware checks a block's registers as if its warps filled every sub-partition alike
+        # (cuda_occupancy.h, cudaOccMaxBlocksPerSMRegsLimit).
+        regs_per_block = regs_per_warp * _round_up(warps_per_block, a.sub_partitions)
+        if regs_per_block > a.max_registers_per_block:
+            raise ValueError(
+                f"{regs_per_block} registers per block exceed {a.max_registers_per_block} on {a.name}: "
+                f"the launch would fail"
+            )
+        # Registers are allocated within each sub-partition: whole warps per sub-partition, then blocks.
+        warps_by_regs = (a.registers_per_sm // a.sub_partitions) // regs_per_warp * a.sub_partitions
+        return warps_by_regs // warps_per_block
+    return a.max_blocks_per_sm
+
+
 def theoretical_occupancy(
     *,
     threads_per_block: int,
@@ -196,42 +236,12 @@ def theoretical_occupancy(
             memory per block), or ``grid_blocks`` comes without ``num_sms``.
     """
     a = _resolve_arch(arch)
-    if grid_blocks is not None and (num_sms is None or num_sms < 1 or grid_blocks < 1):
-        raise ValueError(
-            f"grid_blocks needs num_sms, both >= 1; got grid_blocks={grid_blocks}, num_sms={num_sms}"
-        )
-    if not 1 <= threads_per_block <= a.max_threads_per_block:
-        raise ValueError(
-            f"threads_per_block must be in [1, {a.max_threads_per_block}], got {threads_per_block}"
-        )
-    if not 0 <= registers_per_thread <= a.max_registers_per_thread:
-        raise ValueError(
-            f"registers_per_thread must be in [0, {a.max_registers_per_thread}], got {registers_per_thread}"
-        )
-    if not 0 <= shared_mem_per_block_bytes <= a.max_smem_per_block_bytes:
-        raise ValueError(
-            f"shared_mem_per_block_bytes must be in [0, {a.max_smem_per_block_bytes}] on {a.name}, "
-            f"got {shared_mem_per_block_bytes}"
-        )
+    _check_launch(a, threads_per_block, registers_per_thread, shared_mem_per_block_bytes, grid_blocks, num_sms)
     smem_sm = a.smem_per_sm_bytes if smem_per_sm_bytes is None else smem_per_sm_bytes
     warps_per_block = -(-threads_per_block // a.warp_size)
 
     by_warps = a.max_warps_per_sm // warps_per_block
-    if registers_per_thread > 0:
-        regs_per_warp = _round_up(registers_per_thread * a.warp_size, a.register_alloc_unit)
-        # The hardware checks a block's registers as if its warps filled every sub-partition alike
-        # (cuda_occupancy.h, cudaOccMaxBlocksPerSMRegsLimit).
-        regs_per_block = regs_per_warp * _round_up(warps_per_block, a.sub_partitions)
-        if regs_per_block > a.max_registers_per_block:
-            raise ValueError(
-                f"{regs_per_block} registers per block exceed {a.max_registers_per_block} on {a.name}: "
-                f"the launch would fail"
-            )
-        # Registers are allocated within each sub-partition: whole warps per sub-partition, then blocks.
-        warps_by_regs = (a.registers_per_sm // a.sub_partitions) // regs_per_warp * a.sub_partitions
-        by_regs = warps_by_regs // warps_per_block
-    else:
-        by_regs = a.max_blocks_per_sm
+    by_regs = _blocks_by_registers(a, registers_per_thread, warps_per_block)
     smem_block = _round_up(shared_mem_per_block_bytes, a.smem_alloc_unit_bytes)
     smem_block += a.smem_reserved_per_block_bytes
     by_smem = smem_sm // smem_block
