@@ -591,6 +591,34 @@ def _kernel_occupancy(
         return _UNLAUNCHABLE
 
 
+def _each_kernel(records: Sequence[KernelRecord], devices: Mapping[int, TraceDevice], fallback: GpuArch | None,
+                 num_sms: int | None) -> tuple[list[tuple[KernelRecord, float]], dict[str, list[float]]]:
+    """Each kernel's occupancy on the device it ran on (else ``fallback``), or why it has none: the
+    kernels left out, as ``{why: [count, microseconds]}``."""
+    computed: list[tuple[KernelRecord, float]] = []
+    left_out: dict[str, list[float]] = {}
+    for k in records:
+        dev = devices.get(k.device) if k.device is not None else None
+        if dev is None and k.device is None and len(devices) == 1:
+            dev = next(iter(devices.values()))
+        got: TheoreticalOccupancy | str
+        if dev is not None and dev.arch is not None:
+            got = _kernel_occupancy(k, dev.arch, dev.num_sms)
+        elif dev is not None:
+            got = dev.unknown_reason or _NO_DEVICE
+        elif fallback is not None:
+            got = _kernel_occupancy(k, fallback, num_sms)
+        else:
+            got = _NO_DEVICE
+        if isinstance(got, str):
+            acc = left_out.setdefault(got, [0, 0.0])
+            acc[0] += 1
+            acc[1] += k.duration_us
+        else:
+            computed.append((k, got.occupancy))
+    return computed, left_out
+
+
 def achieved_occupancy(
     trace: str | os.PathLike[str] | Mapping[str, Any] | Any | Sequence[KernelRecord],
     *,
@@ -634,28 +662,7 @@ def achieved_occupancy(
     if num_sms is not None and num_sms < 1:
         raise ValueError(f"num_sms must be >= 1, got {num_sms}")
 
-    computed: list[tuple[KernelRecord, float]] = []
-    left_out: dict[str, list[float]] = {}
-    for k in records:
-        dev = devices.get(k.device) if k.device is not None else None
-        if dev is None and k.device is None and len(devices) == 1:
-            dev = next(iter(devices.values()))
-        got: TheoreticalOccupancy | str
-        if dev is not None and dev.arch is not None:
-            got = _kernel_occupancy(k, dev.arch, dev.num_sms)
-        elif dev is not None:
-            got = dev.unknown_reason or _NO_DEVICE
-        elif fallback is not None:
-            got = _kernel_occupancy(k, fallback, num_sms)
-        else:
-            got = _NO_DEVICE
-        if isinstance(got, str):
-            acc = left_out.setdefault(got, [0, 0.0])
-            acc[0] += 1
-            acc[1] += k.duration_us
-        else:
-            computed.append((k, got.occupancy))
-
+    computed, left_out = _each_kernel(records, devices, fallback, num_sms)
     computed_time = math.fsum(k.duration_us for k, _ in computed if k.duration_us > 0)
     weighted = (
         math.fsum(k.duration_us * occ for k, occ in computed if k.duration_us > 0) / computed_time
