@@ -110,6 +110,21 @@ class GradReport:
         ]
 
 
+def _read_step(seen: Sequence[tuple[str, Any, Any, Any]], *, step: int) -> tuple[dict[str, float], list[NonFiniteGrad]]:
+    """One step's gradient norms by parameter (the last accumulation's) and its non-finite gradients,
+    in the order backward produced them."""
+    norms: dict[str, float] = {}
+    flagged: dict[str, tuple[bool, bool]] = {}  # insertion order: backward's
+    for name, norm, has_nan, has_inf in seen:
+        norms[name] = float(norm)
+        prev = flagged.get(name, (False, False))
+        flagged[name] = (prev[0] or bool(has_nan), prev[1] or bool(has_inf))
+    kinds: dict[tuple[bool, bool], Literal["nan", "inf", "nan+inf"]] = {
+        (True, True): "nan+inf", (True, False): "nan", (False, True): "inf"}
+    return norms, [NonFiniteGrad(step=step, parameter=name, layer=_layer_of(name), kind=kinds[flags])
+                   for name, flags in flagged.items() if any(flags)]
+
+
 def check_grads(
     step: Callable[[], Any],
     model: torch.nn.Module,
@@ -146,22 +161,13 @@ def check_grads(
     def make_hook(name: str) -> Callable[[Any], None]:
         def hook(p: Any) -> None:
             g = p.grad.detach()
-            seen.append(
-                (
-                    name,
-                    torch.linalg.vector_norm(g, dtype=torch.float32),
-                    torch.isnan(g).any(),
-                    torch.isinf(g).any(),
-                )
-            )
+            seen.append((name, torch.linalg.vector_norm(g, dtype=torch.float32), torch.isnan(g).any(),
+                         torch.isinf(g).any()))
 
         return hook
 
-    handles = [
-        p.register_post_accumulate_grad_hook(make_hook(name))
-        for name, p in model.named_parameters()
-        if p.requires_grad
-    ]
+    handles = [p.register_post_accumulate_grad_hook(make_hook(name))
+               for name, p in model.named_parameters() if p.requires_grad]
     norms_per_step: list[Mapping[str, float]] = []
     bad: list[NonFiniteGrad] = []
     ran = 0
@@ -170,26 +176,8 @@ def check_grads(
             seen.clear()
             step()
             ran += 1
-            norms: dict[str, float] = {}
-            flagged: dict[str, tuple[bool, bool]] = {}
-            order: list[str] = []
-            for name, norm, has_nan, has_inf in seen:
-                norms[name] = float(norm)
-                prev = flagged.get(name, (False, False))
-                flagged[name] = (prev[0] or bool(has_nan), prev[1] or bool(has_inf))
-                if name not in order:
-                    order.append(name)
+            norms, step_bad = _read_step(seen, step=i)
             norms_per_step.append(_group(norms, by))
-            step_bad = []
-            for name in order:
-                has_nan, has_inf = flagged[name]
-                if has_nan or has_inf:
-                    kind: Literal["nan", "inf", "nan+inf"] = (
-                        "nan+inf" if has_nan and has_inf else ("nan" if has_nan else "inf")
-                    )
-                    step_bad.append(
-                        NonFiniteGrad(step=i, parameter=name, layer=_layer_of(name), kind=kind)
-                    )
             bad.extend(step_bad)
             if step_bad and stop_at_first:
                 break
