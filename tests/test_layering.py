@@ -197,3 +197,16 @@ def test_importing_the_instrument_loads_no_pytest() -> None:
             "('pytest', '_pytest')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+#: The longest a function of the instrument may be, docstring included: one decision or one step of a procedure.
+MAX_FUNCTION_LINES = 80
+
+
+def test_no_function_of_the_instrument_is_longer_than_one_step() -> None:
+    long = [f"{path.relative_to(SRC)}::{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+            for path in sorted((SRC / ROOT).rglob("*.py"))
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno is not None
+            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+    assert not long, f"split by meaning: {long}"

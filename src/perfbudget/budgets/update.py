@@ -401,21 +401,7 @@ def apply_updates(
         report.errors.extend(budgets.file_errors)
         return report
     date = date or _dt.date.today().isoformat()
-    per_file: dict[Path, tuple[dict[str, Any], list[Measured]]] = {}
-    for m in measured:
-        try:
-            path, selector = _target(m, budgets)
-        except BudgetError as exc:
-            report.errors.append(exc)
-            continue
-        keyed = _keyed_by(path, selector, budgets)
-        if trusted is not None and keyed is not None and m.device.identity not in trusted:
-            report.changes.append(Change(
-                path=path, key=m.key, metric=m.metric, action="refused", old=None, new=m.value,
-                why=f"the results claim {keyed}, which a results file cannot prove: write it on that machine, "
-                    "or trust the claim (--trust-identity)"))
-            continue
-        per_file.setdefault(path, (selector, []))[1].append(m)
+    per_file = _by_file(measured, budgets, report, trusted=trusted)
     if not per_file:
         return report
     root = budgets.root
@@ -442,6 +428,28 @@ def apply_updates(
             "(pytest --perf-commit SHA, for a tree copied without .git) and no CI commit variable "
             "(GITHUB_SHA on GitHub Actions, CI_COMMIT_SHA on GitLab CI)")
     return report
+
+
+def _by_file(measured: Iterable[Measured], budgets: BudgetSet, report: UpdateReport, *,
+             trusted: Collection[str] | None) -> dict[Path, tuple[dict[str, Any], list[Measured]]]:
+    """The values to write, by the file they go to (with its selector); a value with no file, or whose
+    file is keyed by an identity not ``trusted``, goes to ``report`` instead."""
+    per_file: dict[Path, tuple[dict[str, Any], list[Measured]]] = {}
+    for m in measured:
+        try:
+            path, selector = _target(m, budgets)
+        except BudgetError as exc:
+            report.errors.append(exc)
+            continue
+        keyed = _keyed_by(path, selector, budgets)
+        if trusted is not None and keyed is not None and m.device.identity not in trusted:
+            report.changes.append(Change(
+                path=path, key=m.key, metric=m.metric, action="refused", old=None, new=m.value,
+                why=f"the results claim {keyed}, which a results file cannot prove: write it on that machine, "
+                    "or trust the claim (--trust-identity)"))
+            continue
+        per_file.setdefault(path, (selector, []))[1].append(m)
+    return per_file
 
 
 def _update_file(

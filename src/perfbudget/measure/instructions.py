@@ -470,19 +470,13 @@ _NAME_KEYS = ("ob", "fl", "fi", "fe", "fn", "cob", "cfi", "cfl", "cfn")
 
 
 def read_dump(path: str | Path, *, functions: bool = True) -> CallgrindDump:
-    """Parse a callgrind output file (its own format, name compression included).
-
-    Args:
-        path: the dump.
-        functions: also sum self and inclusive Ir per function (slower for large dumps).
-    """
+    """Parse the callgrind output file ``path`` (its own format, name compression included); with
+    ``functions``, also sum self and inclusive Ir per function (slower for large dumps)."""
     path = Path(path)
     names: dict[tuple[str, str], str] = {}  # (kind, id) -> name; ob/cob share ids, fn/cfn share ids
     events: list[str] = ["Ir"]
-    ir_index = 0
-    positions = 1
+    ir_index, positions, trigger = 0, 1, ""
     total: int | None = None
-    trigger = ""
     selfs: dict[str, int] = {}
     calls: dict[str, int] = {}
     ob = fn = cfn = ""

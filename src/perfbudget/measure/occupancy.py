@@ -245,12 +245,8 @@ def theoretical_occupancy(
     smem_block = _round_up(shared_mem_per_block_bytes, a.smem_alloc_unit_bytes)
     smem_block += a.smem_reserved_per_block_bytes
     by_smem = smem_sm // smem_block
-    ordered: list[tuple[Limiter, int]] = [
-        ("warps", by_warps),
-        ("registers", by_regs),
-        ("shared_memory", by_smem),
-        ("blocks", a.max_blocks_per_sm),
-    ]
+    ordered: list[tuple[Limiter, int]] = [("warps", by_warps), ("registers", by_regs), ("shared_memory", by_smem),
+                                          ("blocks", a.max_blocks_per_sm)]
     resource_blocks = min(v for _, v in ordered)
     limiter: Limiter = next(k for k, v in ordered if v == resource_blocks)
     mean_blocks: float = resource_blocks

@@ -199,22 +199,14 @@ def bench(
     if device == "cpu" and (flush_l2 or cuda_graph):
         raise ValueError("flush_l2 and cuda_graph need device='cuda'")
     if flush_l2 and cuda_graph:
-        raise ValueError(
-            "flush_l2 cannot be combined with cuda_graph (the flush would be replayed)"
-        )
+        raise ValueError("flush_l2 cannot be combined with cuda_graph (the flush would be replayed)")
     if device != "cpu" and (min_sample_ms or setup is not None):
         raise ValueError("min_sample_ms and setup need device='cpu'")
     if setup is not None and min_sample_ms:
         raise ValueError("setup runs before every call, so calls cannot be batched: pass min_sample_ms=0")
 
-    common = dict(
-        warmup_ms=warmup_ms,
-        min_samples=min_samples,
-        max_ms=max_ms,
-        threads=threads,
-        min_warmup_calls=min_warmup_calls,
-        max_samples=max_samples,
-    )
+    common = dict(warmup_ms=warmup_ms, min_samples=min_samples, max_ms=max_ms, threads=threads,
+                  min_warmup_calls=min_warmup_calls, max_samples=max_samples)
     with pinned_threads(threads):
         if device == "cpu":
             return _bench_cpu(fn, min_sample_ms=min_sample_ms, setup=setup, **common)  # type: ignore[arg-type]
