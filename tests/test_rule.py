@@ -101,3 +101,20 @@ def test_stored_and_ab_verdicts_reach_the_same_state_on_the_same_interval() -> N
         rv = judge_ratios([value] * 3, tolerance=0.05, direction="lower", prior_sd=1e-6, prior_df=100)
         assert (v.outcome, rv.state) == (stored, ab)
         assert rv.improved == (stored == "stale")
+
+
+def test_a_metric_this_version_does_not_know_is_held_to_timings_tolerance_or_its_budgets() -> None:
+    from types import SimpleNamespace
+
+    from perfbudget.rule import tolerance_for
+
+    unknown = tolerance_for(None)
+    assert unknown.value == 0.05 and unknown.source == "default for an unknown metric (timing's)"
+    assert tolerance_for(None, SimpleNamespace(tolerance=0.2, ab_tolerance=None)).value == 0.2  # type: ignore[arg-type]
+
+
+def test_beyond_a_limit_takes_floating_points_last_digits_as_equal() -> None:
+    from perfbudget.rule import beyond
+
+    assert not beyond(10.0 * (1 + 1e-12), 10.0, "lower") and beyond(10.01, 10.0, "lower")
+    assert not beyond(10.0 * (1 - 1e-12), 10.0, "higher") and beyond(9.99, 10.0, "higher")

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from .fileio import shown_path
-from .metrics import OP_TIMED_FAMILIES, Direction, Metric, family_of
+from .metrics import DEFAULT_TOLERANCE, OP_TIMED_FAMILIES, Direction, Metric, family_of
 
-__all__ = ["EXACT_EPS", "Limits", "State", "Tolerance", "classify", "family_confidence", "tolerance_for",
+__all__ = ["EXACT_EPS", "Limits", "State", "Tolerance", "beyond", "classify", "family_confidence", "tolerance_for",
            "with_evidence"]
 
 State = Literal["pass", "stale", "fail", "undecided", "inconclusive", "beyond reach"]
@@ -55,15 +55,20 @@ class Limits:
         return cls(reference * (1 - tolerance), reference * (1 + tolerance), direction)
 
     def worse(self, x: float) -> bool:
-        """Beyond the bad limit (by more than floating point's last digits)."""
-        slack = EXACT_EPS * max(abs(self.bad), 1e-12)
-        return x > self.bad + slack if self.direction == "lower" else x < self.bad - slack
+        """Beyond the bad limit (:func:`beyond`)."""
+        return beyond(x, self.bad, self.direction)
 
     def better(self, x: float) -> bool:
         """Beyond the good limit (by more than floating point's last digits)."""
         if math.isclose(x, self.good, rel_tol=EXACT_EPS, abs_tol=1e-12):
             return False
         return x < self.good if self.direction == "lower" else x > self.good
+
+
+def beyond(x: float, bad: float, direction: Direction) -> bool:
+    """``x`` is worse than the limit ``bad`` by more than floating point's last digits."""
+    slack = EXACT_EPS * max(abs(bad), 1e-12)
+    return x > bad + slack if direction == "lower" else x < bad - slack
 
 
 def classify(lo: float, hi: float, limits: Limits, *, final: bool = True) -> State:
@@ -140,7 +145,7 @@ class Tolerance:
         return o if isinstance(o, str) else shown_path(o.source, o.line)
 
 
-def tolerance_for(metric: Metric, budget: _BudgetLike | None = None, *,
+def tolerance_for(metric: Metric | None, budget: _BudgetLike | None = None, *,
                   against: Literal["budget", "base"] = "budget", from_budgets: bool = True,
                   measured: tuple[float, str] | None = None) -> Tolerance:
     """The tolerance a check is judged with: the one place it is chosen.
@@ -153,7 +158,12 @@ def tolerance_for(metric: Metric, budget: _BudgetLike | None = None, *,
     - Against the base, a count or a low-precision numeric result: its spread between A/A sides on
       this machine when measured (``measured``: the tolerance and where it was measured), else as
       against its budget (a stated bound, not the last digit).
+
+    A metric this version does not know (``None``, from another version's results) is judged as timing.
     """
+    if metric is None:
+        default = Tolerance(DEFAULT_TOLERANCE["timing"], "default for an unknown metric (timing's)")
+        return Tolerance(budget.tolerance, budget) if budget is not None else default
     default = Tolerance(metric.default_tolerance, f"default for {metric.kind}")
     if against == "base" and metric.statistical:
         if budget is not None and budget.ab_tolerance is not None and from_budgets:

@@ -11,15 +11,9 @@ from typing import Any, Literal
 
 from ..extras import FailureArtifacts, OperatorMoves
 from ..measure.operators import OpMove
-from ..metrics import (
-    DEFAULT_TOLERANCE,
-    STATISTICAL_KINDS,
-    UnknownMetricError,
-    op_metric,
-    parse_name,
-)
+from ..metrics import STATISTICAL_KINDS, Metric, UnknownMetricError, op_metric, parse_name
 from ..results import BaseSide, Record, Results
-from ..rule import tolerance_for
+from ..rule import beyond, tolerance_for
 from ..vocabulary import Outcome, count_outcomes
 
 __all__ = [
@@ -159,9 +153,10 @@ def change_text(r: Record) -> str:
 def tolerance_of(r: Record) -> float:
     """The relative tolerance a record is held to: its budget's, else its metric's default."""
     try:
-        return tolerance_for(parse_name(r.metric).metric, r.budget).value
-    except UnknownMetricError:  # a metric this version does not know: judge it as timing
-        return r.budget.tolerance if r.budget is not None else DEFAULT_TOLERANCE["timing"]
+        metric: Metric | None = parse_name(r.metric).metric
+    except UnknownMetricError:  # a metric this version does not know: the rule judges it as timing
+        metric = None
+    return tolerance_for(metric, r.budget).value
 
 
 def has_base(records: Iterable[Record]) -> bool:
@@ -246,9 +241,7 @@ class Deciding:
 
 def _beyond_budget(r: Record) -> bool:
     v, limit = finite(r.value), finite(r.limit)
-    if v is None or limit is None:
-        return False
-    return v < limit if r.direction == "higher" else v > limit
+    return v is not None and limit is not None and beyond(v, limit, "higher" if r.direction == "higher" else "lower")
 
 
 def deciding(r: Record) -> Deciding | None:
