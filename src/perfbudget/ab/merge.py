@@ -29,6 +29,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from typing import Literal
 
 from ..budgets.loader import BudgetSet
 from ..budgets.schema import Budget
@@ -46,7 +47,7 @@ from ..metrics import (
     parse_name,
 )
 from ..results import BaseSide, BudgetRef, Record, Results, SetAsidePair, is_unrecorded_budget
-from ..rule import Limits, classify, family_confidence, tolerance_for, with_evidence
+from ..rule import Limits, State, classify, family_confidence, tolerance_for, with_evidence
 from .ratios import (
     ABPolicy,
     can_decide,
@@ -230,7 +231,7 @@ def compare_pairs(
                        require_base=require_base, stable_machine=stable_machine,
                        base_problem=next((p.base_problem for p in numbered if p.base_problem), ""))
     records: list[Record] = []
-    by_state: dict[str, list[CheckId]] = {}
+    by_state: dict[Merged, list[CheckId]] = {}
     for cid in order:
         used = [_Used(pair=p, head=h[cid], base=b.get(cid)) for p, h, b in zip(numbered, heads, bases, strict=True)
                 if cid in h]
@@ -245,9 +246,14 @@ def compare_pairs(
                       **{name: tuple(by_state.get(state, ())) for name, state in _STATES.items()})
 
 
+Merged = Literal[State, "kept", "not compared", "not comparable"]
+"""Where a check's merge left it: a ratio verdict's state (:data:`~perfbudget.rule.State`), ``kept`` (the
+head's own record: an exact check, or one not to merge), ``not compared`` or ``not comparable``."""
+Gap = Literal["problem", "absent", "unlike", "refused"]
+"""Why a pair gives a check no head/base ratio (:func:`_gap`)."""
 #: The field of :class:`Comparison` that lists the checks whose merge left them in each state.
-_STATES = {"undecided": "undecided", "inconclusive": "inconclusive", "not_compared": "not compared",
-           "beyond_reach": "beyond reach", "not_comparable": "not comparable"}
+_STATES: dict[str, Merged] = {"undecided": "undecided", "inconclusive": "inconclusive", "not_compared": "not compared",
+                              "beyond_reach": "beyond reach", "not_comparable": "not comparable"}
 
 
 def _with_moved_operators(records: list[Record]) -> list[Record]:
@@ -324,7 +330,7 @@ class _Used:
     base: Record | None
 
 
-def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_it: bool) -> tuple[Record, str]:
+def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_it: bool) -> tuple[Record, Merged]:
     """One check's merged record and its state: pass/fail/undecided/inconclusive/not compared/kept."""
     head0 = used[0].head
     info = _metric(head0)
@@ -343,17 +349,17 @@ def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_
     return _with_ratios(head0, used, budget, ctx, info, taken, skipped, confidence=confidence)
 
 
-def _take(used: Sequence[_Used], info: Metric) -> tuple[list[_Taken], list[str], dict[str, list[str]]]:
+def _take(used: Sequence[_Used], info: Metric) -> tuple[list[_Taken], list[str], dict[Gap, list[str]]]:
     """The pairs that give a check a head/base ratio; the others as ``pair 2 (why)``, and their whys by
     kind of gap (:func:`_gap`)."""
     taken: list[_Taken] = []
     skipped: list[str] = []  # "pair 2 (the base did not record it there)"
-    gaps: dict[str, list[str]] = {"problem": [], "unlike": [], "refused": []}
+    gaps: dict[Gap, list[str]] = {"problem": [], "unlike": [], "refused": []}
     head0 = used[0].head
     on_gpu = head0.device is not None and head0.device.type == "cuda"
     for u in used:
         kind, why = _gap(u, on_gpu=on_gpu)
-        if not kind:
+        if kind is None:
             assert u.base is not None
             hx, bx = _samples(u.head), _samples(u.base)
             try:
@@ -370,7 +376,7 @@ def _take(used: Sequence[_Used], info: Metric) -> tuple[list[_Taken], list[str],
 
 
 def _without_ratios(head0: Record, used: list[_Used], budget: Budget | None, ctx: _Context,
-                    gaps: dict[str, list[str]], *, base_has_it: bool) -> tuple[Record, str]:
+                    gaps: dict[Gap, list[str]], *, base_has_it: bool) -> tuple[Record, Merged]:
     """A statistical check no pair gave a ratio: not comparable, not judged, or judged without the base."""
     problems, unlike, refused = gaps["problem"], gaps["unlike"], gaps["refused"]
     if unlike:
@@ -396,7 +402,7 @@ def _without_ratios(head0: Record, used: list[_Used], budget: Budget | None, ctx
 
 
 def _with_ratios(head0: Record, used: Sequence[_Used], budget: Budget | None, ctx: _Context, info: Metric,
-                 taken: list[_Taken], skipped: list[str], *, confidence: float) -> tuple[Record, str]:
+                 taken: list[_Taken], skipped: list[str], *, confidence: float) -> tuple[Record, Merged]:
     """A statistical check judged on its pairs' head/base ratios, after setting an outlying pair aside."""
     chosen = tolerance_for(info, budget, against="base", from_budgets=ctx.policy.tolerance_from_budgets)
     tolerance, source = chosen.value, chosen.source
@@ -419,7 +425,7 @@ def _with_ratios(head0: Record, used: Sequence[_Used], budget: Budget | None, ct
                       final=ctx.final)
     # A failure is confirmed by one more pair, as stored mode confirms before failing: a small step's
     # processes can run in speed modes that two pairs may share by chance (benchmarks/process-modes-cpu.md).
-    state: str = with_evidence(rv.state, n=rv.pairs, least=ctx.min_pairs, final=ctx.final,
+    state: State = with_evidence(rv.state, n=rv.pairs, least=ctx.min_pairs, final=ctx.final,
                                reachable=ctx.pairs_left is None or can_decide(rv, ctx.pairs_left))
     if set_aside and not ctx.final and state not in ("undecided", "beyond reach") and ctx.pairs_left != 0:
         # A pair set aside is replaced, as an invalid one is: deciding on the others alone would narrow the
@@ -466,11 +472,11 @@ def _allocation_change(used: Sequence[_Used]) -> str:
     return ""
 
 
-def _gap(u: _Used, *, on_gpu: bool) -> tuple[str, str]:
+def _gap(u: _Used, *, on_gpu: bool) -> tuple[Gap | None, str]:
     """Why pair ``u`` gives its check no head/base ratio, as ``(kind, why)``: ``problem`` (a side's
     record is unusable, the base was stopped), ``absent`` (the base did not record it: no evidence
     either way, not a regression), ``unlike`` (the sides measured differently), ``refused`` (their GPU
-    clocks differ); ``("", "")`` when it gives one."""
+    clocks differ); ``(None, "")`` when it gives one."""
     head, base, pair = u.head, u.base, u.pair
     if not _usable(head):
         return "problem", f"head {head.outcome}: {head.reason}" if head.reason else f"head {head.outcome}"
@@ -484,7 +490,7 @@ def _gap(u: _Used, *, on_gpu: bool) -> tuple[str, str]:
         return "unlike", pair.unlike
     if _where(head) != _where(base):  # a test moved to another device (a gpu mark added or dropped)
         return "unlike", f"device {_where(base)} vs {_where(head)}"
-    return ("refused", pair.refused) if on_gpu and pair.refused else ("", "")
+    return ("refused", pair.refused) if on_gpu and pair.refused else (None, "")
 
 
 def _where(r: Record) -> str:
