@@ -15,4 +15,7 @@ bench=$(.venv-bench/bin/python -c 'import sysconfig; print(sysconfig.get_path("p
 # A .pth line that imports runs at start-up: addsitedir reads main's own .pth files too (the editable perfbudget).
 echo "import site; site.addsitedir('$main')" > "$bench/perfbudget-main-venv.pth"
 .venv-bench/bin/python -m pip --disable-pip-version-check -q install pytest-benchmark
-exec .venv-bench/bin/python -m pytest tests/test_benchmark_fixture.py tests/ab/test_ab_benchmark_suite.py "$@"
+# The A/A under perfbudget ab shows the sides take the fixture over from pytest-benchmark; the planted
+# slowdown's verdict does not depend on pytest-benchmark being installed (the integration tier runs it).
+exec .venv-bench/bin/python -m pytest tests/test_benchmark_fixture.py tests/ab/test_ab_benchmark_suite.py \
+    -k "not thirty_percent_more_work" "$@"
