@@ -163,3 +163,35 @@ def test_a_phase_that_runs_nothing_is_not_measured() -> None:
     assert peaks.optimizer_mib is None
     assert set(peaks.by_phase()) == {"forward", "backward"}
     assert peaks.peak_mib == max(peaks.forward_mib, peaks.backward_mib)
+
+
+def test_a_calls_allocation_counts_the_bytes_it_asks_for_whether_or_not_it_frees_them() -> None:
+    from perfbudget.measure.memory import allocation
+
+    x = torch.ones(256, 256)
+
+    def two_temporaries() -> torch.Tensor:
+        return (x * 2.0) + 1.0  # two 256 KiB results, one freed before the call returns
+
+    two_temporaries()
+    got = allocation(two_temporaries)
+    assert got.bytes_per_call == pytest.approx(2 * 256 * 256 * 4, rel=0.01)
+    assert got.minor_faults_per_call >= 0
+    with pytest.raises(ValueError, match="calls must be >= 1"):
+        allocation(two_temporaries, calls=0)
+
+
+def test_on_a_gpu_a_calls_allocation_is_the_caching_allocators_counter_over_the_calls(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The GPU path on a CPU machine: the caching allocator's cumulative counter, faked.
+    from perfbudget.measure.memory import allocation
+
+    counter = {"allocated_bytes.all.allocated": 1000}
+
+    def call() -> None:
+        counter["allocated_bytes.all.allocated"] += 3 << 20
+
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda *a, **k: dict(counter))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    got = allocation(call, device="cuda", calls=4, threads=None)
+    assert got.bytes_per_call == 3 << 20
