@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -434,13 +434,13 @@ class Allocation:
         return {"bytes_per_call": self.bytes_per_call, "minor_faults_per_call": self.minor_faults_per_call}
 
     @classmethod
-    def from_extra(cls, extra: Any) -> Allocation | None:
+    def from_extra(cls, extra: Mapping[str, Any]) -> Allocation | None:
         """The payload under :data:`ALLOCATION` in a record's ``extra`` (``None``: absent).
 
         Raises:
             ValueError: naming the field and the value, when it is there but not two finite numbers >= 0.
         """
-        got = extra.get(ALLOCATION) if hasattr(extra, "get") else None
+        got = extra.get(ALLOCATION)
         if got is None:
             return None
         if not isinstance(got, dict) or set(got) != {"bytes_per_call", "minor_faults_per_call"}:
