@@ -1,5 +1,4 @@
-"""What machine a measurement ran on, and how budget files select machines (data and parsing; probing
-the machine for a :class:`DeviceInfo` is ``measure.machine.describe``)."""
+"""What machine a measurement ran on, and how budget files select machines (data and parsing)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""Typed ``extra`` payloads of records: one type per key, written and read through it, so a plot never reads nothing.
-
-A record's ``extra`` is JSON kept beside the verdict for the reports. Each payload here
-owns one key: the producer calls ``to_extra()``, the reports call ``from_extra()``,
-which returns ``None`` when the key is absent and raises :class:`ExtraError` naming the
-key and the value when it is there but malformed.
-"""
+"""Typed ``extra`` payloads of records: one type per key, written and read through it, so a plot never reads nothing."""
 
 from __future__ import annotations
 

@@ -1,21 +1,8 @@
-"""The GPU check's lease plan: which tests ``scripts/gpu-check.sh`` runs on a GPU leased by time, in what order, for how long.
-
-A lease is 15 minutes of device time, the machine's start (1-2 minutes) included, at most 10 minutes a
-command. The check (set-up, update pass, check pass, A/A) is planned to end within :data:`LIMIT_S`, so
-that a lease keeps at least 4 minutes for a second command. Its work is lease-sized when the run's
-``perfbudget_lease`` setting is on: :data:`LEASE_SERVE_ROUNDS` serving rounds, :data:`LEASE_OP_ROUNDS`
-profiled operator rounds, :data:`LEASE_OCC_ROUNDS` occupancy rounds, :data:`AA_PAIRS` A/A pairs (both sides
-told the setting by the driver); and the plugin runs the tests in :data:`ORDER`.
-
-Each estimate is a cost measured on an H200 (:data:`H200_S`), scaled by the work this plan runs
-instead of the work measured; what was not measured is an estimate and says so. The encoder's costs were
-measured at 64x128 tokens; the suite's CUDA encoder step is now :data:`ASSUMED`'s batch x sequence, so each
-is scaled by the step's estimated time there over its measured time then (:data:`STEP_RATIO`). Stdlib only: the
-script runs this file with any ``python3`` (``python3 src/perfbudget/lease.py plan``).
-"""
+"""The GPU check's lease plan: which tests ``scripts/gpu-check.sh`` runs on a leased GPU, in what order, how long."""
 
 from __future__ import annotations
 
+# Stdlib only: the script runs this file with any ``python3`` (``python3 src/perfbudget/lease.py plan``).
 import math
 import sys
 from dataclasses import dataclass

@@ -1,16 +1,8 @@
-"""The run's settings, read once (command line > environment > ini file > default), and an A/B side's run spec.
-
-Each knob the pytest plugin and the ``perfbudget`` commands share is a field of :class:`Settings`,
-declared once with the ini key and the environment variable it may come from. The plugin resolves it
-from ``pytest.Config`` (:func:`perfbudget.session.settings_of`), a command from the ini file pytest
-would read in its folder (:func:`for_folder`). A side process of ``perfbudget ab`` is told what it is
-in one file, :class:`RunSpec`, named by :data:`SPEC_ENV`. Nothing else reads perfbudget's environment.
-
-Stdlib only, and nothing of perfbudget's: every floor reads its settings from here.
-"""
+"""The run's settings, read once (command line > environment > ini file > default), and an A/B side's run spec."""
 
 from __future__ import annotations
 
+# Stdlib only, and nothing of perfbudget's: every floor reads its settings from here.
 import argparse
 import configparser
 import functools

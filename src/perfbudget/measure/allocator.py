@@ -1,20 +1,4 @@
-"""The process's allocator, settled before timing: glibc keeps large blocks on its heap, torch aligns them.
-
-With glibc's defaults a block above the mmap threshold is fresh pages from ``mmap`` until a freed one
-raises the threshold, and the heap's top is given back above twice that: whether a call's output is
-zeroed, faulted-in pages or reused heap is an accident of the process's allocation history. On top of
-that, a heap block's offset within its page follows the history too, and two large tensors' offsets
-decide how their streams alias in the caches. Measured on float32 image batches of 6-25 MB
-(``benchmarks/large-tensors-cpu.md``): whole processes ran the same call in two speeds (up to 3x
-apart) with the defaults, and up to 1.5x apart on a fixed heap with a different history.
-
-Settled, both vary no more: blocks up to :data:`MMAP_THRESHOLD` come from the heap, which is trimmed
-only above :data:`TRIM_THRESHOLD` (glibc's ``mallopt``; also its environment variables, for a child
-process from its start), and torch allocates blocks of 2 MiB and more page-aligned
-(``THP_MEM_ALLOC_ENABLE``, read by torch at its first allocation; it also asks for transparent huge
-pages there). A change in how much a call allocates still shows: in the bytes allocated per call
-(:func:`perfbudget.measure.memory.allocation`), not in how many pages the process happens to fault.
-"""
+"""The process's allocator, settled before timing: glibc keeps large blocks on its heap, torch aligns them."""
 
 from __future__ import annotations
 
@@ -26,6 +10,9 @@ import sys
 from perfbudget.settings import ALLOCATOR_MODES
 
 __all__ = ["MMAP_THRESHOLD", "TRIM_THRESHOLD", "environment", "settle"]
+
+# With glibc's defaults a large block is fresh pages or reused heap by accident of the process's history,
+# and one call ran at two speeds up to 3x apart (docs/measuring.md, benchmarks/large-tensors-cpu.md).
 
 #: glibc's largest mmap threshold (``HEAP_MAX_SIZE / 2`` on 64 bits): larger values are ignored.
 MMAP_THRESHOLD = 32 << 20

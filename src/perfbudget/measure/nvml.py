@@ -1,5 +1,4 @@
-"""NVIDIA device state through NVML for a CUDA device: VRAM, energy counter, power, GPM metrics, other processes, clock
-throttling, and clocks sampled in the background."""
+"""NVIDIA GPU state through NVML: VRAM, energy, power, GPM, processes, throttling, clocks."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Pure statistics: median, quantiles, spread and a distribution-free CI of the median over raw samples;
-the t, chi^2 and normal quantiles and the prior-pooled sd the A/B verdict and the history's intervals use."""
+"""Pure statistics over raw samples: quantiles, spread, CIs of the median, t/chi^2/normal quantiles."""
 
 from __future__ import annotations
 

@@ -1,33 +1,8 @@
-"""Take turns with a second process on one machine: the client side of a lockstep A/B run.
-
-A lockstep A/B run (``perfbudget ab``) starts two pytest processes, the base commit's and
-the working tree's, and a coordinator that lends the machine to one of them at a time.
-The instrument's timers call :func:`pass_turn` at every burst boundary: the process hands
-the machine to the other one and blocks until it is handed back, so both sides are
-measured in short alternating bursts under the same machine state, and exactly one runs
-at a time (its non-timed work included).
-
-The driver tells each side its side, the coordinator's socket, the burst length, the wait and
-the report file in its run spec (:class:`perfbudget.settings.RunSpec`, read once). Outside such
-a run (no run spec, or one without a socket) every function here is a cheap no-op.
-
-Turn-taking that stops before its normal end (the coordinator gone or refusing, a wait
-past the spec's ``wait_s``) is a :class:`TurnsWarning` and one line appended to the
-spec's ``report`` file: the A/B driver reads it and marks the pair invalid, since what
-followed was measured without the other side standing still. The other side leaving
-(``SOLO``) is the normal end and reports nothing.
-The coordinator lives in ``perfbudget.ab.coordinator``; the wire protocol is one ASCII
-line per message:
-
-    client -> coordinator   ``JOIN <side> <pid>``, ``PASS``, ``LEAVE``
-    coordinator -> client   ``GO`` (you hold the machine), ``SOLO`` (the other side has
-                            left: run freely from now on), ``NO <reason>`` (refused)
-
-Stdlib only (and the settings): the timers import this, and it must not pull in torch or pytest.
-"""
+"""Take turns with a second process on one machine: the client side of a lockstep A/B run."""
 
 from __future__ import annotations
 
+# Stdlib only (and the settings): the timers import this, and it must not pull in torch or pytest.
 import atexit
 import contextlib
 import os
@@ -179,6 +154,8 @@ def _join_locked() -> None:
 
 def _await_turn(client: _Client) -> None:
     """Block until the coordinator answers ``GO``; stop taking turns on anything else."""
+    # One ASCII line a message. To the coordinator: JOIN <side> <pid>, PASS, LEAVE. Back: GO (you
+    # hold the machine), SOLO (the other side left: run freely), NO <reason> (refused).
     wait_s = _spec().wait_s
     try:
         client.sock.settimeout(wait_s)

@@ -1,9 +1,4 @@
-"""Per-operator attribution of a step from torch.profiler: time, calls, shapes, FLOPs, roofline class, diffs.
-
-One concern per module: ``fields`` (profiler field names across torch versions), ``flops``
-(FLOP counting, attention included), ``roofline`` (device ceilings), ``table`` (the operator
-table, its diffs and which operators moved), ``profiling`` (profiled runs that produce tables).
-"""
+"""Per-operator attribution of a step from torch.profiler: time, calls, shapes, FLOPs, roofline, diffs."""
 
 from perfbudget.measure.operators.fields import read_event_field
 from perfbudget.measure.operators.flops import FlopCount, attention_flops, count_flops
