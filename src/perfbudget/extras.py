@@ -60,9 +60,6 @@ def _rate(key: str, x: Any) -> float:
     return value
 
 
-# --------------------------------------------------------------------------- padding
-
-
 @dataclass(frozen=True, kw_only=True)
 class PaddingByWidth:
     """Padding rate per padded width: which batch shapes waste the tokens.
@@ -154,9 +151,6 @@ class PaddingByWidth:
             rates=tuple(_rate(f"{key}.rates", r) for r in rates),
             sorted_rate=None if sorted_rate is None else _rate(f"{key}.sorted_rate", sorted_rate),
         )
-
-
-# --------------------------------------------------------------------------- operators
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -290,9 +284,6 @@ class OperatorMoves:
         return cls(moves=tuple(moves), note=_text(f"{key}.note", value.get("note", ""), _MAX_NOTE))
 
 
-# --------------------------------------------------------------------------- artifacts
-
-
 @dataclass(frozen=True, kw_only=True)
 class FailureArtifacts:
     """Files written for a failing check (chrome trace, flame graph, memory snapshot), by label."""
@@ -321,9 +312,6 @@ class FailureArtifacts:
         if not isinstance(value, Mapping) or not all(isinstance(v, str) for v in value.values()):
             raise ExtraError(f"extra[{FAILURE_ARTIFACTS!r}]: expected {{label: path}}, got {value!r}")
         return cls.of(value)
-
-
-# --------------------------------------------------------------------------- instructions
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -198,8 +198,6 @@ def _parse(kind: Any, raw: object, *, positive: bool) -> object:
     return Path(text).expanduser() if kind == "Path" else text
 
 
-# --------------------------------------------------------------------------- the ini file of a command
-
 #: pytest's ini files in the order it looks for them in each folder (``_pytest.config.findpaths``).
 _INI_FILES = ("pytest.toml", ".pytest.toml", "pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
 
@@ -286,9 +284,6 @@ def for_folder(folder: Path, *, cli: Mapping[str, object] | None = None, overrid
     root, path, ini = find_ini(folder)
     return Settings.resolve(cli=cli, ini={**ini, **(overrides or {})}, root=root, env=env,
                             ini_file=f"-o or {path}" if overrides else str(path))
-
-
-# --------------------------------------------------------------------------- an A/B side's run spec
 
 
 @dataclass(frozen=True, kw_only=True)

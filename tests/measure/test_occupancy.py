@@ -307,7 +307,7 @@ def test_only_failed_estimates_give_no_occupancy() -> None:
             _kernel("b", 20, kineto=-100, grid=[1, 1, 1], block=[32, 1, 1]),
         )
     )
-    assert result.occupancy is None and result.occupancy_pct is None
+    assert result.occupancy is None
     assert result.kineto_occupancy is None and result.kineto_time_us == 0
     assert result.kernels == 2 and result.kernels_computed == 0 and result.left_out_time_us == 50
 

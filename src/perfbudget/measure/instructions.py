@@ -82,8 +82,6 @@ class InstructionCount:
     """``dump`` as read when it was counted (its functions), so no caller reads it again."""
 
 
-# --------------------------------------------------------------------------- the callgrind helper
-
 # CALLGRIND_START_INSTRUMENTATION lets the process run with --instr-atstart=no: everything before
 # the first measurement (importing torch, collecting tests, fixtures) runs without callgrind's
 # instrumentation, several times faster. torch._C only exposes TOGGLE_COLLECT (and a dump), so the
@@ -173,8 +171,6 @@ def callgrind_hint() -> str:
     return INSTALL_HINT if shutil.which("valgrind") is None else RUN_HINT
 
 
-# --------------------------------------------------------------------------- the hardware counter
-
 _PERF_TYPE_HARDWARE = 0
 _PERF_COUNT_HW_INSTRUCTIONS = 1
 _PERF_ATTR_SIZE_VER0 = 64
@@ -237,9 +233,6 @@ def open_hardware_counter() -> HardwareCounter | Unmeasurable:
                errno.EPERM: "not permitted (kernel.perf_event_paranoid, or a container policy)"}.get(err, os.strerror(err))
         return Unmeasurable(reason=f"perf_event_open(PERF_COUNT_HW_INSTRUCTIONS) failed with {name}: {why}")
     return HardwareCounter(int(fd), libc)
-
-
-# --------------------------------------------------------------------------- measuring
 
 
 def _run(step: Callable[[], object], steps: int) -> None:
@@ -372,8 +365,6 @@ def instructions(step: Callable[[], object], *, steps: int = 20, warmup: int = 1
             gc.enable()
 
 
-# --------------------------------------------------------------------------- history-dependent functions
-
 # The same step, counted in processes with different histories (another test selection before
 # it, another instrument version, another count earlier in the process), moves by up to 0.7 %,
 # and all of the movement sits in these functions (benchmarks/instructions-history-cpu.md):
@@ -426,9 +417,6 @@ def history_dependent(function: str) -> bool:
     if "python" in obj.lower():
         return base in _CPYTHON
     return False
-
-
-# --------------------------------------------------------------------------- reading dumps
 
 
 @dataclass(frozen=True, kw_only=True)

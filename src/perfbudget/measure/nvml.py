@@ -47,18 +47,13 @@ __all__ = [
 MIB = 1024 * 1024
 
 NVML_MODULE: Any = None
-"""Seam: the ``pynvml``-compatible module to use. ``None`` imports ``pynvml`` (nvidia-ml-py).
-Tests set this, or pass ``module=`` to a function, to inject a fake NVML."""
+"""Seam: the ``pynvml``-compatible module (tests inject a fake); ``None`` imports ``pynvml``."""
 
 CUDA_PROPERTIES: Callable[[int], Any] | None = None
-"""Seam: CUDA device index -> its properties as ``torch.cuda.get_device_properties`` returns
-them (``uuid``; ``pci_domain_id``, ``pci_bus_id``, ``pci_device_id``), or ``None`` when unknown.
-``None`` here asks torch when CUDA is available. Tests set it to stand in for GPUs."""
+"""Seam: CUDA device index -> ``torch.cuda.get_device_properties`` (``uuid``, PCI ids) or ``None``;
+``None`` here asks torch when CUDA is available."""
 
 _T = TypeVar("_T")
-
-
-# --------------------------------------------------------------------------- session
 
 
 def _describe(exc: BaseException) -> str:
@@ -180,12 +175,9 @@ def _pci_bus_id(props: Any) -> str | None:
 
 
 class NvmlSession:
-    """NVML initialised once for a group of reads (``nvmlInit``), shut down by :meth:`close`.
+    """NVML initialised once for a group of reads (:func:`open_session`), closed by :meth:`close`.
 
-    Open it with :func:`open_session`, use it as a context manager, find a CUDA device's GPU
-    with :meth:`gpu`, then read it. Every method answers a value or :class:`Unmeasurable`;
-    NVML errors never escape.
-    """
+    Every method answers a value or :class:`Unmeasurable`; NVML errors never escape."""
 
     def __init__(self, nv: Any) -> None:
         self.nv = nv
@@ -224,11 +216,9 @@ class NvmlSession:
     def gpu(self, device_index: int | None = None) -> NvmlGpu | Unmeasurable:
         """The NVML device of CUDA device ``device_index`` (``None``: torch's current device).
 
-        Matched by the CUDA device's UUID, else its PCI bus id (both from torch's device
-        properties, which initialises CUDA), else (no CUDA in this process, or NVML knows
-        neither) by the ``CUDA_VISIBLE_DEVICES`` entry at that index: an NVML index, a GPU UUID
-        prefix or a MIG UUID. That fallback assumes CUDA numbers GPUs in NVML's PCI bus order
-        (``CUDA_DEVICE_ORDER=PCI_BUS_ID`` makes sure).
+        Matched by torch's UUID or PCI bus id of the device, else by the ``CUDA_VISIBLE_DEVICES``
+        entry at that index (which assumes CUDA numbers GPUs in PCI bus order, as
+        ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` makes sure).
 
         Returns:
             :class:`NvmlGpu`, or :class:`Unmeasurable` naming the index and why it has no GPU.
@@ -351,57 +341,42 @@ def open_session(module: Any = None) -> NvmlSession | Unmeasurable:
     return NvmlSession(nv)
 
 
+def _in_session(module: Any, read: Callable[[NvmlSession], _T | Unmeasurable]) -> _T | Unmeasurable:
+    """Open a session, ``read`` it, close."""
+    opened = open_session(module)
+    if isinstance(opened, Unmeasurable):
+        return opened
+    with opened as session:
+        return read(session)
+
+
 def _on_gpu(
     device_index: int | None, module: Any, read: Callable[[NvmlSession, NvmlGpu], _T | Unmeasurable]
 ) -> _T | Unmeasurable:
     """Open a session, find CUDA device ``device_index``'s GPU, ``read`` it, close."""
-    opened = open_session(module)
-    if isinstance(opened, Unmeasurable):
-        return opened
-    with opened as session:
+
+    def on_gpu(session: NvmlSession) -> _T | Unmeasurable:
         gpu = session.gpu(device_index)
-        if isinstance(gpu, Unmeasurable):
-            return gpu
-        return read(session, gpu)
+        return gpu if isinstance(gpu, Unmeasurable) else read(session, gpu)
+
+    return _in_session(module, on_gpu)
 
 
 def gpu_count(*, module: Any = None) -> int | Unmeasurable:
-    """GPUs the NVIDIA driver reports (never initialises CUDA).
-
-    Returns:
-        The count over the whole machine, or :class:`Unmeasurable` without a driver.
-    """
-    opened = open_session(module)
-    if isinstance(opened, Unmeasurable):
-        return opened
-    with opened as session:
-        return session.gpu_count()
+    """GPUs the driver reports on the machine (never starts CUDA), or :class:`Unmeasurable`."""
+    return _in_session(module, NvmlSession.gpu_count)
 
 
 def driver_version(*, module: Any = None) -> str | Unmeasurable:
     """The NVIDIA driver version (``560.35.03``), or :class:`Unmeasurable` without a driver."""
-    opened = open_session(module)
-    if isinstance(opened, Unmeasurable):
-        return opened
-    with opened as session:
-        return session.driver_version()
+    return _in_session(module, NvmlSession.driver_version)
 
 
 def max_sm_clock_mhz(device_index: int | None = None, *, module: Any = None) -> int | Unmeasurable:
     """The maximum SM clock of CUDA device ``device_index`` (MHz): part of a GPU's identity,
     since one SKU name ships at several clock limits."""
-    opened = open_session(module)
-    if isinstance(opened, Unmeasurable):
-        return opened
-    with opened as session:
-        gpu = session.gpu(device_index)
-        if isinstance(gpu, Unmeasurable):
-            return gpu
-        nv = session.nv
-        return session._guard(lambda: int(nv.nvmlDeviceGetMaxClockInfo(gpu.handle, nv.NVML_CLOCK_SM)))
-
-
-# --------------------------------------------------------------------------- device state
+    return _on_gpu(device_index, module, lambda s, gpu: s._guard(
+        lambda: int(s.nv.nvmlDeviceGetMaxClockInfo(gpu.handle, s.nv.NVML_CLOCK_SM))))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -568,10 +543,7 @@ def gpu_info(device_index: int | None = None, *, module: Any = None) -> GpuInfo 
 
 
 def total_energy_mj(device_index: int | None = None, *, module: Any = None) -> int | Unmeasurable:
-    """A CUDA device's total energy counter in mJ since the driver loaded.
-
-    The counter refreshes every ~10-100 ms: integrate over windows of >= 1 s (see
-    ``measure.energy``, which keeps one session open for its reads).
+    """A CUDA device's total energy counter in mJ since the driver loaded (refreshed each 10-100 ms).
 
     Args:
         device_index: CUDA device index (``None``: the current device).
@@ -637,10 +609,8 @@ def gpu_preflight(
         own_pids: PIDs that belong to this run (default: this process). Inside a container,
             NVML may report host PIDs: add them here if the run's own process is listed.
         holds_context: whether this process has a CUDA context on the GPU (default: asks
-            torch, if imported). With the default ``own_pids``, a process that holds one but is
-            not listed under its own PID is listed under a PID of another namespace (a
-            container's host PID): one listed PID that this ``/proc`` does not have is taken to
-            be this process, and said so, instead of failing every check as "another process".
+            torch, if imported). If it has one but is not listed under its own PID, one listed PID
+            this ``/proc`` does not have (a container's host PID) is taken to be it, and said so.
         module: a ``pynvml``-compatible module.
 
     Returns:
@@ -675,9 +645,6 @@ def gpu_preflight(
     if throttled:
         problems.append(f"{info.label} clocks are throttled: {', '.join(throttled)}")
     return GpuPreflight(ok=not problems, problems=tuple(problems), gpu=info)
-
-
-# --------------------------------------------------------------------------- GPM
 
 
 GPM_METRICS: dict[str, str] = {
@@ -763,9 +730,8 @@ def gpm_metrics(
 ) -> GpmMetrics | Unmeasurable:
     """Sample GPM metrics around ``run()``: SM occupancy, SM utilisation, tensor utilisation.
 
-    Values are whole-device averages over the window, so the workload should be the only
-    one on the GPU and run long enough (a second or more) to dominate the window; ``run``
-    must synchronize before returning.
+    Values are whole-device averages over the window: ``run`` should be alone on the GPU, last a
+    second or more, and synchronize before returning.
 
     Args:
         run: the workload; ``None`` samples whatever the device does for 0.1 s.
@@ -781,8 +747,6 @@ def gpm_metrics(
         raise ValueError(f"unknown GPM metric(s) {unknown}; known: {', '.join(GPM_METRICS)}")
     return _on_gpu(device_index, module, lambda s, gpu: s.gpm_metrics(gpu, run, metrics))
 
-
-# --------------------------------------------------------------------------- clocks in the background
 
 #: The clock-event reason bit NVML sets while the GPU has no work (``nvmlClocksEventReasonGpuIdle``).
 GPU_IDLE = 0x1
@@ -853,9 +817,8 @@ class ClockSampler:
     """Read a GPU's clocks every ``interval_s`` in a background thread, each sample filed under the
     label ``label()`` gives at that moment (``None``: not kept), e.g. the A/B side holding the machine.
 
-    The GPU is CUDA device ``cuda_index`` as ``CUDA_VISIBLE_DEVICES`` names it: the process that samples
-    need not (and should not) start CUDA, whose context would be one more process on the GPU. Without
-    NVML or that GPU it samples nothing (:attr:`unavailable` says why).
+    The GPU is found through ``CUDA_VISIBLE_DEVICES``, without starting CUDA (its context would be
+    one more process on the GPU). Without NVML or that GPU it samples nothing (:attr:`unavailable`).
 
     Args:
         label: who the GPU works for right now.

@@ -37,14 +37,10 @@ __all__ = [
     "triton_occupancy",
 ]
 
-# --------------------------------------------------------------------------------------------
-# Architecture limits (CUDA C Programming Guide, "Compute Capabilities" table)
-# --------------------------------------------------------------------------------------------
-
 
 @dataclass(frozen=True, kw_only=True)
 class GpuArch:
-    """Per-SM resource limits of one compute capability, as the CUDA occupancy calculator uses them."""
+    """Per-SM limits of a compute capability (CUDA C Programming Guide, "Compute Capabilities")."""
 
     name: str
     """``"sm_90"`` etc."""
@@ -204,20 +200,10 @@ def theoretical_occupancy(
 ) -> TheoreticalOccupancy:
     """Theoretical occupancy of a kernel launch, like NVIDIA's occupancy calculator.
 
-    Per SM, the resident blocks are the minimum of four caps:
-
-    - warps: ``max_warps_per_sm // ceil(threads / 32)``;
-    - registers: ``(registers_per_sm / 4 // round_up(regs * 32, 256)) * 4 // warps_per_block``
-      (registers are allocated per warp in 256-register units, within each of the 4 sub-partitions);
-    - shared memory: ``smem_per_sm // (round_up(smem, 128) + 1 KB reserved per block)``;
-    - the block cap (32 on sm_80/sm_90).
-
-    With ``grid_blocks`` and ``num_sms``, the grid caps them too: a grid with fewer blocks than
-    the SMs can hold cannot fill them. The busiest SM holds at most ``ceil(grid / SMs)`` blocks
-    (``active_blocks_per_sm``); ``occupancy`` is the mean over all SMs, ``min(resource cap,
-    grid / SMs)`` blocks, as kineto and NVML GPM count it, so that a grid shrinking from 132
-    blocks to 1 on 132 SMs reads 132 times lower rather than unchanged. The tail of a grid of
-    several waves is not modelled (that needs per-block timing): 1.5 waves read as full.
+    Per SM, the resident blocks are the least of the warp, register, shared-memory and block caps.
+    With ``grid_blocks`` and ``num_sms`` the grid caps them too, and ``occupancy`` is the mean over
+    all SMs, as kineto and NVML GPM count it: a grid shrinking from 132 blocks to 1 on 132 SMs reads
+    132 times lower. The tail of a grid of several waves is not modelled: 1.5 waves read as full.
 
     Args:
         threads_per_block: threads of one block (``num_warps * 32`` for Triton).
@@ -271,10 +257,6 @@ def theoretical_occupancy(
     )
 
 
-# --------------------------------------------------------------------------------------------
-# Profiler kernel events
-# --------------------------------------------------------------------------------------------
-
 # Kineto renamed "theoretical occupancy %" to "est. achieved occupancy %" (kineto PR #210);
 # third-party writers drop the "%". Newest spelling first.
 OCCUPANCY_KEYS: tuple[str, ...] = (
@@ -305,8 +287,7 @@ class KernelRecord:
 
 
 def load_trace(trace: str | os.PathLike[str] | Mapping[str, Any] | Any) -> Mapping[str, Any]:
-    """A chrome trace as a dict, from a path (``.json`` or ``.json.gz``), a dict, or a
-    ``torch.profiler.profile`` object (exported to a temporary file)."""
+    """A chrome trace as a dict, from a path (``.json[.gz]``), a dict or a profiler object."""
     if isinstance(trace, Mapping):
         return trace
     if hasattr(trace, "export_chrome_trace"):
@@ -378,10 +359,6 @@ def kernel_records(trace: str | os.PathLike[str] | Mapping[str, Any] | Any) -> l
     return out
 
 
-# --------------------------------------------------------------------------------------------
-# Device limits from the trace's "deviceProperties" (kineto's DeviceProperties.cpp)
-# --------------------------------------------------------------------------------------------
-
 # deviceProperties key -> GpuArch field. kineto writes the CUDA-only ones (regsPerMultiprocessor,
 # sharedMemPerBlockOptin, sharedMemPerMultiprocessor) from cudaDeviceProp. "sharedMemPerBlock"
 # is deliberately not read: it is the 48 KB a block gets without opting in, the limit that makes
@@ -398,8 +375,7 @@ _DEVICE_FIELDS: Mapping[str, str] = {
 
 @dataclass(frozen=True, kw_only=True)
 class TraceDevice:
-    """Occupancy limits of one GPU of a trace: its :data:`ARCHS` entry with the values the
-    trace's ``deviceProperties`` carries put in their place."""
+    """One GPU of a trace: its :data:`ARCHS` limits, overridden by ``deviceProperties``."""
 
     device_id: int
     name: str
@@ -486,19 +462,10 @@ def trace_devices(
     return out
 
 
-# --------------------------------------------------------------------------------------------
-# Duration-weighted occupancy of a trace's kernels
-# --------------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True, kw_only=True)
 class AchievedOccupancy:
-    """Duration-weighted SM occupancy of a trace's kernels, each computed from its launch
-    resources (registers, shared memory, block, grid) against the GPU's limits.
-
-    It is the occupancy those resources allow (as NVIDIA's calculator computes it), weighted by
-    where GPU time goes; not a hardware-counter measurement.
-    """
+    """Duration-weighted SM occupancy of a trace's kernels from their launch resources (not a
+    hardware-counter measurement)."""
 
     occupancy: float | None
     """Weighted mean, 0-1 (``sm_occupancy``); ``None`` when no kernel time could be computed."""
@@ -516,19 +483,13 @@ class AchievedOccupancy:
     """Why kernels were left out -> (kernels, summed duration in us)."""
     kineto_occupancy: float | None
     """Cross-check only, never the metric: the duration-weighted mean, 0-1, of the trace's own
-    estimates over the kernels where it is a number in 0-100 (kineto writes -100 where its
-    calculation fails, and 0 for kernels above the 48 KB default shared-memory limit)."""
+    valid (0-100) estimates."""
     kineto_time_us: float
     """Summed duration of the kernels in ``kineto_occupancy``."""
     kineto_scale: Literal["percent", "fraction"]
     """How the trace wrote its estimates."""
     by_kernel: Mapping[str, tuple[float, float]]
     """Kernel name -> (summed computed duration in us, weighted occupancy 0-1), longest first."""
-
-    @property
-    def occupancy_pct(self) -> float | None:
-        """``occupancy`` in percent."""
-        return None if self.occupancy is None else self.occupancy * 100.0
 
     @property
     def left_out_fraction(self) -> float | None:
@@ -623,16 +584,10 @@ def achieved_occupancy(
 ) -> AchievedOccupancy:
     """Duration-weighted SM occupancy of a profiler trace's kernels, from launch parameters.
 
-    Each kernel's occupancy is :func:`theoretical_occupancy` of its block size, registers per
-    thread, shared memory (static + dynamic) and grid, against the limits of the GPU it ran on:
-    the trace's ``deviceProperties`` over the :data:`ARCHS` entry of its compute capability
-    (see :func:`trace_devices`). Weighting by duration makes the mean reflect where GPU time
-    goes. Kineto's own per-kernel estimate is not used for the mean: it assumes the 48 KB
-    default shared-memory limit, so a kernel that opts into more (cuBLAS GEMMs, flash attention
-    on Hopper) reads 0, and it writes -100 where its calculation fails. It is kept as the
-    ``kineto_occupancy`` cross-check, over valid (0-100) values only.
-
-    Kernels lacking a resource are left out of the mean and counted in ``left_out``.
+    Each kernel's is :func:`theoretical_occupancy` of its launch against the limits of the GPU it
+    ran on (:func:`trace_devices`). Kineto's own estimate is only a cross-check: it assumes the
+    48 KB default shared-memory limit, so a kernel that opts into more (cuBLAS GEMMs, flash
+    attention on Hopper) reads 0. Kernels lacking a resource are left out and counted in ``left_out``.
 
     Args:
         trace: path, dict, profiler object, or already-parsed ``KernelRecord``s.
@@ -694,11 +649,9 @@ def _kineto_estimate(
 ) -> tuple[float | None, float, Literal["percent", "fraction"]]:
     """(duration-weighted mean 0-1, weighted time in us, scale) of the trace's own estimates.
 
-    Only numbers in 0-100 count: -100 (kineto's failure value), other negatives, values over
-    100 and missing ones are not estimates. Kineto writes rounded integer percent; a trace
-    whose valid values are all <= 1 with some fractional one is read as fractions (0-1), as
-    some third-party writers produce.
-    """
+    Only numbers in 0-100 count (kineto writes -100 where its calculation fails). Kineto writes
+    integer percent; valid values all <= 1 with a fractional one are read as fractions (0-1), as
+    some third-party writers produce."""
     valid = [
         k
         for k in records
@@ -718,10 +671,6 @@ def _kineto_estimate(
     return mean, time_us, scale
 
 
-# --------------------------------------------------------------------------------------------
-# Device busy time per profiled step (the breakdown Holistic Trace Analysis computes)
-# --------------------------------------------------------------------------------------------
-
 #: Device activity that is work, by kineto's category (``libkineto/src/ActivityType.cpp``; older
 #: traces wrote "Kernel", "Memcpy", "Memset"). ``gpu_user_annotation`` spans are ranges drawn on the
 #: device timeline (a ``ProfilerStep#N`` among them), not work.
@@ -733,14 +682,10 @@ _LAUNCHES = frozenset({"cuda_runtime", "cuda_driver", "runtime", "driver"})
 
 @dataclass(frozen=True, kw_only=True)
 class StepDeviceTime:
-    """What the GPU did for the work one profiled step (``ProfilerStep#N``) launched.
+    """Device busy time of a profiled step (``ProfilerStep#N``), as Holistic Trace Analysis counts it.
 
-    Kernels, copies (memcpy) and fills (memset) on every stream count as work; device-side
-    user annotations do not. ``busy_ms`` is the metric (``step_device_ms``): the union of their
-    intervals, so two streams running at once count once, as the GPU was busy once.
-    ``summed_ms`` adds their durations and so counts overlapping streams twice: shown beside
-    it, never used as busy time.
-    """
+    Kernels, copies and fills on every stream are work, device-side annotations are not; ``busy_ms``
+    (the metric, ``step_device_ms``) counts overlapping streams once, ``summed_ms`` each time."""
 
     step: str
     """The profiler's step name (``ProfilerStep#3``)."""
@@ -768,11 +713,9 @@ def _union_us(intervals: list[tuple[float, float]]) -> float:
 def step_device_times(trace: str | os.PathLike[str] | Mapping[str, Any] | Any) -> list[StepDeviceTime]:
     """Device busy time of each profiled step of a chrome trace (CPU and CUDA activity).
 
-    A device event belongs to the step whose ``ProfilerStep#N`` range holds the host call
-    that launched it (matched by correlation id): device work lags its launch, so a kernel
-    launched at the end of step 3 may run inside step 4's range and is still step 3's. An event
-    without a launch record in the trace is placed by its own start. Events outside every
-    step (warm-up leftovers) are dropped.
+    A device event belongs to the step whose range holds the host call that launched it (by
+    correlation id; device work lags its launch), else by its own start; events outside every step
+    are dropped.
 
     Args:
         trace: path, dict or profiler object (see :func:`load_trace`).
@@ -811,11 +754,6 @@ def step_device_times(trace: str | os.PathLike[str] | Mapping[str, Any] | Any) -
                                   summed_ms=math.fsum(e - s for s, e in spans) / 1e3,
                                   kernels=kernels, copies=len(evs) - kernels))
     return out
-
-
-# --------------------------------------------------------------------------------------------
-# Triton kernels
-# --------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -890,10 +828,8 @@ def _parse_resource_usage(text: str, kernel_name: str) -> tuple[int, int] | None
 def triton_kernel_resources(kernel: Any) -> TritonKernelResources:
     """Registers, shared memory and warps of a compiled Triton kernel.
 
-    Works without a GPU for a kernel compiled for an explicit target
-    (``triton.compile(src, target=GPUTarget("cuda", 90, 32))``): registers are then read from
-    the cubin with the ``cuobjdump`` bundled with Triton. On a GPU, a kernel whose handles were
-    initialised carries ``n_regs`` directly.
+    Without a GPU (a kernel compiled for an explicit ``GPUTarget``) registers are read from the
+    cubin with Triton's bundled ``cuobjdump``; on a GPU the kernel carries ``n_regs``.
 
     Args:
         kernel: a ``triton.compiler.CompiledKernel`` (e.g. ``jit_fn.warmup(...)`` or

@@ -122,9 +122,6 @@ def leave() -> None:
         _stopped = True
 
 
-# --------------------------------------------------------------------------- internals
-
-
 _NO_RUN = RunSpec(side="head")
 """Outside an A/B run: no socket, so no turn-taking."""
 
