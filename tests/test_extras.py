@@ -18,7 +18,7 @@ from perfbudget.extras import (
     PaddingByWidth,
 )
 from perfbudget.measure.operators import OpRow, OpTable
-from perfbudget.measure.padding import PaddingStats, padding_stats
+from perfbudget.measure.padding import padding_stats
 
 
 def test_padding_by_width_groups_batches_by_their_padded_width() -> None:
@@ -26,12 +26,10 @@ def test_padding_by_width_groups_batches_by_their_padded_width() -> None:
     p = PaddingByWidth.from_batches([[5, 8], [2, 4], [3]], [8, 4, 8], sorted_rate=0.1)
     assert p.widths == (4, 8)
     assert p.rates == (pytest.approx(2 / 8), pytest.approx(1 - 16 / 24))
-    assert p.rate_by_width[8] == padding_stats([[5, 8], [3]], [8, 8]).rate
+    assert p.rates[1] == padding_stats([[5, 8], [3]], [8, 8]).rate
     assert p.to_extra() == {PADDING_BY_WIDTH: {"widths": [4, 8], "rates": list(p.rates), "sorted_rate": 0.1}}
     assert PaddingByWidth.from_extra(p.to_extra()) == p
     assert PaddingByWidth.from_extra({}) is None
-    stats = {8: PaddingStats(real_tokens=6, padded_tokens=8, batches=1)}
-    assert PaddingByWidth.from_stats(stats).rates == (0.25,)
 
 
 def test_padding_by_width_refuses_bad_shapes_naming_key_and_value() -> None:

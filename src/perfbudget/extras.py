@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from .measure.instructions import moves_between
 from .measure.operators import OpMove, OpRow, moved_operators
-from .measure.padding import PaddingStats, padding_rate_by_width
+from .measure.padding import padding_rate_by_width
 from .metrics import UNIT
 from .vocabulary import Outcome
 
@@ -89,12 +89,6 @@ class PaddingByWidth:
             _rate(f"{key}.sorted_rate", self.sorted_rate)
 
     @classmethod
-    def from_stats(cls, by_width: Mapping[int, PaddingStats], *, sorted_rate: float | None = None) -> PaddingByWidth:
-        """From token accounting per padded width (``measure.padding.PaddingStats``)."""
-        widths = tuple(sorted(by_width))
-        return cls(widths=widths, rates=tuple(by_width[w].rate for w in widths), sorted_rate=sorted_rate)
-
-    @classmethod
     def from_batches(
         cls,
         lengths_per_batch: Iterable[Sequence[int]],
@@ -116,11 +110,6 @@ class PaddingByWidth:
         """
         by_width = padding_rate_by_width(lengths_per_batch, padded_len_per_batch)
         return cls(widths=tuple(by_width), rates=tuple(by_width.values()), sorted_rate=sorted_rate)
-
-    @property
-    def rate_by_width(self) -> dict[int, float]:
-        """``{width: padding rate}``."""
-        return dict(zip(self.widths, self.rates, strict=True))
 
     def to_extra(self) -> dict[str, Any]:
         """``{"padding_by_width": {"widths": [...], "rates": [...], "sorted_rate": ...}}``."""

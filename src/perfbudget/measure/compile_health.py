@@ -7,7 +7,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -83,28 +83,13 @@ class CompileCounters:
         reasons = dict(self.break_reasons)
         for k, v in other.break_reasons.items():
             reasons[k] = reasons.get(k, 0) - v
-        return CompileCounters(
-            frames_total=self.frames_total - other.frames_total,
-            frames_ok=self.frames_ok - other.frames_ok,
-            unique_graphs=self.unique_graphs - other.unique_graphs,
-            calls_captured=self.calls_captured - other.calls_captured,
-            break_reasons={k: v for k, v in reasons.items() if v},
-            fx_cache_hits=self.fx_cache_hits - other.fx_cache_hits,
-            fx_cache_misses=self.fx_cache_misses - other.fx_cache_misses,
-            fx_cache_bypasses=self.fx_cache_bypasses - other.fx_cache_bypasses,
-        )
+        counts = {f.name: getattr(self, f.name) - getattr(other, f.name)
+                  for f in fields(self) if f.name != "break_reasons"}
+        return CompileCounters(break_reasons={k: v for k, v in reasons.items() if v}, **counts)
 
     def changed(self) -> bool:
-        """True if this difference shows any compile activity."""
-        return bool(
-            self.frames_total
-            or self.unique_graphs
-            or self.calls_captured
-            or self.break_reasons
-            or self.fx_cache_hits
-            or self.fx_cache_misses
-            or self.fx_cache_bypasses
-        )
+        """True if this difference shows any compile activity (``frames_ok`` moves with ``frames_total``)."""
+        return any(getattr(self, f.name) for f in fields(self) if f.name != "frames_ok")
 
 
 def read_counters() -> CompileCounters:

@@ -18,7 +18,6 @@ import tempfile
 from pathlib import Path
 
 from perfbudget.budgets.loader import load_dir
-from perfbudget.budgets.verdict import VerdictPolicy
 from perfbudget.device import DeviceInfo
 from perfbudget.extras import OperatorTable, PaddingByWidth
 from perfbudget.measure.operators import OpRow
@@ -26,6 +25,7 @@ from perfbudget.measure.padding import PaddingStats
 from perfbudget.metrics import parse_name
 from perfbudget.recorder import PerfRecorder
 from perfbudget.results import BaseSide, Record, Results, RunInfo
+from perfbudget.verdict.stored import VerdictPolicy
 
 HERE = Path(__file__).parent
 CPU = DeviceInfo(type="cpu", model="AMD EPYC 7763 64-Core Processor", count=2, torch="2.13.0+cpu",
@@ -115,7 +115,8 @@ def run(slow_addmm: float, seed: int) -> list[Record]:
                     512: PaddingStats(real_tokens=31000, padded_tokens=36100, batches=3)}
         total = sum(by_width.values(), PaddingStats(real_tokens=0, padded_tokens=0, batches=0))
         pad.record("padding_rate", round(total.rate, 4),
-                   extra=PaddingByWidth.from_stats(by_width, sorted_rate=0.031).to_extra())
+                   extra=PaddingByWidth(widths=tuple(by_width), rates=tuple(s.rate for s in by_width.values()),
+                                        sorted_rate=0.031).to_extra())
         return [*enc.records(), *dec.records(), *pad.records()]
 
 
