@@ -1,22 +1,4 @@
-"""The chain of head/parent ratios along first parents, and the cumulative change it gives since any
-earlier commit, with its interval.
-
-Method: each A/B run measured ``r_i = head_i / parent_i`` on one machine in one job, with a standard
-error ``se_i`` of ``ln r_i`` (the pooled per-pair sd over the square root of its pairs) and its degrees
-of freedom. Along a first-parent chain the head of one merge is the parent of the next, so the
-change since commit ``R`` is the product of the ratios after ``R``; in log space the ``ln r_i`` add, and
-so do the ``se_i^2`` (different jobs: independent errors). The interval is a t interval on the sum,
-with the Welch-Satterthwaite degrees of freedom (:func:`perfbudget.history.changepoints.segment_sum`;
-a variance estimate that several links share counts its degrees of freedom once: a machine's
-pooled sd, and the prior an unpooled link's run pooled its pairs with, see :attr:`Link.shared_df`).
-Machines may differ from one link to the next: each ratio was measured within one.
-
-A run's own per-pair sd rests on few pairs (a run that decided early stops at 2: one degree of
-freedom, a t quantile of 12.7), while the per-pair sd is a property of the check on a machine
-identity, not of one commit. :func:`pooled` therefore gives every link the sd pooled over all the
-series' runs on its machine identity (the pairs' own sds weighted by their degrees of freedom, as
-the within-group mean square of a one-way analysis of variance), with the pooled degrees of freedom.
-"""
+"""The chain of A/B head/parent ratios along first parents, and the cumulative change it gives."""
 
 from __future__ import annotations
 
@@ -31,9 +13,8 @@ from .store import Point, Run
 __all__ = ["Cumulative", "Gap", "Link", "chain_of", "cumulative", "cumulative_series", "pooled"]
 
 PRIOR_NOISE = "prior"
-"""The :attr:`Link.noise` of every unpooled link whose run pooled its pairs with a prior: one estimate
-shared by them all (the kind's default prior is one constant for every machine, a measured one is
-each machine identity's; the store does not say which, so they are counted as one, the cautious side)."""
+"""The :attr:`Link.noise` of every unpooled link whose run pooled its pairs with a prior: counted as one
+estimate shared by them all, as the store does not say whose prior it was (the cautious side)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,14 +28,12 @@ class Link:
     pooled_over: int = 0
     """Runs whose pairs :attr:`log_se` and :attr:`df` were pooled over (0: the run's own)."""
     prior_df: float = 0.0
-    """Of an unpooled link's :attr:`df`, those of the prior its run pooled its pairs with (``df - (pairs
-    - 1)``: 0 when the run set the prior aside); 0 when pooled."""
+    """Of an unpooled link's :attr:`df`, its run's prior's (``df - (pairs - 1)``); 0 when pooled."""
 
     @property
     def noise(self) -> str:
-        """The variance estimate that :attr:`shared_df` of :attr:`df` belong to, shared by every link
-        that names it: ``pooled:MACHINE`` (the machine identity's pooled per-pair sd), else
-        :data:`PRIOR_NOISE` (the prior the run pooled its pairs with), else ``own:COMMIT`` (nothing shared)."""
+        """The variance estimate :attr:`shared_df` belongs to: ``pooled:MACHINE``, :data:`PRIOR_NOISE`,
+        or ``own:COMMIT`` (nothing shared)."""
         if self.pooled_over:
             return f"pooled:{self.machine}"
         return PRIOR_NOISE if self.prior_df > 0 else f"own:{self.commit}"
@@ -62,18 +41,10 @@ class Link:
     @property
     def shared_df(self) -> float:
         """The degrees of freedom of :attr:`noise`'s shared estimate: all of :attr:`df` when pooled,
-        the prior's when the run pooled its pairs with one, else none.
+        else the prior's.
 
-        Why the prior counts once: a run's variance is ``(prior_df * prior_sd^2 + (pairs - 1) *
-        s^2) / df``, and every run takes the same prior. Kept per link, as ``df`` was, the prior's
-        degrees of freedom counted once per link in the Welch-Satterthwaite sum: five 2-pair links
-        on a 3-df prior read as 20 df where they hold 5 (t(0.975) 2.09, not 2.57). Each link's
-        variance is split into the prior's share (``prior_df / df`` of it: these add up over the
-        links, on ``prior_df`` counted once) and its own pairs' (on ``pairs - 1``), which is
-        Welch-Satterthwaite for that sum when the sds estimate one sd, as one machine's do; one
-        link keeps its ``df``. Giving each such link ``pairs - 1`` instead would keep the prior in
-        the variance and its shared error out of the degrees of freedom: over many links too many
-        (five 4-pair links on a 3-df prior: 15 df where they hold 10)."""
+        Every run takes the same prior, so its degrees of freedom count once over the links: per link,
+        five 2-pair links on a 3-df prior would read as 20 df where they hold 5 (t(0.975) 2.09, not 2.57)."""
         if self.pooled_over:
             return float(self.df or 0.0)
         return self.prior_df
@@ -93,12 +64,9 @@ class Link:
 
 @dataclass(frozen=True, kw_only=True)
 class Gap:
-    """Where the chain cannot reach back: the run of :attr:`run` measured its commit against a parent
-    that has no A/B ratio for this check, while :attr:`older` (the newest run before it) and
-    :attr:`unchained` runs in all are older. What changed from :attr:`older`'s commit to that parent
-    (``git log --first-parent OLDER..PARENT``: a push of several commits compared with its last
-    parent only, a cancelled or failed run) was never measured, so no cumulative change reaches
-    back over it."""
+    """Where the chain cannot reach back: :attr:`run`'s parent has no A/B ratio for this check, while
+    :attr:`older` (the newest run before it) and :attr:`unchained` runs in all are older; what changed
+    from :attr:`older` to that parent was never measured."""
 
     run: Run
     older: Run
@@ -147,12 +115,10 @@ def _link(p: Point) -> Link | None:
 
 
 def chain_of(points: Sequence[Point]) -> tuple[list[Link], list[Gap]]:
-    """The first-parent chain that ends at the newest A/B point with a ratio, oldest merge first
-    (``points``: one check on one machine, oldest first, as :meth:`HistoryStore.series` gives them).
+    """The first-parent chain that ends at the newest A/B point with a ratio, oldest merge first.
 
-    Walks back from the newest run by its parent; the chain ends where a parent has no A/B run here
-    (or no ratio for this check). The walk then goes on from the newest run older than that end, to
-    find every gap further back.
+    ``points`` are one check's, oldest first. The walk back by parents stops where a parent has no
+    ratio, then goes on from the newest run older than that, to find every gap further back.
 
     Returns:
         ``(links, gaps)``: the gaps newest first, each where a walk stopped while older runs exist
@@ -186,11 +152,12 @@ def chain_of(points: Sequence[Point]) -> tuple[list[Link], list[Gap]]:
 
 
 def pooled(links: Sequence[Link], points: Sequence[Point] = ()) -> list[Link]:
-    """``links`` with the per-pair sd pooled per machine identity over the A/B runs of ``points``
-    (the series' runs, the chain's own when empty) that kept their pairs' sd: each link's standard
-    error becomes ``s / sqrt(pairs)`` on ``sum(pairs - 1)`` degrees of freedom, where
-    ``s^2 = sum((pairs - 1) * pair_sd^2) / sum(pairs - 1)``. A link whose run kept no pair sd, or
-    whose machine has no more degrees of freedom than the link's own run, keeps its own."""
+    """``links`` with the per-pair sd pooled per machine identity over the runs of ``points`` (default:
+    the chain's): a run's sd rests on few pairs, while the spread belongs to the check on a machine.
+
+    Each link's standard error becomes ``s / sqrt(pairs)`` on ``sum(pairs - 1)`` degrees of freedom,
+    ``s^2 = sum((pairs - 1) * pair_sd^2) / sum(pairs - 1)``; a link whose run kept no pair sd, or whose
+    machine has no more degrees of freedom than its own run, keeps its own."""
     sums: dict[str, tuple[float, int, int]] = {}
     for c, machine in ((p.check, p.run.machine) for p in (points or [link.point for link in links])):
         if c.pair_sd is not None and c.pairs >= 2 and math.isfinite(c.pair_sd):

@@ -1,16 +1,4 @@
-"""Change points on a check's history: level shifts in a series of absolute values (a stable machine),
-and drifts in a chain of head/parent log-ratios (lockstep A/B), found by a penalised
-piecewise-constant fit (``ruptures``' PELT, each point weighted by its run's standard error) and kept only when
-significant.
-
-Why two models: an absolute series is ``level + noise``, so its change points are where the level
-moves. A chain of A/B ratios measures each merge's *change*: ``ln(head/parent)`` is the step of the
-level at that merge, with its own standard error from the pairs. Adding them up gives the level, but
-its error is then a random walk, which a constant-mean fit would read as change points everywhere.
-So the chain is segmented in its increments: a segment of consecutive merges with one mean step
-(a single +10 % merge is a segment of one; five +2 % merges a segment of five), kept when the sum of
-its log-ratios is significant against the sum of their variances.
-"""
+"""Change points of a check's history: level shifts of absolute values, drifts of a chain of A/B log-ratios."""
 
 from __future__ import annotations
 
@@ -51,17 +39,16 @@ class ChangeConfig:
     min_change: float = 0.01
     """Level shifts and drifts smaller than this relative change (0.01: 1 %) are not reported."""
     chain_penalty: float = 4.0
-    """PELT penalty on a chain's log-ratios, in units of ``median(se^2) * ln(n)``: low, because every
-    proposed segment is then tested on its own (``chain_confidence``)."""
+    """PELT penalty on a chain's log-ratios, in units of ``median(se^2) * ln(n)``: low, as each proposed
+    segment is then tested on its own (``chain_confidence``)."""
     chain_confidence: float = 0.995
-    """Two-sided coverage of a drift's interval; a drift is reported when the interval excludes 1.
-    Above 0.99 because the fit picks the segments that look most like a change: at 0.99, 3-5 % of
-    simulated no-op histories of 5-10 merges had a drift (``benchmarks/history-sim.md``)."""
+    """Two-sided coverage of a drift's interval, reported when it excludes 1. Above 0.99 as the fit picks
+    what looks most like a change: at 0.99, 3-5 % of simulated no-op histories had a drift
+    (``benchmarks/history-sim.md``)."""
     min_points: int = 6
     """Shorter series have no change points (too few points to tell a level from noise)."""
     min_size: int = 2
-    """Fewest runs of a level between two others: a shorter one that the next runs undo is a blip, not a
-    finding (asv's ``step_detect.detect_regressions``, ``min_size=2``)."""
+    """Fewest runs of a level between two others: a shorter one the next runs undo is a blip (asv's ``min_size``)."""
 
     def __post_init__(self) -> None:
         for name in ("level_penalty", "chain_penalty", "min_change"):
@@ -102,8 +89,7 @@ class Shift:
 
 @dataclass(frozen=True, kw_only=True)
 class Drift:
-    """Consecutive merges ``first..last`` (indices into the chain, inclusive) whose head/parent ratios
-    multiply to a significant change."""
+    """Consecutive merges ``first..last`` (chain indices, inclusive) whose ratios multiply to a significant change."""
 
     first: int
     last: int
@@ -122,13 +108,8 @@ class MissingPackageError(ImportError):
 
 
 def pelt_breakpoints(series: Sequence[float], penalty: float, weights: Sequence[float] | None = None) -> list[int]:
-    """Segment ends of the least-squares piecewise-constant fit with ``penalty`` per change point, one-point
-    segments allowed: PELT, exact; ``weights`` (relative, one per point) weigh each point's squared error.
-
-    Unweighted, ``ruptures.KernelCPD`` with the linear kernel has the least-squares cost of
-    ``Pelt(model="l2")`` and gives the same segments, from its C implementation (~1000x faster on 60
-    points); weighted, ruptures' own PELT on the weighted cost (:func:`_weighted_l2`).
-    """
+    """Segment ends of the exact least-squares piecewise-constant fit (PELT), ``penalty`` per change point;
+    ``weights`` (relative, one per point) weigh each point's squared error."""
     import numpy as np
 
     try:
@@ -143,6 +124,7 @@ def pelt_breakpoints(series: Sequence[float], penalty: float, weights: Sequence[
         # Equal weights scale every segment's cost alike: the unweighted fit at a penalty scaled back.
         penalty, weights = penalty / weights[0], None
     x = np.asarray(series, dtype=float).reshape(-1, 1)
+    # KernelCPD's linear kernel is Pelt(model="l2")'s cost, from C (~1000x faster on 60 points).
     fit = ruptures.KernelCPD(kernel="linear", min_size=1) if weights is None else \
         ruptures.Pelt(custom_cost=_weighted_l2(ruptures.base.BaseCost, weights), min_size=1, jump=1)
     return [int(e) for e in fit.fit(x).predict(pen=max(penalty, 1e-12))]
@@ -184,20 +166,15 @@ def level_shifts(values: Sequence[float], *, se: Sequence[float | None] | None =
                  config: ChangeConfig | None = None, breakpoints: Breakpoints | None = None) -> list[Shift]:
     """Change points of a series of absolute values (times, rates, counts), oldest first.
 
-    Positive series are fitted on ln(value), so a shift is relative and noise proportional to the
-    level is constant; a series with zeros (``graph_breaks``, ``nonfinite_grads``) on the values
-    themselves. The penalty is ``level_penalty * sd^2 * ln(n)`` with the noise sd from :func:`robust_sd`.
-    Where every run kept its standard error of ln(value) (``se``), a point weighs ``median(se^2) / se^2``:
-    a run that measured itself less precisely moves the fit less, and equal errors fit as unweighted.
-    A level of fewer than ``config.min_size`` runs that the next runs undo (the levels either side would
-    be one at this penalty) is not a finding.
+    A positive series is fitted on ln(value), so a shift is relative; one with zeros on the values.
+    The penalty is ``level_penalty * sd^2 * ln(n)`` (sd from :func:`robust_sd`); where every run kept
+    its ``se``, a point weighs ``median(se^2) / se^2``.
 
     Args:
         values: the series; negative or non-finite values are refused.
         se: each value's standard error of ln(value) (``Check.value_se``), ``None`` where unknown.
         config: penalties and thresholds.
-        breakpoints: the segmentation (default: :func:`pelt_breakpoints`, weighted; another library
-            in the benchmark, unweighted).
+        breakpoints: the segmentation (default: :func:`pelt_breakpoints`, weighted).
 
     Raises:
         ValueError: a value that is not a finite number >= 0.
@@ -239,15 +216,12 @@ def level_shifts(values: Sequence[float], *, se: Sequence[float | None] | None =
 def segment_sum(log_ratios: Sequence[float], log_se: Sequence[float], dfs: Sequence[float] | None,
                 confidence: float, sources: Sequence[str] | None = None,
                 shared_dfs: Sequence[float] | None = None) -> tuple[float, tuple[float, float]]:
-    """Product of head/parent ratios and its interval: log-ratios add, and so do their variances
-    (independent jobs); the t quantile takes the Welch-Satterthwaite degrees of freedom of the sum
-    (the normal quantile when the merges' own degrees of freedom are unknown). Merges whose standard
-    errors rest on one shared variance estimate name the same ``sources`` entry, and ``shared_dfs``
-    says how many of each merge's degrees of freedom are that estimate's (default: all of them, as
-    for one machine's pooled per-pair sd; a run's pairs pooled with a prior: the prior's). Each
-    merge's variance is split in that proportion: the shared parts add within their source, whose
-    degrees of freedom (the fewest its merges name) count once; the rest is the merge's own, on its
-    remaining degrees of freedom.
+    """Product of head/parent ratios and its interval: log-ratios and their variances add, and the t
+    quantile takes the sum's Welch-Satterthwaite degrees of freedom (normal when ``dfs`` is unknown).
+
+    Merges whose errors share one variance estimate name the same ``sources`` entry; ``shared_dfs``
+    says how many of each merge's degrees of freedom are that estimate's (default: all). The shared
+    parts add within their source, whose degrees of freedom count once; the rest is each merge's own.
 
     Returns:
         ``(ratio, (low, high))``.
@@ -278,12 +252,10 @@ def chained_drifts(log_ratios: Sequence[float], log_se: Sequence[float], dfs: Se
                    sources: Sequence[str] | None = None, shared_dfs: Sequence[float] | None = None) -> list[Drift]:
     """Runs of consecutive merges that changed the level, from each merge's ln(head/parent) and its se.
 
-    A penalised fit, each merge weighing ``median(se^2) / se^2``, proposes segments of one mean step
-    (penalty ``chain_penalty * median(se^2) * ln(n)``; ``breakpoints`` as in :func:`level_shifts`). A
-    segment of one merge is a finding here: the chain holds each merge's change, not a level, so a
-    merge that the next one undoes is two changes, each measured against its own parent;
-    a segment is kept when the interval of its summed log-ratio (:func:`segment_sum`, at
-    ``chain_confidence``; ``sources`` and ``shared_dfs`` as there) excludes zero and its change is at least ``min_change``.
+    The chain is segmented in its increments, not its sum, whose error is a random walk a constant-mean
+    fit would read as change points everywhere. A weighted fit (as :func:`level_shifts`) proposes
+    segments of one mean step, even of one merge; one is kept when its :func:`segment_sum` interval at
+    ``chain_confidence`` excludes 1 and its change is at least ``min_change``.
 
     Raises:
         ValueError: lengths that differ, or a standard error that is not a positive number.

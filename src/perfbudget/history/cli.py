@@ -1,6 +1,4 @@
-"""``perfbudget history add|show|report|check``: keep main's results, show a check's series, render the
-history page, and fail on a change point, a drift, a cumulative change or a trend of one machine's
-values since a ref."""
+"""The ``perfbudget history`` command: ``add``, ``show``, ``report`` and ``check``."""
 
 from __future__ import annotations
 
@@ -68,9 +66,6 @@ def _open(args: argparse.Namespace, *, write: bool = False) -> HistoryStore:
         raise _InputError(str(exc)) from None
 
 
-# --------------------------------------------------------------------------- add
-
-
 def cmd_add(args: argparse.Namespace, out: TextIO) -> int:
     try:
         results = load_results(args.results)
@@ -88,9 +83,6 @@ def cmd_add(args: argparse.Namespace, out: TextIO) -> int:
     out.write(terminal_text(f"perfbudget history: kept {written} check(s) of {run.short} ({run.mode}, {run.machine}, "
                             f"{run.date}) in {args.db}; {total} run(s) in all\n"))
     return ExitCode.OK
-
-
-# --------------------------------------------------------------------------- show
 
 
 def _name(store: HistoryStore, wanted: str) -> tuple[str, str]:
@@ -155,9 +147,6 @@ def _series_text(a: SeriesAnalysis) -> str:
     return "\n".join(lines)
 
 
-# --------------------------------------------------------------------------- report
-
-
 def cmd_report(args: argparse.Namespace, out: TextIO) -> int:
     with _open(args) as store:
         analyses = _analyses(store)
@@ -168,9 +157,6 @@ def cmd_report(args: argparse.Namespace, out: TextIO) -> int:
         raise _InputError(f"{args.output}: cannot write: {exc.strerror or exc}") from None
     out.write(f"perfbudget history: wrote {len(analyses)} series to {args.output}\n")
     return ExitCode.OK
-
-
-# --------------------------------------------------------------------------- check
 
 
 def _since_date(store: HistoryStore, ref: str) -> tuple[str, str]:
@@ -184,8 +170,7 @@ def _since_date(store: HistoryStore, ref: str) -> tuple[str, str]:
         if len(found) == 1:
             return found[0], min(r.date for r in store.runs() if r.parent == found[0])
     if len(found) == 1:
-        dates = [r.date for r in store.runs() if r.commit == found[0]]
-        return found[0], min(dates)
+        return found[0], min(r.date for r in store.runs() if r.commit == found[0])
     if len(found) > 1:
         raise _InputError(f"--since {ref}: ambiguous: {len(found)} commits in the history start with it")
     raise _InputError(f"--since {ref}: not a commit in this git repository or in {store.path}")
@@ -243,44 +228,35 @@ def cmd_check(args: argparse.Namespace, out: TextIO) -> int:
     return ExitCode.OK
 
 
-# --------------------------------------------------------------------------- parser
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The ``history`` subcommands, on a parser of their own or the ``perfbudget history`` subcommand."""
     sub = p.add_subparsers(dest="history_command", required=True, metavar="SUBCOMMAND")
 
-    def common(q: argparse.ArgumentParser) -> None:
+    def subcommand(name: str, text: str) -> argparse.ArgumentParser:
+        q = sub.add_parser(name, help=text, epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
         q.add_argument("--db", default=DEFAULT_DB, metavar="PATH", help=f"the history database (default {DEFAULT_DB})")
+        return q
 
-    a = sub.add_parser("add", help="keep a results file's run in the history", epilog=_EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    a = subcommand("add", "keep a results file's run in the history")
     a.add_argument("results", help="results JSON (perfbudget ab --out, or pytest --perf-json)")
-    common(a)
     a.add_argument("--commit", metavar="SHA", help="the commit measured (default: the A/B head, else git HEAD)")
     a.add_argument("--parent", metavar="SHA", help="its parent (default: the A/B base, else the first parent)")
     a.add_argument("--date", metavar="ISO8601", help="its date (default: the commit date from git)")
     a.add_argument("--machine", metavar="ID", help="machine identity (default: the records' device identity)")
     a.set_defaults(history_func=cmd_add)
 
-    s = sub.add_parser("show", help="one check's series in the terminal", epilog=_EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    s = subcommand("show", "one check's series in the terminal")
     s.add_argument("check", metavar="KEY.METRIC", help="e.g. encoder-train.step_ms")
-    common(s)
     s.add_argument("--machine", metavar="ID", help="only this machine identity")
     s.set_defaults(history_func=cmd_show)
 
-    r = sub.add_parser("report", help="the history page (self-contained HTML)", epilog=_EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    common(r)
+    r = subcommand("report", "the history page (self-contained HTML)")
     r.add_argument("-o", "--output", required=True, metavar="FILE.html", help="the page to write")
     r.add_argument("--title", default="perf history", help="the page's heading")
     r.add_argument("--tolerance", type=float, default=0.05, help="drawn on the cumulative plots (default 0.05)")
     r.set_defaults(history_func=cmd_report)
 
-    c = sub.add_parser("check", help="exit 1 on a change point, drift, cumulative change or trend for the worse since REF",
-                       epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    common(c)
+    c = subcommand("check", "exit 1 on a change point, drift, cumulative change or trend for the worse since REF")
     c.add_argument("--since", required=True, metavar="REF", help="a commit-ish (a release tag, HEAD~20, a SHA)")
     c.add_argument("--tolerance", type=float, default=0.05,
                    help="a cumulative chained A/B ratio fails when it is worse than 1 with its whole 99 %% interval "

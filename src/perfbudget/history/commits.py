@@ -1,5 +1,4 @@
-"""Which commit a results file measured, its first parent and its date: from the results, explicit
-values, or ``git`` in the working tree."""
+"""Which commit a results file measured, its first parent and its date, from the results or git."""
 
 from __future__ import annotations
 
@@ -48,11 +47,8 @@ def git_commit_info(commit: str, cwd: str | Path = ".") -> tuple[str, str | None
 
 def run_of(results: Results, *, source: str, commit: str | None = None, parent: str | None = None,
            date: str | None = None, machine: str | None = None, cwd: str | Path = ".") -> Run:
-    """The :class:`Run` a results file records.
-
-    The commit is ``commit`` if given, else the A/B run's head (``meta["ab"]["head_commit"]``), else
-    the working tree's ``HEAD``; the parent likewise (``--parent``, the A/B base, the commit's first
-    parent); the date from ``date`` or the commit (git), and the machine from the records' device identity.
+    """The :class:`Run` a results file records: each of commit, parent, date and machine as given, else
+    from the A/B run's meta, else from git (``HEAD``, its first parent, its date) or the records' device.
 
     Raises:
         CommitError: naming what is missing and the option that supplies it.

@@ -1,5 +1,4 @@
-"""The history page: one self-contained HTML file (inline SVG, no script, nothing fetched) with a plot per
-check over commits, its change points marked, and for A/B history the cumulative ratio with its band."""
+"""The history page: one self-contained HTML file (inline SVG, no script) with a plot per check over commits."""
 
 from __future__ import annotations
 
@@ -228,10 +227,8 @@ def _anchor(a: SeriesAnalysis) -> str:
 
 def render_history(analyses: Sequence[SeriesAnalysis], *, title: str = "perf history", tolerance: float = 0.05,
                    source: str = "") -> str:
-    """The history page: per check (and machine and mode), its values over commits with the change
-    points, and, for A/B history, the cumulative head/parent ratio with its band and the drifts.
-    Series that moved for the worse come first, linked from the top; series with one run or none
-    are one folded table at the end.
+    """The history page: per series, its values with the change points and, for A/B history, the
+    cumulative ratio with its band and the drifts; those that moved for the worse first.
 
     Args:
         analyses: from :func:`perfbudget.history.analysis.analyze_store`.

@@ -1,6 +1,4 @@
-"""The history store: one SQLite file holding every run's checks by commit, machine and mode; versioned,
-one transaction per write, refused when corrupt or newer than this version reads; migrated by writers
-only (a reader of an older store reads it as migrated, writing nothing)."""
+"""The history store: every run's checks by commit, machine and mode, in one versioned SQLite file."""
 
 from __future__ import annotations
 
@@ -35,14 +33,12 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 3
-"""Version of the store's tables. Bump it when they change in a way this version would misread,
-and add the step from the previous version to :data:`_MIGRATIONS`. Version 2 adds each check's
-``value_se`` (the run's own standard error of ln(value)), which the trend of a machine's values weighs;
-version 3 its ``pair_sd`` (the sd of its own pairs' ln(head/base)), which the chain pools per machine."""
+"""Version of the store's tables: bump it, with a step in :data:`_MIGRATIONS`, when they change in a
+way this version would misread."""
 
 _HEAD_SHARE = math.sqrt(0.5)
-"""An A/B head's share of its per-pair standard error: ln(head/base) of a pair has the variance of
-both sides' processes, equal in a lockstep run, so the head's median over the pairs has half of it."""
+"""An A/B head's share of its per-pair standard error: a pair's ln(head/base) has both sides' variance,
+equal in a lockstep run, so the head has half of it."""
 
 
 def _add_value_se(db: sqlite3.Connection) -> None:
@@ -60,8 +56,7 @@ def _add_pair_sd(db: sqlite3.Connection) -> None:
 
 
 _MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _add_value_se, 2: _add_pair_sd}
-"""``version -> step``: the step turns a store of ``version`` into one of ``version + 1``, inside the
-write transaction."""
+"""``version -> step`` to ``version + 1``, run inside the write transaction."""
 
 Mode = Literal["stored", "ab"]
 """How a run judged timing: against stored budgets (absolute values) or lockstep A/B (head/parent ratios)."""
@@ -70,9 +65,8 @@ BUSY_TIMEOUT_S = 60.0
 """How long a writer waits for another writer's transaction before giving up."""
 
 MAX_ROW_BYTES = 1 << 20
-"""The longest row (or value) read or written: a row perfbudget writes holds a few names of at most
-1,000 characters each; a crafted store's 100 MB row is refused before it is read into memory
-(Python 3.11 and later, whose ``sqlite3`` sets the limit)."""
+"""The longest row read or written (perfbudget's hold a few short names): a crafted store's 100 MB row
+is refused before it is read into memory (Python 3.11 and later, whose ``sqlite3`` sets the limit)."""
 
 _TABLES = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -174,13 +168,11 @@ class Check:
     pairs: int = 0
     """A/B: process pairs behind the ratio."""
     value_se: float | None = None
-    """The run's own standard error of ln(``value``): an A/B head's is ``log_se / sqrt(2)`` (its
-    processes' half of the per-pair variance); a stored run's from its interval and that interval's
-    coverage. ``None`` when the run does not say (an exact metric, a value of 0, an older store)."""
+    """The run's own standard error of ln(``value``) (an A/B head's: ``log_se / sqrt(2)``); ``None``
+    when the run does not say (an exact metric, a value of 0, an older store)."""
     pair_sd: float | None = None
-    """A/B: the sample sd of the pairs' own ln(head/base) (``pairs - 1`` degrees of freedom, no
-    prior): what :func:`perfbudget.history.chain.pooled` pools over a machine's runs. ``None`` with
-    fewer than 2 pairs or from an older store."""
+    """A/B: the sample sd of the pairs' own ln(head/base), which :func:`~perfbudget.history.chain.pooled`
+    pools over a machine's runs; ``None`` with fewer than 2 pairs or from an older store."""
 
     @property
     def name(self) -> str:
@@ -189,8 +181,7 @@ class Check:
 
     @classmethod
     def from_record(cls, r: Record) -> Check:
-        """Reduce a results record: the A/B comparison's ratio, interval, standard error and degrees
-        of freedom as the record keeps them (:class:`perfbudget.results.BaseSide`)."""
+        """Reduce a results record, its A/B comparison as :class:`perfbudget.results.BaseSide` keeps it."""
         ratio = ratio_ci = log_se = df = pair_sd = None
         pairs = 0
         b = r.vs_base
@@ -251,24 +242,18 @@ def utc_date(text: str) -> str:
 class HistoryStore:
     """The history in one SQLite file: opened (created when missing), checked, read and written.
 
-    Writes are one transaction each, begun with ``BEGIN IMMEDIATE`` (the write lock is taken
-    first, so two writers queue, within the busy timeout, instead of failing half-way).
-    SQLite's rollback journal makes each transaction atomic and durable: a writer killed
-    mid-transaction leaves a hot journal that the next opener rolls back, so the file holds
-    every earlier run and none of the killed one. The default journal (not WAL) keeps the store
-    one file, as it is kept on a branch.
+    Each write is one ``BEGIN IMMEDIATE`` transaction, so writers queue instead of failing half-way;
+    the default rollback journal (not WAL) keeps it atomic and the store one file, as a branch keeps it.
 
     Args:
         path: the database file; created with its folder when missing, unless ``read_only``.
         timeout_s: how long to wait for another writer.
-        read_only: open to read only: the file must exist and hold a history; an older schema is
-            migrated in a copy in memory (:data:`_MIGRATIONS`), the file left as it is. Writers
-            (:meth:`add`) create and migrate it.
+        read_only: the file must exist and hold a history; an older schema is migrated in a copy in
+            memory, the file left as it is.
 
     Raises:
-        HistoryError: the file is not a SQLite database or not a history store, is corrupt, or
-            has a schema newer than :data:`SCHEMA_VERSION`; or cannot be read or written now
-            (locked by another writer past the busy timeout, no permission), saying so.
+        HistoryError: not a history store, corrupt, newer than :data:`SCHEMA_VERSION`, or locked or
+            unwritable now, saying which.
     """
 
     def __init__(self, path: str | Path, *, timeout_s: float = BUSY_TIMEOUT_S, read_only: bool = False) -> None:
@@ -381,15 +366,13 @@ class HistoryStore:
         self._db.execute("COMMIT")
 
     def add(self, run: Run, checks: Iterable[Check]) -> int:
-        """Keep ``run`` and its checks, replacing what the store had for the same commit, machine and
-        mode (adding a results file twice is a no-op), in one transaction.
+        """Keep ``run`` and its checks in one transaction, replacing the same commit, machine and mode's.
 
         Returns:
             The number of checks written.
 
         Raises:
-            HistoryError: opened read-only, or the write failed (locked past the busy timeout, no
-                permission, a full disk), saying which.
+            HistoryError: opened read-only, or the write failed (locked, no permission, a full disk).
         """
         if self.read_only:
             raise HistoryError(f"{self.path}: opened read-only: cannot add run {run.short}")
@@ -433,8 +416,7 @@ class HistoryStore:
         return [(str(k), str(m)) for k, m in self._read("SELECT DISTINCT key, metric FROM checks ORDER BY key, metric")]
 
     def series(self, key: str, metric: str) -> list[Point]:
-        """Every point of one check, oldest commit first (all machines and modes: group them with
-        :func:`by_machine`)."""
+        """Every point of one check, oldest commit first, all machines and modes (see :func:`by_machine`)."""
         rows = self._read(
             f"SELECT {_RUN_COLUMNS}, {_CHECK_COLUMNS} FROM checks JOIN runs ON runs.id = checks.run_id "
             "WHERE key = ? AND metric = ? ORDER BY date_utc, runs.id, nodeid", (key, metric))
@@ -457,8 +439,7 @@ class HistoryStore:
 
 
 def _hardened(db: sqlite3.Connection) -> sqlite3.Connection:
-    """``db`` with no function of the store's schema trusted (``trusted_schema`` off: a view, trigger,
-    index or default calls only innocuous functions) and rows bounded by :data:`MAX_ROW_BYTES`."""
+    """``db`` trusting no function of the store's schema, its rows bounded by :data:`MAX_ROW_BYTES`."""
     db.execute("PRAGMA trusted_schema = OFF")
     if sys.version_info >= (3, 11):  # sqlite3 sets limits since
         db.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_ROW_BYTES)
@@ -491,24 +472,22 @@ def _run(row: Sequence[object]) -> Run:
                machine=str(machine), mode="ab" if mode == "ab" else "stored", source=str(source))
 
 
+def _float(x: object) -> float | None:
+    return None if x is None else float(x)  # type: ignore[arg-type]
+
+
 def _pair(lo: object, hi: object) -> tuple[float, float] | None:
-    return None if lo is None or hi is None else (float(lo), float(hi))  # type: ignore[arg-type]
+    low, high = _float(lo), _float(hi)
+    return None if low is None or high is None else (low, high)
 
 
 def _check(row: Sequence[object]) -> Check:
     (nodeid, key, metric, unit, kind, direction, outcome, value, ci_low, ci_high, ratio, ratio_low, ratio_high,
      log_se, df, pairs, value_se, pair_sd) = row
     return Check(nodeid=str(nodeid), key=str(key), metric=str(metric), unit=str(unit), kind=str(kind),
-                 direction=str(direction), outcome=Outcome(outcome),
-                 value=None if value is None else float(value),  # type: ignore[arg-type]
-                 ci=_pair(ci_low, ci_high),
-                 ratio=None if ratio is None else float(ratio),  # type: ignore[arg-type]
-                 ratio_ci=_pair(ratio_low, ratio_high),
-                 log_se=None if log_se is None else float(log_se),  # type: ignore[arg-type]
-                 df=None if df is None else float(df),  # type: ignore[arg-type]
-                 pairs=int(pairs),  # type: ignore[call-overload]
-                 value_se=None if value_se is None else float(value_se),  # type: ignore[arg-type]
-                 pair_sd=None if pair_sd is None else float(pair_sd))  # type: ignore[arg-type]
+                 direction=str(direction), outcome=Outcome(outcome), value=_float(value), ci=_pair(ci_low, ci_high),
+                 ratio=_float(ratio), ratio_ci=_pair(ratio_low, ratio_high), log_se=_float(log_se), df=_float(df),
+                 pairs=int(pairs), value_se=_float(value_se), pair_sd=_float(pair_sd))  # type: ignore[call-overload]
 
 
 def by_machine(points: Iterable[Point]) -> dict[tuple[str, Mode], list[Point]]:
