@@ -1,5 +1,4 @@
-"""The pull-request comment: what needs a look first, one comparison per check, a line per
-passing group, the command that accepts the change; from a results file, so any CI can post it."""
+"""The pull-request comment, from a results file: what needs a look first, then the rest in brief."""
 
 from __future__ import annotations
 
@@ -74,11 +73,8 @@ class CommentLinks:
 
 
 def accept_command(results: Results, results_name: str, *, commit: str | None = None) -> str:
-    """The ``perfbudget accept`` command line for these results, as found under ``results_name``.
-
-    ``commit`` names the measured commit for results that do not (a plain pytest run); without
-    either, the command says ``--commit SHA`` for the reader to fill in.
-    """
+    """The ``perfbudget accept`` command line for these results, as found under ``results_name``;
+    ``commit`` names the measured commit where the results do not (else ``--commit SHA`` is left to fill)."""
     argv = ["perfbudget", "accept", shlex.quote(results_name)]
     budgets_dir = _budgets_dir(results)
     if budgets_dir not in ("budgets", ""):
@@ -89,17 +85,15 @@ def accept_command(results: Results, results_name: str, *, commit: str | None = 
 
 
 def _budgets_dir(results: Results) -> str:
-    """The run's budgets folder as the accept command may name it: a relative, normalised path without
-    ``..`` (``budgets`` by default), of at most :data:`MD_MAX_TEXT` characters; empty for any other (absolute,
-    climbing out), which the results file, written by the pull request's code, could aim anywhere."""
+    """The run's budgets folder as the accept command may name it: relative, normalised, without ``..``,
+    at most :data:`MD_MAX_TEXT` characters; else empty (the pull request's code wrote the results file)."""
     shown = plain(shown_path(results.meta.budgets_dir or "budgets"))
     inside = not posixpath.isabs(shown) and ".." not in re.split(r"[/\\]", shown) and len(shown) <= MD_MAX_TEXT
     return shown if inside and shown == posixpath.normpath(shown) else ""
 
 
 def comment_marker(check: str, head: str) -> str:
-    """The first line of the comment of check ``check`` (one comment per job of a matrix), judging
-    commit ``head``: how a poster finds its own comment again, to update it in place."""
+    """The first line of check ``check``'s comment judging ``head``, by which a poster finds it again."""
     return f"<!-- perfbudget-comment check={quote(check, safe='')} head={head} -->"
 
 
@@ -114,8 +108,7 @@ def read_marker(body: str) -> tuple[str, str] | None:
 
 
 def stale_comment(body: str, head: str) -> str:
-    """A comment of ours, marked stale: the push of ``head`` produced no results, so its verdict
-    judged an older commit (the one its marker names). A previous stale note is replaced."""
+    """A comment of ours marked stale (replacing an earlier note): the push of ``head`` gave no results."""
     first, _, rest = body.partition("\n")
     judged = (read_marker(first) or ("", ""))[1]
     if rest.startswith(_STALE):
@@ -128,12 +121,9 @@ def stale_comment(body: str, head: str) -> str:
 def pr_comment(results: Results, *, title: str = "perf", links: CommentLinks | None = None,
                results_name: str = "results.json", commit: str | None = None,
                marker: str = COMMENT_MARKER, head: str = "") -> str:
-    """Markdown for a pull request's comment, led by ``marker``.
-
-    Failures, errors and inconclusive checks first, one row each with the comparison that
-    decided it (:func:`~perfbudget.report.common.deciding`), its interval and the smallest change
-    the run could resolve; then what moved in their tests; one line per passing group (workload
-    key and device), collapsed; the links; the accept command when a budget would change.
+    """Markdown for a pull request's comment, led by ``marker``: failing, erroring and inconclusive checks
+    first with the comparison that decided each, what moved, a folded line per passing group, the links,
+    and the accept command when a budget would change.
 
     Args:
         results: the run's results.
@@ -176,14 +166,9 @@ _CUT_NOTE = 500
 
 
 def _capped(lead: list[str], about: list[str], look: list[Record], rest: list[str], *, tail: list[str]) -> str:
-    """The comment up to :data:`MAX_COMMENT_CHARS`: ``lead`` (marker, heading), ``about`` (how the run
-    compared, the links), the table of the checks that need a look (``look``, the first
-    :data:`_MAX_ROWS`), ``rest`` (what moved, the passing groups), ``tail`` (the accept command: what
-    the reader acts on).
-
-    ``lead``, ``tail`` and the table come first: the table's rows as many as fit, those not shown
-    said; ``about`` and ``rest`` fill the room left, a line that does not fit left out (whole lines
-    only, a ``<details>`` left open closed), and the cut said."""
+    """The comment up to :data:`MAX_COMMENT_CHARS`: ``lead``, ``tail`` (what the reader acts on) and the
+    table of ``look`` first, as many rows as fit; ``about`` and ``rest`` fill the room left in whole
+    lines (a ``<details>`` left open closed), and the cut is said."""
     rows = md_table(["", "check", *DECIDING_COLUMNS], (_row(r) for r in look[:_MAX_ROWS])) if look else []
     text = "\n".join([*lead, *about, *_table(rows, look), *rest, *tail])
     if len(text) <= MAX_COMMENT_CHARS:
@@ -199,8 +184,7 @@ def _capped(lead: list[str], about: list[str], look: list[Record], rest: list[st
 
 
 def _table(rows: list[str], look: list[Record]) -> list[str]:
-    """The table's lines (``rows``: header, rule and rows), then which of the checks in ``look`` it does
-    not show."""
+    """The table's lines (header, rule and rows), then how many of ``look`` it does not show."""
     cut = look[max(len(rows) - 2, 0):]
     if not cut:
         return [*rows, ""] if rows else []
@@ -250,8 +234,7 @@ def _row(r: Record) -> list[str]:
 
 
 def _moved(records: Sequence[Record], shown: set[tuple[str, str]]) -> list[str]:
-    """Per failing test: the operators that moved and the functions that moved (attribution), but
-    not an operator check the table above already shows as a row."""
+    """Per failing test, the operators and functions that moved, but none the table already shows."""
     out: list[str] = []
     tests = failing_tests(records)
     for t in tests[:_MAX_ROWS]:

@@ -83,16 +83,13 @@ def _overlap(a: tuple[float, float] | None, b: tuple[float, float] | None) -> bo
 
 def diff_results(base: Results, new: Results, *, threshold: float | None = None,
                  key: str | None = None) -> tuple[list[Change], str]:
-    """Pair the records of two results files by device, key and metric.
-
-    Records are matched on (device, key, metric); when the two files share no device
-    they are matched on (key, metric) alone and the returned note says so.
+    """Pair the records of two results files by device, key and metric (by key and metric alone,
+    with a note saying so, when the two share no device).
 
     Args:
         base: the reference run (e.g. the main branch).
         new: the run to judge.
-        threshold: relative change counted as a move; default each metric's budget
-            tolerance, else its kind's default.
+        threshold: relative change counted as a move (default: each metric's tolerance).
         key: only this workload key.
 
     Returns:
@@ -139,8 +136,8 @@ Table = Callable[[list[str], list[list[str]]], list[str]]
 
 
 def render_diff(changes: Sequence[Change], note: str = "", *, fmt: DiffFormat = "text", show_all: bool = False) -> str:
-    """The comparison as text or Markdown: per key, the operators (self ms, share, calls),
-    the other metrics, and the operator tables kept in records' ``extra``.
+    """The comparison as text or Markdown: per key, the operators, the other metrics and the operator
+    tables kept in records' ``extra``.
 
     Args:
         changes: from :func:`diff_results`.
@@ -214,8 +211,7 @@ def _table(r: Record | None) -> OpTable:
 
 
 def _extra_tables(changes: list[Change], table: Table, show_all: bool, esc: Callable[[str], str]) -> list[str]:
-    """Operator tables kept in records' ``extra`` (:class:`~perfbudget.extras.OperatorTable`), op by op:
-    the operators that moved by the one rule (``OpDiff.moves``), at the record's threshold."""
+    """The operators that moved (``OpDiff.moves``) in the operator tables kept in records' ``extra``."""
     lines: list[str] = []
     for c in changes:
         before, after = _table(c.base), _table(c.new)

@@ -78,16 +78,10 @@ td.num{text-align:right;font-variant-numeric:tabular-nums}
 """
 
 
-# --------------------------------------------------------------------------- plotting
-
-
 def _figure(width_in: float, height_in: float, *, ylabels: Sequence[str] = (), xlabel_lines: int = 1,
             legend_in: float = 0.0) -> Any:
-    """A figure with one axes and margins sized for its labels.
-
-    Fixed margins instead of a layout engine: constrained layout triples the time a
-    figure takes, and a suite's page has dozens.
-    """
+    """The axes of a figure with margins sized for its labels (fixed: constrained layout triples the
+    time a figure takes, and a suite's page has dozens)."""
     from matplotlib.figure import Figure
 
     # Figure without pyplot: no global state, no GUI backend, safe in workers.
@@ -95,16 +89,19 @@ def _figure(width_in: float, height_in: float, *, ylabels: Sequence[str] = (), x
     left_in = 0.75 if not ylabels else 0.25 + 0.064 * max(len(str(x)) for x in ylabels)
     fig.subplots_adjust(left=min(left_in, width_in * 0.5) / width_in, right=1 - (0.2 + legend_in) / width_in,
                         top=1 - 0.32 / height_in, bottom=(0.3 + 0.2 * xlabel_lines) / height_in)
-    return fig
+    return fig.subplots()
 
 
-def _svg(fig: Any) -> str:
-    """The figure as an inline ``<svg>`` element: text kept as text, output deterministic.
-
-    matplotlib hashes each definition's content into its id, so a fixed salt keeps ids
-    unique between figures and identical between renders; the date is left out.
-    """
+def _svg(ax: Any, title: str, *, grid: str = "both", legend: bool = False) -> str:
+    """The plot of ``ax``, with its grid, title and a legend beside it, as an inline ``<svg>`` element:
+    text kept as text, output deterministic (a fixed salt for the ids matplotlib hashes, no date)."""
     import matplotlib
+
+    if legend:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    ax.grid(axis=grid, alpha=0.3)
+    ax.set_title(title, fontsize=10, loc="left")
+    fig = ax.figure
 
     buf = io.StringIO()
     for text in fig.findobj(matplotlib.text.Text):  # names from a results file: '$x$' is no formula
@@ -120,8 +117,7 @@ def _normalised(rows: Sequence[tuple[Record, float, float, tuple[float, float] |
                 title: str) -> str:
     """One point per record on a shared axis where 1.0 is the reference (budget or base):
     the green band is 1 ± tolerance, the line the CI, the colour the verdict."""
-    fig = _figure(7.5, 1.0 + 0.4 * len(rows), ylabels=[r.metric for r, *_ in rows])
-    ax = fig.subplots()
+    ax = _figure(7.5, 1.0 + 0.4 * len(rows), ylabels=[r.metric for r, *_ in rows])
     ys = list(range(len(rows)))[::-1]
     xs: list[float] = [1.0]
     for y, (r, ratio, tol, ci, label) in zip(ys, rows, strict=True):
@@ -146,9 +142,7 @@ def _normalised(rows: Sequence[tuple[Record, float, float, tuple[float, float] |
     ax.set_yticks(ys, [r.metric for r, *_ in rows], fontsize=8)
     ax.set_ylim(-0.6, len(rows) - 0.4)
     ax.set_xlabel(xlabel)
-    ax.grid(axis="x", alpha=0.3)
-    ax.set_title(title, fontsize=10, loc="left")
-    return _svg(fig)
+    return _svg(ax, title, grid="x")
 
 
 def _ratio_ci(ci: tuple[float, float] | None, ref: float) -> tuple[float, float] | None:
@@ -158,12 +152,8 @@ def _ratio_ci(ci: tuple[float, float] | None, ref: float) -> tuple[float, float]
 
 
 def plot_budgets(records: Sequence[Record]) -> str | None:
-    """Measured / budget per metric, with the tolerance band, the CI and the verdict colour.
-
-    Every metric is normalised by its budget so one axis holds them all: 1.0 is the
-    budget, the green band is budget ± tolerance, points right of it are worse for
-    lower-is-better metrics (left of it for higher-is-better ones).
-    """
+    """Measured / budget per metric on one axis (1.0: the budget), with the tolerance band, the CI and
+    the verdict colour."""
     rows = []
     for r in records:
         v = finite(r.value)
@@ -179,8 +169,7 @@ def plot_budgets(records: Sequence[Record]) -> str | None:
 
 
 def plot_vs_base(records: Sequence[Record]) -> str | None:
-    """head / base per metric of a lockstep A/B run, with the ratio's CI from the process
-    pairs and the tolerance band the verdict used."""
+    """head / base per metric of a lockstep A/B run, with the ratio's CI and the tolerance band."""
     rows = []
     for r in records:
         b = r.vs_base
@@ -201,8 +190,7 @@ def plot_samples(r: Record) -> str | None:
     samples = [x for x in r.samples if finite(x) is not None]
     if len(samples) < 3:
         return None
-    fig = _figure(8.5, 2.4, legend_in=1.75)
-    ax = fig.subplots()
+    ax = _figure(8.5, 2.4, legend_in=1.75)
     ax.plot(range(len(samples)), samples, ".", color="#57606a", markersize=3, label="samples")
     shown = finite(r.value)
     med = shown if shown is not None else statistics.median(samples)  # the value the table shows
@@ -217,15 +205,11 @@ def plot_samples(r: Record) -> str | None:
         ax.axhline(lim, color=_COLOR["fail"], linestyle="--", linewidth=1.2, label=f"limit {fmt_value(lim, r.unit)}")
     ax.set_xlabel(f"sample ({r.rounds} round{'s' if r.rounds != 1 else ''})")
     ax.set_ylabel(r.unit if r.unit and r.unit != "1" else "value")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    ax.grid(alpha=0.3)
-    ax.set_title(f"{r.metric} samples (n={len(samples)})", fontsize=10, loc="left")
-    return _svg(fig)
+    return _svg(ax, f"{r.metric} samples (n={len(samples)})", legend=True)
 
 
 def plot_base_vs_head(r: Record) -> str | None:
-    """The base commit's samples beside the head's for one check of a lockstep A/B run,
-    each with its median; head/base, its CI and the process pairs in the title."""
+    """The base commit's samples beside the head's for one A/B check; head/base and its CI in the title."""
     b = r.vs_base
     if b is None:
         return None
@@ -234,8 +218,7 @@ def plot_base_vs_head(r: Record) -> str | None:
     base = [x for x in b.samples if finite(x) is not None] or [x for x in (finite(b.value),) if x is not None]
     if not head or not base:
         return None
-    fig = _figure(8.5, 2.0, ylabels=["base", "head"], legend_in=1.75)
-    ax = fig.subplots()
+    ax = _figure(8.5, 2.0, ylabels=["base", "head"], legend_in=1.75)
     # The line drawn is the value the tables show (for A/B, the median of the per-pair
     # statistics), never a second statistic of the pooled samples: one quantity, one definition.
     sides = (("base", base, "#8c959f", finite(b.value)), ("head", head, _COLOR.get(r.outcome, "#0969da"), finite(r.value)))
@@ -251,22 +234,14 @@ def plot_base_vs_head(r: Record) -> str | None:
     ax.set_xlabel(r.unit if r.unit and r.unit != "1" else "value")
     if b.pair_ratios:
         ax.set_xlabel(f"{ax.get_xlabel()}   (head/base per pair: {', '.join(fmt_ratio(x) for x in b.pair_ratios)})")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    ax.grid(axis="x", alpha=0.3)
     ci = f", CI {ratio_ci_text(b)}" if b.ratio_ci else ""
-    ax.set_title(f"{r.metric}: head/base {ratio_text(b)}{ci}, {b.pairs} pair{'s' if b.pairs != 1 else ''}",
-                 fontsize=10, loc="left")
-    return _svg(fig)
+    return _svg(ax, f"{r.metric}: head/base {ratio_text(b)}{ci}, {b.pairs} pair{'s' if b.pairs != 1 else ''}",
+                grid="x", legend=True)
 
 
 def plot_operators(records: Sequence[Record]) -> str | None:
-    """Per-operator self time: measured (verdict colour) beside its reference and tolerance.
-
-    Operators come from ``op_self_ms[...]`` records and from any record's operator table
-    (:class:`~perfbudget.extras.OperatorTable`; measured only, grey, when nothing judges
-    the operator). The reference is the base commit's value in a lockstep A/B run, else
-    the budget.
-    """
+    """Per-operator self time, from ``op_self_ms[...]`` records and operator tables: measured (verdict
+    colour) beside its reference (the base commit's, else the budget) and tolerance."""
     ops: dict[str, dict[str, Any]] = {}
     for r in records:
         table = OperatorTable.from_extra(r.extra)
@@ -290,8 +265,7 @@ def plot_operators(records: Sequence[Record]) -> str | None:
     if not ops:
         return None
     top = sorted(ops.items(), key=lambda kv: (-max(kv[1]["measured"], kv[1].get("reference", 0.0)), kv[0]))[:_MAX_OPS]
-    fig = _figure(7.5, 1.0 + 0.36 * len(top), ylabels=[n for n, _ in top])
-    ax = fig.subplots()
+    ax = _figure(7.5, 1.0 + 0.36 * len(top), ylabels=[n for n, _ in top])
     ys = list(range(len(top)))[::-1]
     h = 0.38
     for y, (_, d) in zip(ys, top, strict=True):
@@ -303,20 +277,16 @@ def plot_operators(records: Sequence[Record]) -> str | None:
     ax.set_yticks(ys, [n for n, _ in top], fontsize=8)
     grey = "base commit" if vs_base else "budget"
     ax.set_xlabel(f"self time per step (ms); grey = {grey} with its tolerance")
-    ax.grid(axis="x", alpha=0.3)
-    ax.set_title("per-operator breakdown", fontsize=10, loc="left")
-    return _svg(fig)
+    return _svg(ax, "per-operator breakdown", grid="x")
 
 
 def plot_padding(records: Sequence[Record]) -> str | None:
-    """Padding rate per padded width (:class:`~perfbudget.extras.PaddingByWidth`), with the
-    overall rate, its budget and the length-sorted lower bound."""
+    """Padding rate per padded width, with the overall rate, its budget and the length-sorted lower bound."""
     found = next(((r, p) for r in records if (p := PaddingByWidth.from_extra(r.extra)) is not None and p.widths), None)
     if found is None:
         return None
     src, padding = found
-    fig = _figure(8.5, 2.8, xlabel_lines=2, legend_in=1.75)
-    ax = fig.subplots()
+    ax = _figure(8.5, 2.8, xlabel_lines=2, legend_in=1.75)
     color = _COLOR.get(src.outcome, "#0969da") if src.metric == "padding_rate" else "#0969da"
     ax.bar(range(len(padding.widths)), [100 * x for x in padding.rates], color=color, alpha=0.85)
     pad = src if src.metric == "padding_rate" else next((r for r in records if r.metric == "padding_rate"), None)
@@ -333,14 +303,7 @@ def plot_padding(records: Sequence[Record]) -> str | None:
                   rotation=30 if len(padding.widths) > 8 else 0)
     ax.set_xlabel("padded width (tokens)")
     ax.set_ylabel("padding (%)")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    ax.grid(axis="y", alpha=0.3)
-    ax.set_title("padding by width", fontsize=10, loc="left")
-    return _svg(fig)
-
-
-# --------------------------------------------------------------------------- page
+    return _svg(ax, "padding by width", grid="y", legend=bool(ax.get_legend_handles_labels()[0]))
 
 
 def _e(x: Any) -> str:
@@ -406,12 +369,8 @@ def _regression_card(t: FailingTest) -> Iterator[str]:
 
 
 def render_html(results: Results | Iterable[Record], *, title: str = "perf budgets") -> str:
-    """The whole report as one HTML string: no external files, scripts or fonts.
-
-    Sections: verdict counts and devices; each regression with its numbers, reason,
-    moved operators, artifacts, and its plots (base vs head samples per failing check of
-    a lockstep A/B run, else the samples; the operators); then one section per test with
-    measured-vs-budget, head-vs-base, per-operator and padding-by-width plots and its table.
+    """The whole report as one HTML string, no external files, scripts or fonts: verdict counts and
+    devices, each regression explained with its plots, then one section per test.
 
     Raises:
         perfbudget.extras.ExtraError: a record's ``extra`` holds a known key with a bad value.
@@ -458,7 +417,4 @@ def render_html(results: Results | Iterable[Record], *, title: str = "perf budge
 
 def write_html(results: Results | Iterable[Record], path: str | Path, *, title: str = "perf budgets") -> Path:
     """Render and write the page; returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, render_html(results, title=title))
-    return path
+    return atomic_write(path, render_html(results, title=title))

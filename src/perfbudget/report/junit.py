@@ -36,13 +36,9 @@ def _prop(x: float | int | str) -> str:
 
 
 def junit_properties(records: Iterable[Record]) -> list[tuple[str, str]]:
-    """Per-test JUnit properties: ``perf.<key>.<metric>`` = outcome, then its numbers.
-
-    ``.measured``, ``.budget``, ``.tolerance``, ``.limit``, ``.ci``, ``.unit``, ``.source``
-    follow when known; a record compared with the base commit adds ``.base``, ``.ratio``
-    (head/base), ``.ratio_ci``, ``.pairs`` and ``.detectable`` (the smallest change the run could resolve); failing records add ``.moved`` (the operators
-    that moved) or ``.attribution``.
-    """
+    """Per-test JUnit properties: ``perf.<key>.<metric>`` = outcome, then its numbers when known
+    (``.measured``, ``.budget``, ``.ci``, ...), the A/B comparison (``.base``, ``.ratio``, ``.pairs``,
+    ``.detectable``, ...) and, failing, the reason and what moved (``.moved``, ``.attribution``)."""
     recs = list(records)
     out: list[tuple[str, str]] = []
     for r in recs:
@@ -101,14 +97,9 @@ def _failure_message(r: Record) -> str:
 
 
 def junit_xml(results: Results | Iterable[Record], *, suite: str = "perfbudget") -> str:
-    """A JUnit XML document with one test case per test and device, built from results alone.
-
-    A test with an error record gets ``<error>``, one with a failing record ``<failure>``
-    (message: the failing budgets; text: the budget table and the regressions explained),
-    one with an inconclusive A/B check or only unbudgeted/unmeasurable ones ``<skipped>`` (advisory
-    records pass and are listed in the properties). Every test carries
-    :func:`junit_properties`.
-    """
+    """A JUnit XML document with one test case per test and device, with :func:`junit_properties`: an
+    ``<error>`` or ``<failure>`` explaining the failing checks, ``<skipped>`` for an inconclusive test or
+    one with nothing judged (an advisory record passes)."""
     records = ordered(results.records if isinstance(results, Results) else results)
     groups: dict[tuple[str, str], list[Record]] = {}
     for r in records:

@@ -54,42 +54,31 @@ _CUT_NOTE = 500
 
 
 def markdown_report(results: Results | Iterable[Record], *, title: str = "perf budgets") -> str:
-    """Markdown for a CI step summary.
-
-    Verdicts first (counts and devices), then each regression with budget, measured value,
-    CI, noise, reason, the operators that moved and the failure artifacts, then stale and
-    unbudgeted budgets, then every other record in a collapsed table. Records compared
-    with the base commit (lockstep A/B) add the base value, head/base with its CI and the
-    process pairs.
-    """
+    """Markdown for a CI step summary: verdicts, each regression explained, the stale, inconclusive,
+    advisory and unjudged checks, then every record in a folded table."""
     records = ordered(results.records if isinstance(results, Results) else results)
     problems = md_run_problems(results) if isinstance(results, Results) else []
     if not records:
         return "\n".join([f"## ⚠️ {title}: no perf records", "", *problems, "No perf records were produced.", ""])
     bad = regressions(records)
     icon, words = headline(records)
-    lines = [f"## {icon} {title}: {words}", "", *problems]
-    lines.append(" · ".join(f"{ICON.get(o, '')} **{n}** {o}" for o, n in outcome_counts(records).items()))
-    lines.append("")
-    lines.append("Devices: " + ", ".join(md_text(d, code=True) for d in devices(records)))
-    lines.append("")
+    lines = [f"## {icon} {title}: {words}", "", *problems,
+             " · ".join(f"{ICON.get(o, '')} **{n}** {o}" for o, n in outcome_counts(records).items()), "",
+             "Devices: " + ", ".join(md_text(d, code=True) for d in devices(records)), ""]
     steps = gpu_steps(records)
     if steps:
-        lines.extend(md_table(["GPU step", "kernels/step", "GPU idle", "TFLOP/s", "bound by", "device"], (
+        lines += [*md_table(["GPU step", "kernels/step", "GPU idle", "TFLOP/s", "bound by", "device"], (
             [md_text(s.key, code=True), "-" if s.kernels is None else f"{s.kernels:.0f}", f"{s.idle_share * 100:.0f} %",
              "-" if s.tflops_per_s is None else f"{s.tflops_per_s:.0f}", "launch" if s.launch_bound else "GPU",
-             md_text(s.device)] for s in steps)))
-        lines.append("")
+             md_text(s.device)] for s in steps)), ""]
     vs_base = has_base(records)
     if vs_base:
         compared = [r for r in records if r.vs_base is not None]
         pairs = max(r.vs_base.pairs for r in compared if r.vs_base is not None)
-        lines.append(f"Compared with the base commit (lockstep A/B): {len(compared)} of {len(records)} checks, "
-                     f"up to {pairs} process pair{'s' if pairs != 1 else ''}.")
-        lines.append("")
+        lines += [f"Compared with the base commit (lockstep A/B): {len(compared)} of {len(records)} checks, "
+                  f"up to {pairs} process pair{'s' if pairs != 1 else ''}.", ""]
     if bad:
-        lines.append("### Regressions")
-        lines.append("")
+        lines += ["### Regressions", ""]
         failing = failing_tests(records)
         for t in failing[:_MAX_FAILING]:
             lines.extend(_regression(t))
@@ -170,8 +159,7 @@ def _regression(t: FailingTest) -> list[str]:
     bad = t.bad[:_MAX_BAD]
     rows = [[md_text(r.metric, code=True), r.outcome, f"**{fmt_value(r.value, r.unit)}**", *deciding_cells(r), str(r.n),
              cv_text(r)] for r in bad]
-    lines.extend(md_table(["metric", "verdict", "measured", *DECIDING_COLUMNS, "n", "cv"], rows))
-    lines.append("")
+    lines += [*md_table(["metric", "verdict", "measured", *DECIDING_COLUMNS, "n", "cv"], rows), ""]
     if len(t.bad) > _MAX_BAD:
         lines += [f"… and {len(t.bad) - _MAX_BAD} more failing checks of this test in the HTML report.", ""]
     for r in bad:
@@ -180,19 +168,13 @@ def _regression(t: FailingTest) -> list[str]:
     lines.append("")
     if t.moves:
         # Moves and their note come from a record's extra (a results file): every field through the door.
-        lines.append(f"Top moved operators ({md_text(t.moves_note)}):" if t.moves_note else "Top moved operators:")
-        lines.append("")
-        lines.extend(md_table(["operator", "metric", md_text(t.moves[0].against), "measured", "change", "verdict"],
-                              ([md_text(m.op, code=True), md_text(m.family), md_text(fmt_value(m.before, m.unit)),
-                                md_text(fmt_value(m.after, m.unit)), move_change_text(m), md_text(m.outcome or "-")]
-                               for m in t.moves)))
-        lines.append("")
+        lines += [f"Top moved operators ({md_text(t.moves_note)}):" if t.moves_note else "Top moved operators:", "",
+                  *md_table(["operator", "metric", md_text(t.moves[0].against), "measured", "change", "verdict"],
+                            ([md_text(m.op, code=True), md_text(m.family), md_text(fmt_value(m.before, m.unit)),
+                              md_text(fmt_value(m.after, m.unit)), move_change_text(m), md_text(m.outcome or "-")]
+                             for m in t.moves)), ""]
     if t.attribution:
-        lines.append("Attribution:")
-        lines.append("")
-        lines.extend(f"- {md_text(a, code=True)}" for a in t.attribution)
-        lines.append("")
+        lines += ["Attribution:", "", *(f"- {md_text(a, code=True)}" for a in t.attribution), ""]
     if t.artifacts:
-        lines.append("Artifacts: " + ", ".join(f"{md_text(k)} {md_text(v, code=True)}" for k, v in t.artifacts.items()))
-        lines.append("")
+        lines += ["Artifacts: " + ", ".join(f"{md_text(k)} {md_text(v, code=True)}" for k, v in t.artifacts.items()), ""]
     return lines

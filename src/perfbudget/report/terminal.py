@@ -85,6 +85,7 @@ def gpu_steps(records: Iterable[Record]) -> list[GpuStep]:
                                tflops_per_s=flops / step_ms / 1e9 if flops and step_ms else None))
     return out
 
+
 def _row(r: Record, *, with_key: bool, vs_base: bool) -> list[str]:
     tol = fmt_tolerance(r.budget.tolerance) if r.budget else "-"
     cells = [r.metric, fmt_value(r.budget.value, r.unit) if r.budget else "-", tol, fmt_value(r.value, r.unit),
@@ -96,10 +97,8 @@ def _row(r: Record, *, with_key: bool, vs_base: bool) -> list[str]:
 
 
 def records_table(records: Iterable[Record], *, with_key: bool = False, sort: bool = True) -> str:
-    """The budget table: metric, budget, tolerance, measured, CI, samples, noise, verdict.
-
-    When any record was compared with the base commit (lockstep A/B), the table also shows
-    the base value, head/base with its CI and the process pairs behind it.
+    """The budget table: metric, budget, tolerance, measured, CI, samples, noise, verdict, and where
+    any record was compared with the base commit, the base value and head/base with its CI and pairs.
 
     Args:
         records: the records to show.
@@ -162,21 +161,17 @@ def terminal_report(results: Results | Iterable[Record]) -> str:
         return terminal_text("\n".join([*problems, "perf budgets: no records"]))
     out = [*problems]
     for dev in devices(records):
-        out.append(f"perf budgets on {dev}")
-        out.append(records_table([r for r in records if device_label(r) == dev], with_key=True))
-        out.append("")
+        out += [f"perf budgets on {dev}", records_table([r for r in records if device_label(r) == dev], with_key=True), ""]
     out.append(summary_line(records))
     out.extend(step.line() for step in gpu_steps(records))
     failing = failing_tests(records)
     if failing:
-        out.append("")
-        out.append("regressions:")
+        out += ["", "regressions:"]
         for t in failing:
             out.extend(detail_lines(t))
     inconclusive = [r for r in records if r.outcome == Outcome.INCONCLUSIVE]
     if inconclusive:
-        out.append("")
-        out.append("inconclusive (not a failure; --perf-strict makes it one):")
+        out += ["", "inconclusive (not a failure; --perf-strict makes it one):"]
         out.extend(f"  {r.key}.{r.metric}  {r.nodeid}: {r.reason}" for r in inconclusive)
     # Names and reasons come from a results file: no escape sequence of theirs reaches the terminal.
     return terminal_text("\n".join(out))
