@@ -1,8 +1,4 @@
-"""Failure artifacts of a failing step: a chrome trace, a py-spy flame graph, a CUDA memory snapshot.
-
-They re-run the step the way ``measure`` times it (its thread pinning and device sync), so this
-module sits above ``measure``.
-"""
+"""Failure artifacts of a failing step, re-run as ``measure`` times it: chrome trace, flame graph, memory snapshot."""
 
 from __future__ import annotations
 
@@ -47,24 +43,19 @@ Step = Callable[[], Any]
 
 @dataclass(frozen=True, kw_only=True)
 class ArtifactConfig:
-    """Which failure artifacts to write and how.
-
-    Attributes:
-        kinds: ``trace`` (torch.profiler chrome trace), ``flamegraph`` (py-spy SVG of a
-            re-run), ``memory`` (CUDA memory snapshot, GPU memory failures only).
-        trace_steps: steps recorded in the chrome trace (after one warm-up step).
-        flame_seconds: how long py-spy samples while the step re-runs, in whole s.
-        flame_rate_hz: py-spy samples per second.
-        threads: torch intra-op threads while re-running (as the timers use); ``None`` leaves them.
-        py_spy: path of the py-spy executable; ``None`` looks beside the interpreter, then on PATH.
-    """
+    """Which failure artifacts to write and how."""
 
     kinds: tuple[ArtifactKind, ...] = ALL_KINDS
+    """``trace`` (torch.profiler), ``flamegraph`` (py-spy), ``memory`` (CUDA, memory failures only)."""
     trace_steps: int = 3
+    """Steps recorded in the chrome trace, after one warm-up step."""
     flame_seconds: int = 2
+    """How long py-spy samples while the step re-runs, in whole s."""
     flame_rate_hz: int = 100
     threads: int | None = 1
+    """Torch intra-op threads while re-running, as the timers use them; ``None`` leaves them."""
     py_spy: str | None = None
+    """The py-spy executable; ``None`` looks beside the interpreter, then on PATH."""
 
     def __post_init__(self) -> None:
         bad = [k for k in self.kinds if k not in ALL_KINDS]
@@ -116,11 +107,8 @@ class Artifact:
 
 
 def artifact_dir(root: str | os.PathLike[str], nodeid: str) -> Path:
-    """The folder of one test's artifacts under ``root``: a readable, file-system-safe test name.
-
-    ``perf_tests/test_x.py::test_step[cuda-bf16]`` -> ``root/test_x.py__test_step[cuda-bf16]``
-    (the directory part is dropped; long names are cut and made unique with a hash).
-    """
+    """The folder of one test's artifacts under ``root``, named safely after the test:
+    ``perf_tests/test_x.py::test_step[cuda]`` -> ``root/test_x.py__test_step[cuda]`` (a long one cut, with a hash)."""
     path, sep, rest = nodeid.partition("::")
     tail = path.replace("\\", "/").split("/")[-1] + ("__" + rest.replace("::", "__") if sep else "")
     name = re.sub(r"[^A-Za-z0-9._\-\[\]=+]+", "_", tail).strip("._") or "test"
@@ -132,12 +120,8 @@ def artifact_dir(root: str | os.PathLike[str], nodeid: str) -> Path:
 
 def chrome_trace(step: Step, path: str | os.PathLike[str], *, steps: int = 3, device: DeviceType = "cpu",
                  threads: int | None = 1) -> Artifact:
-    """Profile one warm-up and ``steps`` calls of ``step`` and write a chrome trace.
-
-    The trace opens in ui.perfetto.dev or chrome://tracing; shapes are recorded so
-    each operator shows what it ran on. Threads are pinned and the device synchronised
-    after each step as the timers do (``measure.timing.pinned_threads``,
-    ``measure.sync.device_sync``), so the trace shows the step as it was measured.
+    """Profile one warm-up and ``steps`` calls of ``step``, threads pinned and the device synchronised
+    as the timers do, and write a chrome trace (with shapes) for ui.perfetto.dev.
 
     Returns:
         The artifact, or one with a note when profiling failed (never raises for the step).
@@ -193,10 +177,7 @@ def flame_graph(
     clock: Callable[[], float] = time.monotonic,
     grace_s: float = 20.0,
 ) -> Artifact:
-    """Sample this process with py-spy while ``step`` re-runs, and write a flame graph SVG.
-
-    Runs ``py-spy record -o PATH -r RATE --pid <this pid> -d SECONDS`` and calls
-    ``step`` in a loop until py-spy exits (bounded by ``seconds + grace_s``).
+    """Sample this process with py-spy while ``step`` re-runs in a loop, and write a flame graph SVG.
 
     Args:
         step: the failing step, re-run while sampled.
@@ -251,9 +232,8 @@ def flame_graph(
 
 def cuda_memory_snapshot(step: Step, path: str | os.PathLike[str], *, memory: Any = None,
                          synchronize: Callable[[], None] | None = None, max_entries: int = 100_000) -> Artifact:
-    """Record the CUDA caching allocator's history over one ``step`` and dump a snapshot.
-
-    The pickle opens in pytorch.org/memory_viz (every allocation with its stack).
+    """Record the CUDA caching allocator's history over one ``step`` and dump a snapshot for
+    pytorch.org/memory_viz.
 
     Args:
         step: the failing step.
@@ -298,10 +278,8 @@ def write_failure_artifacts(
     trace: Callable[..., Artifact] = chrome_trace,
     snapshot: Callable[..., Artifact] = cuda_memory_snapshot,
 ) -> list[Artifact]:
-    """Write the artifacts of a failing step into ``folder`` (emptied first).
-
-    Order: the CUDA memory snapshot first (on a fresh allocator history), then the chrome
-    trace, then the flame graph (the longest re-run).
+    """Write the artifacts of a failing step into ``folder`` (emptied first): the memory snapshot first,
+    on a fresh allocator history, the flame graph (the longest re-run) last.
 
     Args:
         step: the step to re-run.

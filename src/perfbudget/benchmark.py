@@ -1,5 +1,4 @@
-"""pytest-benchmark suites as perfbudget checks: the ``benchmark`` fixture and the ``benchmark`` /
-``codspeed_benchmark`` markers, each benchmark timed by ``perf.time`` under the test's name."""
+"""pytest-benchmark suites as perfbudget checks: the ``benchmark`` fixture and markers, timed by ``perf.time``."""
 
 from __future__ import annotations
 
@@ -125,12 +124,9 @@ class _Inputs:
 
 
 class BenchmarkFixture:
-    """pytest-benchmark's ``benchmark`` fixture over a test's :class:`~perfbudget.PerfRecorder`.
-
-    One benchmark per test, recorded as :data:`BENCHMARK_METRIC` through ``perf.time`` (warm-up, torch
-    threads and, in ``perfbudget ab``, turn-taking as for any timing check), in rounds of at least
-    :data:`MIN_ROUND_MS`; in a test marked ``instructions``, a session under callgrind counts it instead
-    (``perf.instructions``), as it counts a marked ``perf.step``.
+    """pytest-benchmark's ``benchmark`` fixture over a test's :class:`~perfbudget.PerfRecorder`: one
+    benchmark per test, recorded as :data:`BENCHMARK_METRIC` through ``perf.time`` as any timing check
+    (under callgrind, in a test marked ``instructions``, counted by ``perf.instructions``).
 
     Args:
         perf: the test's recorder (the ``perf`` fixture's value).
@@ -170,13 +166,8 @@ class BenchmarkFixture:
     def pedantic(self, target: Callable[..., Any], args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None,
                  setup: Callable[[], Any] | None = None, teardown: Callable[..., Any] | None = None, rounds: int = 1,
                  warmup_rounds: int = 0, iterations: int = 1) -> Any:
-        """pytest-benchmark's pedantic mode; returns ``target``'s result.
-
-        ``setup`` (which may return ``(args, kwargs)``) runs untimed before every call and ``teardown``
-        after it. ``rounds`` and ``warmup_rounds`` are floors under perfbudget's own time-based rounds and
-        warm-up. ``iterations`` is checked as pytest-benchmark checks it; calls are batched by timing, as
-        by :meth:`__call__`, and one by one with a ``setup`` or ``teardown``.
-        """
+        """pytest-benchmark's pedantic mode (``docs/benchmark-suites.md``); returns ``target``'s result.
+        ``iterations`` is checked, not used: calls are batched by timing, one by one with a ``setup``."""
         self._claim("benchmark.pedantic(...)")
         for name, value, least in (("iterations", iterations, 1), ("rounds", rounds, 1), ("warmup_rounds", warmup_rounds, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
@@ -275,15 +266,12 @@ class BenchmarkPlugin:
 
 
 def configure(config: pytest.Config, session: PerfSession) -> None:
-    """Register the markers; when perfbudget measures benchmarks, take them over from pytest-benchmark.
+    """Register the markers; where perfbudget measures benchmarks (``perfbudget_benchmark``, ``perfbudget
+    ab``, callgrind), take them over from pytest-benchmark.
 
-    perfbudget measures them when the ini file sets ``perfbudget_benchmark``, in the sides of
-    ``perfbudget ab``, and under callgrind (``perfbudget instructions``). pytest-benchmark, where
-    installed, is then blocked rather than out-ranked: its hooks refuse a ``benchmark`` value of another
-    type and would print and save a run of nothing. Its fixture stays defined but is shadowed: of two
-    plugins' fixtures of one name pytest uses the one registered last, and :class:`BenchmarkPlugin`
-    registers here, after every installed plugin (a conftest's fixture still wins over both).
-    Otherwise the ``benchmark`` tests are pytest-benchmark's, and perfbudget records nothing of them.
+    Its plugin is blocked, not out-ranked: its hooks refuse a ``benchmark`` of another type. Its fixture
+    is shadowed: pytest uses the one registered last, and :class:`BenchmarkPlugin` registers after every
+    installed plugin (a conftest's fixture still wins).
     """
     config.addinivalue_line("markers", "benchmark(group=None, min_rounds=None, max_time=None, ...): pytest-benchmark's "
                             "options of the `benchmark` fixture; on a test without the fixture, the whole test is the "

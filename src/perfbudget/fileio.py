@@ -16,8 +16,7 @@ DEFAULT_MODE = 0o644
 
 
 def shown_path(path: str | os.PathLike[str], line: int | None = None) -> str:
-    """``path`` as a message shows it: relative to the working folder when it lies under it; with
-    ``line``, ``path:line``."""
+    """``path`` as a message shows it (relative to the working folder when under it), ``path:line`` with ``line``."""
     p = Path(path)
     shown = str(p)
     if p.is_absolute():
@@ -27,13 +26,8 @@ def shown_path(path: str | os.PathLike[str], line: int | None = None) -> str:
 
 
 def atomic_write(path: str | os.PathLike[str], data: str | bytes, *, encoding: str = "utf-8") -> Path:
-    """Replace ``path`` with ``data`` so that a reader sees the old file or the new one, never a part.
-
-    Writes a temp file in the same folder (a rename is atomic only within one file system),
-    flushes and fsyncs it, renames it over ``path`` and fsyncs the folder, so the rename
-    survives a crash too. The temp file is removed when anything fails, the caller's
-    exception included (a ``KeyboardInterrupt`` mid-write leaves the old file and no temp).
-    The new file keeps the permissions of the one it replaces (0644 when there was none).
+    """Replace ``path`` with ``data`` so that a reader sees the old file or the new one, never a part,
+    even after a crash or an interrupt; the new file keeps the old one's permissions (else 0644).
 
     Args:
         path: the file to write; its folder is created when missing.
@@ -49,6 +43,8 @@ def atomic_write(path: str | os.PathLike[str], data: str | bytes, *, encoding: s
     # The temp file's name is chosen before it exists, inside the clean-up's reach: an interrupt
     # between creating it and knowing its name (as ``mkstemp`` allows) would leave it behind.
     tmp = ""
+    # A temp file in the same folder (a rename is atomic only within one file system), fsynced, renamed
+    # over ``path``, and the folder fsynced, so the rename survives a crash too.
     try:
         while True:
             tmp = str(path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp")
@@ -86,11 +82,8 @@ def _fsync_dir(folder: Path) -> None:
 
 @contextlib.contextmanager
 def lock(path: str | os.PathLike[str], *, shared: bool = False) -> Iterator[None]:
-    """Hold an advisory ``flock`` on ``path`` for the block; blocks until it is granted.
-
-    Processes (and threads with their own ``lock`` call) that lock the same path serialise:
-    an exclusive holder excludes everyone, shared holders exclude only exclusive ones. The
-    lock goes with the process, so one that dies releases it.
+    """Hold an advisory ``flock`` on ``path`` for the block, waiting until it is granted; a process that
+    dies releases it.
 
     Args:
         path: an existing folder, locked itself (no file appears in it: a budgets folder

@@ -1,16 +1,4 @@
-"""The GitHub Actions end of a pull-request check (``action.yml``): run the checks, write the job
-summary and the folder to upload, keep one pull-request comment per check through the REST and
-GraphQL APIs (standard library only).
-
-    python -m perfbudget.github run --mode ab|stored --results PATH [--base REF] [--tests ...]
-    python -m perfbudget.github prepare RESULTS --out DIR [--title T]
-    python -m perfbudget.github comment RESULTS [--check-name NAME] [--author LOGIN] [--report-url URL]
-
-Exit codes: ``run`` exits as the checks do; the others 0 done (or nothing to do: not a pull
-request; a pull request from a fork, whose workflow gets a read-only token), 1 GitHub refused (a
-403 included: the token may not write), 2 usage or input error (no results: the comment of an
-earlier commit is marked stale first).
-"""
+"""The GitHub Actions end of a pull-request check (``action.yml``): run, summarise, keep one comment per check."""
 
 from __future__ import annotations
 
@@ -182,11 +170,7 @@ class GitHubEnv:
     @property
     def base_sha(self) -> str:
         """The pull request's base commit (``pull_request.base.sha``), empty on other events."""
-        if self.pull_request is None or self.event is None:
-            return ""
-        pr = self.event.get("pull_request")
-        base = pr.get("base") if isinstance(pr, dict) else None
-        sha = base.get("sha") if isinstance(base, dict) else None
+        sha = self._get("pull_request", "base", "sha") if self.pull_request is not None else None
         return sha if isinstance(sha, str) else ""
 
     def append_summary(self, text: str) -> None:
@@ -280,11 +264,8 @@ class Comments:
             page += 1
 
     def find(self, number: int, *, author: str, check: str) -> Mapping[str, Any] | None:
-        """Our comment on pull request ``number``: written by ``author``, led by the marker of
-        ``check`` (else, once, by the bare marker of an older action), and not minimized.
-
-        Anyone can write a marker: a comment by another login is never ours. Whether a comment
-        is minimized only GraphQL says; where it cannot, that test is skipped (and said)."""
+        """Our comment on pull request ``number``: by ``author`` (anyone can write a marker), led by the
+        marker of ``check`` (else an older action's bare one), and not minimized, where GraphQL says."""
         mine = [(marker[0] != check, c) for c in self._all(number)
                 if str((c.get("user") or {}).get("login", "")) == author
                 and (marker := read_marker(str(c.get("body") or ""))) is not None
@@ -305,18 +286,19 @@ class Comments:
             return c
         return None
 
+    def _write(self, method: str, url: str, body: str) -> str:
+        """Write a comment's body; returns its URL (empty when the answer has none)."""
+        done = self._call(method, url, {"body": body})
+        return str(done.get("html_url", "")) if isinstance(done, dict) else ""
+
     def upsert(self, number: int, body: str, *, author: str,
                check: str) -> tuple[str, str]:
         """Update our comment (:meth:`find`) on pull request ``number`` in place, or create
         one; returns ``("updated" or "created", the comment's URL)``."""
         found = self.find(number, author=author, check=check)
         if found is not None:
-            action = "updated"
-            done = self._call("PATCH", f"{self.base}/issues/comments/{found['id']}", {"body": body})
-        else:
-            action = "created"
-            done = self._call("POST", f"{self.base}/issues/{number}/comments", {"body": body})
-        return action, str(done.get("html_url", "")) if isinstance(done, dict) else ""
+            return "updated", self._write("PATCH", f"{self.base}/issues/comments/{found['id']}", body)
+        return "created", self._write("POST", f"{self.base}/issues/{number}/comments", body)
 
     def mark_stale(self, number: int, head: str, *, author: str, check: str) -> str:
         """Mark our comment stale (:func:`~perfbudget.report.stale_comment`): the push of
@@ -325,22 +307,18 @@ class Comments:
         if found is None:
             return ""
         body = stale_comment(str(found.get("body") or ""), head)
-        done = self._call("PATCH", f"{self.base}/issues/comments/{found['id']}", {"body": body})
-        return str(done.get("html_url", "")) if isinstance(done, dict) else ""
+        return self._write("PATCH", f"{self.base}/issues/comments/{found['id']}", body)
 
 
 def check_command(*, mode: str, results: str, env: GitHubEnv, base: str = "", tests: str = "",
                   pytest_args: str = "", ab_args: str = "",
                   python: str = sys.executable) -> list[str]:
-    """The command that runs the checks and writes ``results``.
-
-    ``ab``: ``perfbudget ab`` against ``base``, else on a pull request its merge-base with the
-    pull request's base, else the first parent (``HEAD~1``); ``stored``: pytest against the
-    stored budgets. ``tests``, ``pytest_args`` and ``ab_args`` are split as a shell would.
+    """The command that runs the checks and writes ``results``: ``perfbudget ab`` against ``base`` (else a
+    pull request's merge-base with its base, else ``HEAD~1``), or pytest against the stored budgets.
 
     Raises:
-        ValueError: an unknown mode, arguments a shell could not split (naming them), or a
-            ``pull_request_target`` event (it must never run a pull request's code).
+        ValueError: an unknown mode, arguments a shell could not split, or a ``pull_request_target``
+            event (it must never run a pull request's code).
     """
     if env.event_name == "pull_request_target":
         raise ValueError("pull_request_target: refused: that event runs with a write token and "
@@ -490,7 +468,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Iterable[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
-    """Run a subcommand; returns the exit code (see the module docstring)."""
+    """Run ``python -m perfbudget.github run|prepare|comment``.
+
+    Returns:
+        ``run``: the checks' exit code; the others 0 done or nothing to do (not a pull request, or
+        one whose token is read-only), 1 GitHub refused, 2 usage or input error (no results: the
+        comment of an earlier commit is marked stale first).
+    """
     args = build_parser().parse_args(list(argv) if argv is not None else None)
     try:
         env = GitHubEnv.from_environ(os.environ if environ is None else environ)

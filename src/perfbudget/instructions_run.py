@@ -19,9 +19,6 @@ from .measure.unmeasurable import Unmeasurable
 
 __all__ = ["InstructionsRun", "callgrind_command", "callgrind_environment", "run_instructions", "under_callgrind"]
 
-EXIT_NO_VALGRIND = ExitCode.USAGE
-
-
 @dataclass(frozen=True, kw_only=True)
 class InstructionsRun:
     """What one ``perfbudget instructions`` run did."""
@@ -34,8 +31,7 @@ class InstructionsRun:
     dumps: tuple[Path, ...]
     """One callgrind dump per ``instructions()`` call, in the order they were written."""
     results_json: Path | None
-    """The results file the pytest session wrote, when it wrote one (a file an earlier run left there
-    and this one did not write again is not it)."""
+    """The results file this pytest session wrote, when it wrote one (not one an earlier run left)."""
 
 
 def _has_option(args: Sequence[str], option: str) -> bool:
@@ -53,8 +49,7 @@ def _results_path(args: Sequence[str], out_dir: Path) -> Path:
 
 
 def _signature(path: Path) -> tuple[int, int, int, int] | None:
-    """What changes when ``path`` is written again (a new file, or the same one rewritten): inode,
-    size and both times in ns; ``None`` when there is no file."""
+    """What changes when ``path`` is written again (inode, size, both times in ns); ``None``: no file."""
     try:
         st = path.stat()
     except OSError:
@@ -64,12 +59,8 @@ def _signature(path: Path) -> tuple[int, int, int, int] | None:
 
 def callgrind_command(pytest_args: Sequence[str], out_dir: Path, *, python: str = sys.executable,
                       valgrind: str = "valgrind", fast_start: bool = True) -> list[str]:
-    """The valgrind command line that runs ``python -m pytest <pytest_args>`` under callgrind.
-
-    Collection starts off; ``instructions()`` turns it on around the counted calls only. With
-    ``fast_start`` (the client-request helper is available) instrumentation starts off too, so
-    importing torch and everything between measurements runs several times faster.
-    """
+    """The valgrind command line that runs ``python -m pytest <pytest_args>`` under callgrind
+    (:func:`under_callgrind`), writing its results JSON to ``out_dir`` unless told otherwise."""
     args = list(pytest_args)
     plugin_off = any(a.endswith("no:perfbudget") for a in args)  # `-p no:perfbudget`: no --perf-json option
     if not plugin_off and not _has_option(args, "--perf-json"):
@@ -79,9 +70,9 @@ def callgrind_command(pytest_args: Sequence[str], out_dir: Path, *, python: str 
 
 def under_callgrind(argv: Sequence[str], out_dir: Path, *, valgrind: str = "valgrind",
                     fast_start: bool = True) -> list[str]:
-    """``argv`` run under callgrind with collection (and, with ``fast_start``, instrumentation)
-    off until the first ``instructions()`` count; dumps and logs go to ``out_dir``, one per pid.
-    Run it with :func:`callgrind_environment` of the same ``out_dir``."""
+    """``argv`` run under callgrind with collection (and, with ``fast_start``, instrumentation: importing
+    torch runs several times faster) off until an ``instructions()`` count; dumps and logs go to
+    ``out_dir``, one per pid. Run it with :func:`callgrind_environment` of the same ``out_dir``."""
     return [
         valgrind, "--tool=callgrind",
         f"--callgrind-out-file={out_dir / 'callgrind.out.%p'}",
@@ -116,7 +107,7 @@ def run_instructions(pytest_args: Sequence[str], out_dir: str | Path, *, err: Te
     valgrind = shutil.which("valgrind", path=base_env.get("PATH"))
     if valgrind is None:
         print(f"perfbudget instructions: {INSTALL_HINT}", file=stream)
-        return InstructionsRun(exit_code=EXIT_NO_VALGRIND, wall_s=0.0, out_dir=out, dumps=(), results_json=None)
+        return InstructionsRun(exit_code=ExitCode.USAGE, wall_s=0.0, out_dir=out, dumps=(), results_json=None)
     out.mkdir(parents=True, exist_ok=True)
     helper = build_helper()
     if isinstance(helper, Unmeasurable):

@@ -13,15 +13,8 @@ from .measure.nvml import visible_gpus
 __all__ = ["cuda_device_list_fixed", "cuda_driver", "gpu_for_worker", "nvml_gpu_count", "visible_gpus",
            "wants_gpu_workers"]
 
-#: What the CUDA driver API answers in a process where cuInit has not run yet.
-_CUDA_ERROR_NOT_INITIALIZED = 3
-
-
 def gpu_for_worker(worker_id: str, gpus: Sequence[str]) -> str | None:
-    """The ``CUDA_VISIBLE_DEVICES`` value for xdist worker ``worker_id`` (``gw0``, ``gw1``…).
-
-    Worker ``gwN`` gets ``gpus[N % len(gpus)]``: with one worker per GPU each has its own;
-    with more workers than GPUs they share round-robin.
+    """The ``CUDA_VISIBLE_DEVICES`` value for xdist worker ``worker_id``: ``gwN`` gets ``gpus[N % len(gpus)]``.
 
     Returns:
         The entry, or ``None`` when there is no GPU or the id is not an xdist worker id.
@@ -58,27 +51,15 @@ def cuda_driver() -> Any:
 
 def cuda_device_list_fixed(torch: Any, *, driver: Callable[[], Any] | None = None) -> str | None:
     """What already fixed this process's list of CUDA devices, or ``None`` while a
-    ``CUDA_VISIBLE_DEVICES`` set now is still honoured.
-
-    CUDA reads ``CUDA_VISIBLE_DEVICES`` once, when the driver starts (``cuInit``), and torch
-    may cache its count. Asked in this order:
-
-    - ``torch.cuda.is_initialized()``;
-    - torch's cached count: ``torch.cuda._cached_device_count`` (set only once CUDA is
-      initialised), or an older torch's ``lru_cache`` on ``device_count``, filled by the first
-      call even before CUDA starts;
-    - the driver itself: ``cuDeviceGetCount`` answers CUDA_ERROR_NOT_INITIALIZED until
-      ``cuInit`` ran in this process. torch leaves no trace of that start:
-      ``torch.cuda.is_available()`` (unless PYTORCH_NVML_BASED_CUDA_CHECK=1) and a
-      ``device_count()`` that NVML cannot answer call ``cudaGetDeviceCount``, which starts the
-      driver without initialising torch's CUDA state. A ``device_count()`` answered by NVML
-      before CUDA starts fixes nothing: it reads ``CUDA_VISIBLE_DEVICES`` again on each call.
+    ``CUDA_VISIBLE_DEVICES`` set now is still honoured (CUDA reads it once, at ``cuInit``).
 
     Args:
         torch: the imported ``torch`` module, or ``None`` when it is not imported.
         driver: returns the driver library or ``None`` (default :func:`cuda_driver`).
     """
     cuda = getattr(torch, "cuda", None)
+    # torch's cached count: ``_cached_device_count`` once CUDA is initialised, or an older torch's
+    # ``lru_cache`` on ``device_count``, filled by the first call even before CUDA starts.
     if cuda is not None:
         if cuda.is_initialized():
             return "torch initialised CUDA"
@@ -87,6 +68,8 @@ def cuda_device_list_fixed(torch: Any, *, driver: Callable[[], Any] | None = Non
         if getattr(cuda, "_cached_device_count", None) is not None or (
                 callable(cache_info) and cache_info().currsize):
             return "torch.cuda.device_count() cached its count"
+    # cuDeviceGetCount fails until cuInit ran here, which torch leaves no trace of:
+    # ``is_available()`` and a ``device_count()`` NVML cannot answer start the driver alone.
     lib = (driver or cuda_driver)()
     if lib is not None:
         got = ctypes.c_int(0)

@@ -33,19 +33,15 @@ def check(
     device_index: int | None = None,
     nvml_module: Any = None,
 ) -> Preflight:
-    """Check the conditions timing budgets need.
-
-    CPU: the 1-minute load average must not exceed ``max_load_per_core`` x cores.
-    CUDA: no other process on the GPU and no clock throttling (NVML); when NVML is
-    unavailable the GPU part is skipped (reported by the NVML metrics themselves).
+    """Check the conditions timing budgets need: a 1-minute load average within ``max_load_per_core``
+    x cores and, on CUDA, no other process on the GPU and no throttling (skipped without NVML).
 
     Args:
         device: the device the test measures.
         max_load_per_core: CPU load limit per logical core.
         loadavg: returns the 1/5/15-minute load averages (injected in tests).
         cpu_count: logical cores (default ``os.cpu_count()``).
-        device_index: the CUDA device measured, as torch numbers it (default: the current
-            one); its GPU is found through NVML by UUID or PCI bus id, never by number.
+        device_index: the CUDA device measured, as torch numbers it (default: the current one).
         nvml_module: a ``pynvml``-compatible module (injected in tests).
 
     Returns:

@@ -1,6 +1,4 @@
-"""The instrument's vocabulary: what became of a check (:class:`Outcome`), shared by verdicts,
-records, the judge and every report, on a ``StrEnum`` that works on every supported Python
-(members are their string values in comparisons, ``str()``, f-strings and JSON)."""
+"""The instrument's vocabulary: what became of a check, of a test, and what a run does, as string enums."""
 
 from __future__ import annotations
 
@@ -25,11 +23,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 
 class Outcome(StrEnum):
-    """What became of one check: one vocabulary for verdicts, records, the judge and every report.
-
-    The values are the strings the results file and the reports carry (a ``StrEnum``
-    compares equal to its value).
-    """
+    """What became of one check, for verdicts, records and reports; the values are the results file's."""
 
     PASS = "pass"
     """Judged against its budget (or the base) and within it."""
