@@ -91,11 +91,10 @@ def pinned_threads(threads: int | None) -> Iterator[None]:
 class Bursts:
     """Cuts a measurement into bursts that alternate with the other side of a lockstep A/B run.
 
-    Outside an A/B run (:func:`perfbudget.measure.turns.active` is false) it does nothing.
-    In one, every timer calls :meth:`tick` between timed calls: once a burst has lasted
-    :func:`~perfbudget.measure.turns.burst_ms`, the machine goes to the other process and
-    comes back; ``rewarm`` then runs once untimed, because the other side's burst left the
-    caches cold. Time spent waiting is excluded from :attr:`waited_s`-aware budgets.
+    Timers call :meth:`tick` between timed calls: once a burst has lasted
+    :func:`~perfbudget.measure.turns.burst_ms`, the machine goes to the other process and comes
+    back, and ``rewarm`` runs once untimed (the other side left the caches cold). A no-op outside
+    an A/B run.
 
     Args:
         rewarm: one untimed call made after every hand-over (``None``: none).
@@ -156,19 +155,10 @@ def bench(
     """Time ``fn()`` repeatedly and return every per-call time.
 
     Warm-up and measurement are time budgets with floors on the call counts, as in
-    ``triton.testing.do_bench``: the first calls of a process run ~1.5x slower (lazy init,
-    allocator growth, compilation), so they are run and discarded.
-
-    CPU (``device="cpu"``): each call is timed with ``time.perf_counter``; calls are made
-    until ``max_ms`` has elapsed and at least ``min_samples`` were taken. GPU work launched
-    by ``fn`` is *not* waited for: use ``device="cuda"`` for that.
-
-    CUDA (``device="cuda"``): a 5-call estimate converts the budgets into call counts, each
-    call is bracketed by CUDA events and the host synchronizes once after the loop, so host
-    overhead between calls is not timed. ``flush_l2`` zeroes a 256 MB buffer before every
-    call (cold-cache numbers that can understate in-model cache reuse). ``cuda_graph``
-    captures several calls of ``fn`` in a CUDA graph and times replays, removing launch
-    overhead for tiny ops (``fn`` must be graph-capturable; no L2 flush in that mode).
+    ``triton.testing.do_bench``: a process's first calls run ~1.5x slower and are discarded.
+    On CPU each call is timed with ``time.perf_counter`` (GPU work is *not* waited for); on
+    CUDA a 5-call estimate turns the budgets into call counts and each call is bracketed by
+    CUDA events, synchronized once after the loop so host overhead between calls is not timed.
 
     Args:
         fn: zero-argument callable; set-up belongs outside it (in its closure).
@@ -182,8 +172,9 @@ def bench(
         min_warmup_calls: least number of discarded warm-up calls.
         max_samples: cap on the number of timed calls (protects against sub-microsecond
             functions filling memory).
-        flush_l2: CUDA only, flush L2 before every timed call.
-        cuda_graph: CUDA only, time CUDA-graph replays.
+        flush_l2: CUDA only, zero a 256 MB buffer before every timed call (cold-cache numbers).
+        cuda_graph: CUDA only, time replays of a CUDA graph of several calls (``fn`` must be
+            graph-capturable): no launch overhead for tiny ops.
         min_sample_ms: CPU only: time batches of calls lasting at least this long, the calls per
             batch found by timing after warm-up (:func:`calls_per_sample`); each sample is a
             batch's time per call. A microsecond call timed alone is mostly the clock's overhead.
