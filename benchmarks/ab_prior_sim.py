@@ -6,7 +6,7 @@ Run: ``PYTHONPATH=src .venv/bin/python benchmarks/ab_prior_sim.py [--runs 10000]
 Each run draws per-pair log-ratios from a normal law (true head/base ratio, per-pair sd) and
 follows ``.ci/run``'s schedule: at least 2 pairs, at most 4, a check decided stops, a failure
 needs one pair more than the minimum (``ab/merge.py``'s confirmation rule). It uses the
-real :func:`perfbudget.ab.ratios.judge_ratios`. Not a test: it asserts nothing.
+real :func:`perfbudget.verdict.ratio.judge_ratios`. Not a test: it asserts nothing.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import math
 import random
 import sys
 
-from perfbudget.ab.ratios import PRIOR_DF, PRIOR_SD, Prior, can_decide, judge_ratios
+from perfbudget.ab.ratios import PRIOR_SD, Prior
+from perfbudget.verdict.ratio import PRIOR_DF, can_decide, judge_ratios
 
 MIN_PAIRS, MAX_PAIRS = 2, 4
 

@@ -8,7 +8,7 @@ commit is measured two ways:
 - absolute: one value per commit (a stored-mode run on a stable machine): the level times
   exp(e), e one draw of a per-pair log-ratio from the A/A runs;
 - A/B: ``pairs`` process pairs, each ln(head/parent) = the commit's step + one draw; the ratio,
-  its interval and per-pair sd from ``perfbudget.ab.ratios.judge_ratios`` (the verdict's own
+  its interval and per-pair sd from ``perfbudget.verdict.ratio.judge_ratios`` (the verdict's own
   pooling with the prior), its standard error = sd / sqrt(pairs).
 
 Draws: the A/A per-pair log-ratios, centred within each run and scaled by sqrt(n / (n - 1)) to undo
@@ -45,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from perfbudget.ab.ratios import PRIOR_DF, PRIOR_SD, RatioVerdict, can_decide, judge_ratios
+from perfbudget.ab.ratios import PRIOR_SD
 from perfbudget.history.changepoints import (
     Breakpoints,
     ChangeConfig,
@@ -54,6 +54,7 @@ from perfbudget.history.changepoints import (
     pelt_breakpoints,
     segment_sum,
 )
+from perfbudget.verdict.ratio import PRIOR_DF, RatioVerdict, can_decide, judge_ratios
 
 HERE = Path(__file__).resolve().parent
 N_COMMITS = 60

@@ -7,7 +7,7 @@ and follows ``.ci/run``'s schedule: at least 2 pairs, at most 4, a decided check
 failure needs a third pair, a check beyond reach (``can_decide``) stops inconclusive. The
 measured prior is the calibrated sd ``s_m`` worth 12 degrees of freedom (``NOISE_DF_MAX``);
 the true sd is ``f * s_m``, so ``f != 1`` is a calibration the machine no longer matches.
-Uses the real :func:`perfbudget.ab.ratios.judge_ratios` and ``can_decide``; not a test.
+Uses the real :func:`perfbudget.verdict.ratio.judge_ratios` and ``can_decide``; not a test.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from ab_prior_sim import (
     one_run,  # this folder: the same schedule, with a prior and the beyond-reach stop
 )
 
-from perfbudget.ab.ratios import NOISE_DF_MAX, PRIOR_DF, PRIOR_SD, PRIOR_TEST, Prior
+from perfbudget.ab.ratios import NOISE_DF_MAX, PRIOR_SD, Prior
+from perfbudget.verdict.ratio import PRIOR_DF, PRIOR_TEST
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,7 +16,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from perfbudget.ab.ratios import PRIOR_DF, PRIOR_SD, judge_ratios
+from perfbudget.ab.ratios import PRIOR_SD
+
+try:
+    from perfbudget.verdict.ratio import PRIOR_DF, judge_ratios
+except ImportError:  # a source from before the verdict package
+    from perfbudget.ab.ratios import PRIOR_DF, judge_ratios  # type: ignore[attr-defined,no-redef]
 from perfbudget.metrics import UnknownMetricError, parse_name
 from perfbudget.results import load_results
 

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from perfbudget.budgets import Budget, BudgetFile, BudgetSet, decide, load_dir, parse_text
+from perfbudget.budgets import Budget, BudgetFile, BudgetSet, load_dir, parse_text
 from perfbudget.budgets.loader import read_text
 
 # The updater's file handling: one lock per folder, deterministic rendering, atomic replace.
@@ -60,6 +60,7 @@ from perfbudget.device import DeviceInfo
 from perfbudget.fileio import atomic_write, lock
 from perfbudget.metrics import parse_name
 from perfbudget.settings import for_folder
+from perfbudget.verdict.stored import decide
 
 SAFETY = 2.0
 """Multiple of the observed cross-machine spread a tolerance covers (see the module doc)."""

@@ -24,13 +24,14 @@ from github_fake import BOT, PR, REPO, FakeGitHub, job_environ, serve
 
 from perfbudget import github
 from perfbudget.ab.merge import PairRecords, compare_pairs
-from perfbudget.budgets import decide, load_dir
+from perfbudget.budgets import load_dir
 from perfbudget.budgets.loader import BudgetSet
 from perfbudget.cli import build_parser as perfbudget_parser
 from perfbudget.cli import main as perfbudget_main
 from perfbudget.device import DeviceInfo
 from perfbudget.report import read_marker
 from perfbudget.results import ABRunInfo, Record, Results, RunInfo, load_results
+from perfbudget.verdict.stored import decide
 from perfbudget.vocabulary import Outcome, RunMode
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -30,10 +30,10 @@ from perfbudget.benchmark import (
 )
 from perfbudget.budgets import load_dir
 from perfbudget.device import DeviceInfo
-from perfbudget.judge import Judge, JudgeConfig
 from perfbudget.measure import timing
 from perfbudget.measure.timing import MIN_SAMPLES, Samples, bench, calls_per_sample
 from perfbudget.recorder import CountedSteps, PerfRecorder, core
+from perfbudget.verdict.judge import Judge, JudgeConfig
 
 PYTEST_BENCHMARK = importlib.util.find_spec("pytest_benchmark") is not None
 ME = DeviceInfo(type="cpu", model="Test CPU", count=1, threads=1, cpuid="6/207/2", isa="avx2", isa_class="avx2")

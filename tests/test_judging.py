@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from perfbudget.budgets.verdict import Outcome, Verdict
-from perfbudget.judging import ABSide, Judging, Stored, Update, judging_for
 from perfbudget.settings import RunSpec
+from perfbudget.verdict.judge import ABSide, Judging, Stored, Update, judging_for
+from perfbudget.verdict.stored import Outcome, Verdict
 from perfbudget.vocabulary import RunMode, TestOutcome
 
 

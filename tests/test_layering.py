@@ -14,31 +14,35 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 ROOT = "perfbudget"
 
 #: Each first-level module or package of ``src/perfbudget`` and its floor: it imports only from
-#: lower floors (measure <- budgets <- judging <- judge <- recorder <- plugin/cli, reports reading records).
+#: lower floors (rule <- measure <- budgets <- stored verdict <- judge <- recorder <- plugin/cli, reports
+#: reading records). The verdict package's modules have floors of their own (``verdict.<module>``): the
+#: rule sits below every measurement and the decision text above the report.
 #: ``perfbudget`` is the package root, which re-exports the public API and so sits on top.
 FLOORS: dict[str, int] = {
     "device": 0, "metrics": 0, "fileio": 0, "exitcodes": 0, "vocabulary": 0,  # data and files, nothing of ours below
     "settings": 0,  # command line, environment, ini file and run spec, read once: every floor reads it
     "lease": 0,  # the GPU check's lease plan: data, stdlib only
-    "measure": 1, "rule": 1,  # the one decision rule: metrics and numbers only
-    "budgets": 2, "artifacts": 2, "extras": 2, "pinning": 2, "preflight": 2,
-    "judging": 3, "results": 3,  # the run's way of judging: one object, chosen once
-    "judge": 4, "report": 4,
-    "recorder": 5,
-    "decision_text": 5, "show": 5, "ab": 5,
-    "session": 6, "history": 6,  # history reads results and the A/B run's statistics
-    "xdist": 7, "cli": 7, "hookspec": 7, "instructions_run": 4,
-    "benchmark": 7,  # pytest-benchmark's fixture and markers over the recorder, registered by the plugin
-    "github": 7,  # the pull-request comment and job summary on GitHub Actions (action.yml)
-    "plugin": 8,
-    ROOT: 9,
+    "verdict": 0,  # the package's __init__: a docstring, importing nothing
+    "verdict.rule": 1,  # the one decision rule: metrics and numbers only
+    "measure": 2,
+    "budgets": 3, "artifacts": 3, "extras": 3, "pinning": 3, "preflight": 3,
+    "verdict.stored": 4, "verdict.ratio": 4,
+    "verdict.judge": 5, "results": 5,  # the run's way of judging and the test's decision
+    "report": 6, "instructions_run": 6,
+    "recorder": 7, "verdict.text": 7, "show": 7, "ab": 7,
+    "session": 8, "history": 8,  # history reads results and the A/B run's statistics
+    "xdist": 9, "cli": 9, "hookspec": 9,
+    "benchmark": 9,  # pytest-benchmark's fixture and markers over the recorder, registered by the plugin
+    "github": 9,  # the pull-request comment and job summary on GitHub Actions (action.yml)
+    "plugin": 10,
+    ROOT: 11,
 }
 
 #: Lower modules a module still may not use: reports read records, they never judge.
-NEVER: dict[str, set[str]] = {"report": {"budgets", "judge", "recorder"}}
+NEVER: dict[str, set[str]] = {"report": {"budgets", "verdict.stored", "verdict.judge", "recorder"}}
 
 #: Floors up to this one are the instrument proper, callable from a notebook: they never import pytest.
-PYTEST_FREE_UP_TO = FLOORS["judge"]
+PYTEST_FREE_UP_TO = FLOORS["verdict.judge"]
 
 
 def _modules(package: str) -> dict[str, tuple[Path, bool]]:
@@ -83,6 +87,8 @@ GRAPH: dict[str, set[str]] = {
 
 def _floor_of(dotted: str) -> str:
     parts = dotted.split(".")
+    if len(parts) > 2 and f"{parts[1]}.{parts[2]}" in FLOORS:
+        return f"{parts[1]}.{parts[2]}"
     return parts[1] if len(parts) > 1 else ROOT
 
 
@@ -179,7 +185,7 @@ def test_the_instrument_below_the_recorder_never_imports_pytest() -> None:
     offenders = sorted(m for m, names in _top_levels(ROOT).items()
                        if FLOORS[_floor_of(m)] <= PYTEST_FREE_UP_TO and names & {"pytest", "_pytest"})
     assert not offenders, f"measure, budgets, judge and the modules below the recorder import pytest: {offenders}"
-    assert {"measure", "budgets", "judge"} <= {f for f, n in FLOORS.items() if n <= PYTEST_FREE_UP_TO}
+    assert {"measure", "budgets", "verdict.judge"} <= {f for f, n in FLOORS.items() if n <= PYTEST_FREE_UP_TO}
 
 
 def test_the_history_never_imports_pytest() -> None:
@@ -192,7 +198,7 @@ def test_the_history_never_imports_pytest() -> None:
 def test_importing_the_instrument_loads_no_pytest() -> None:
     """The static check above reads each module's own imports; the package's ``__init__`` runs first on any
     import, so it must not load pytest either (a notebook, the history job, the A/B driver's turn client)."""
-    code = ("import sys, perfbudget.measure.turns, perfbudget.measure.timing, perfbudget.budgets, perfbudget.judge, "
+    code = ("import sys, perfbudget.measure.turns, perfbudget.measure.timing, perfbudget.budgets, perfbudget.verdict.judge, "
             "perfbudget.results, perfbudget.history; print(sorted(m for m in sys.modules if m.split('.')[0] in "
             "('pytest', '_pytest')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)

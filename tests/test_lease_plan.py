@@ -99,7 +99,7 @@ def test_under_the_lease_serving_operators_and_occupancy_take_the_plans_rounds(m
                                                                      tmp_path: Path) -> None:
     from perfbudget.budgets import load_dir
     from perfbudget.device import DeviceInfo
-    from perfbudget.judge import Judge, JudgeConfig
+    from perfbudget.verdict.judge import Judge, JudgeConfig
 
     me = DeviceInfo(type="cpu", model="Test CPU", count=1, threads=1, cpuid="6/207/2", isa="avx2", isa_class="avx2")
 

@@ -11,7 +11,6 @@ from types import ModuleType
 import pytest
 
 from perfbudget.budgets import load_dir
-from perfbudget.budgets.verdict import VerdictPolicy
 from perfbudget.cli import main
 from perfbudget.device import (
     DeviceInfo,
@@ -21,9 +20,10 @@ from perfbudget.device import (
     device_file_stem,
     isa_class,
 )
-from perfbudget.judge import Judge, JudgeConfig
 from perfbudget.measure.machine import describe
 from perfbudget.metrics import parse_name
+from perfbudget.verdict.judge import Judge, JudgeConfig
+from perfbudget.verdict.stored import VerdictPolicy
 
 ROOT = Path(__file__).parents[1]
 
@@ -258,7 +258,7 @@ def test_the_repository_has_no_budget_file_keyed_by_a_model_name_alone() -> None
 
 def test_one_reading_of_the_stable_declaration_for_the_plugin_and_show(monkeypatch: pytest.MonkeyPatch,
                                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    from perfbudget.judge import stable_identity
+    from perfbudget.verdict.judge import stable_identity
 
     me = xeon("6/207/2", CAPS_AMX)
     assert stable_identity("", me) is None and stable_identity("no", me) is None

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from perfbudget import judge, recorder
+from perfbudget import recorder
 from perfbudget.budgets.schema import Budget
-from perfbudget.budgets.verdict import decide
 from perfbudget.measure import operators
 from perfbudget.metrics import (
     DEVICE_TIME_TOLERANCE,
@@ -16,6 +15,8 @@ from perfbudget.metrics import (
     parse_name,
 )
 from perfbudget.report import common
+from perfbudget.verdict import judge
+from perfbudget.verdict.stored import decide
 
 
 def test_the_operator_families_are_defined_once() -> None:

@@ -12,11 +12,8 @@ import torch
 
 from perfbudget.budgets import load_dir
 from perfbudget.budgets.update import apply_updates
-from perfbudget.decision_text import decision_text
 from perfbudget.device import DeviceInfo
 from perfbudget.extras import OperatorMoves
-from perfbudget.judge import Judge, JudgeConfig
-from perfbudget.judging import Stored, Update
 from perfbudget.measure import instructions as ins
 from perfbudget.measure.measurement import Passes
 from perfbudget.measure.unmeasurable import Unmeasurable
@@ -24,6 +21,8 @@ from perfbudget.recorder import CountedSteps, PerfRecorder, gpu
 from perfbudget.recorder.core import Timed
 from perfbudget.report import markdown_report, terminal_report
 from perfbudget.report.terminal import gpu_steps
+from perfbudget.verdict.judge import Judge, JudgeConfig, Stored, Update
+from perfbudget.verdict.text import decision_text
 
 # A machine with an identity, declared stable, so its stored timing budgets gate.
 ME = DeviceInfo(type="cpu", model="Test CPU", count=1, threads=1, cpuid="6/207/2", isa="avx2", isa_class="avx2")

@@ -444,10 +444,10 @@ def test_perfbudget_merge_of_two_shards_gives_the_unsharded_report(pytester: pyt
 
 
 def test_every_outcome_has_its_place_in_every_report() -> None:
-    from perfbudget.budgets.verdict import OUTCOMES, Outcome
     from perfbudget.report.common import OUTCOME_ORDER, outcome_text
     from perfbudget.report.html import _COLOR
     from perfbudget.report.markdown import ICON
+    from perfbudget.verdict.stored import OUTCOMES, Outcome
 
     for table in (OUTCOME_ORDER, ICON, _COLOR):
         assert set(table) == set(OUTCOMES), table

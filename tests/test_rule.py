@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from perfbudget.ab.ratios import judge_ratios
 from perfbudget.budgets.schema import Budget
-from perfbudget.budgets.verdict import decide
 from perfbudget.metrics import BYTES_FLOOR_MIB, METRICS
-from perfbudget.rule import Limits, classify, family_confidence, tolerance_for, with_evidence
+from perfbudget.verdict.ratio import judge_ratios
+from perfbudget.verdict.rule import (
+    Limits,
+    classify,
+    family_confidence,
+    tolerance_for,
+    with_evidence,
+)
+from perfbudget.verdict.stored import decide
 
 TIMES = Limits.around(10.0, 0.05, "lower")  # bad 10.5, good 9.5
 RATES = Limits.around(100.0, 0.05, "higher")  # bad 95, good 105
@@ -106,7 +112,7 @@ def test_stored_and_ab_verdicts_reach_the_same_state_on_the_same_interval() -> N
 def test_a_metric_this_version_does_not_know_is_held_to_timings_tolerance_or_its_budgets() -> None:
     from types import SimpleNamespace
 
-    from perfbudget.rule import tolerance_for
+    from perfbudget.verdict.rule import tolerance_for
 
     unknown = tolerance_for(None)
     assert unknown.value == 0.05 and unknown.source == "default for an unknown metric (timing's)"
@@ -114,7 +120,50 @@ def test_a_metric_this_version_does_not_know_is_held_to_timings_tolerance_or_its
 
 
 def test_beyond_a_limit_takes_floating_points_last_digits_as_equal() -> None:
-    from perfbudget.rule import beyond
+    from perfbudget.verdict.rule import beyond
 
     assert not beyond(10.0 * (1 + 1e-12), 10.0, "lower") and beyond(10.01, 10.0, "lower")
     assert not beyond(10.0 * (1 - 1e-12), 10.0, "higher") and beyond(9.99, 10.0, "higher")
+
+
+@pytest.mark.parametrize(("lo", "hi", "estimate", "evidence", "state"), [
+    (10.2, 10.8, 10.6, "stored", "fail"),          # straddles: the median beyond the limit decides
+    (10.2, 10.8, 10.4, "stored", "pass"),
+    (10.2, 10.8, 10.6, "pairs", "inconclusive"),   # never on the estimate
+    (10.2, 10.8, 10.6, "history", "fail"),         # entirely worse than no change, estimate beyond
+    (9.9, 10.8, 10.6, "history", "inconclusive"),  # reaches back to no change
+    (10.2, 10.8, 10.4, "history", "inconclusive"), # estimate within
+    (10.6, 11.0, 10.8, "pairs", "fail"),           # not straddling: the interval decides for every kind
+    (9.0, 9.4, 9.2, "stored", "stale"),
+])
+def test_a_straddling_interval_ends_one_way_per_kind_of_evidence(lo: float, hi: float, estimate: float,
+                                                                 evidence: str, state: str) -> None:
+    from perfbudget.verdict.rule import settle
+
+    assert settle(lo, hi, TIMES, evidence=evidence, estimate=estimate, reference=10.0) == state  # type: ignore[arg-type]
+
+
+def test_float_noise_is_no_change_and_small_changes_are_not_named() -> None:
+    from perfbudget.verdict.rule import changed_by, moved_beyond, same
+
+    assert same(3.0, 3.0 * (1 + 1e-12)) and not same(3.0, 3.001)
+    assert not moved_beyond(0.0 + 1e-12, 0.0) and moved_beyond(-0.02, 0.01) and not moved_beyond(0.01, 0.01)
+    assert changed_by(4096, 0, least=4096, share=0.01) and not changed_by(4095, 0, least=4096, share=0.01)
+    assert not changed_by(5000, 10**6, least=4096, share=0.01) and changed_by(-20000, 10**6, least=4096, share=0.01)
+
+
+@pytest.mark.parametrize(("outcomes", "inconclusive", "failed", "strict", "fails"), [
+    (["pass", "stale"], False, False, False, False),
+    (["pass", "fail"], False, False, False, True),
+    (["error"], False, False, False, True),
+    ([], False, False, False, True),                  # no check at all
+    (["pass"], False, True, False, True),             # the run could not measure what it was asked
+    (["pass", "inconclusive"], True, False, False, False),
+    (["pass", "inconclusive"], True, False, True, True),
+])
+def test_what_fails_an_ab_run(outcomes: list[str], inconclusive: bool, failed: bool, strict: bool, fails: bool) -> None:
+    from perfbudget.verdict.judge import ab_run_fails
+    from perfbudget.vocabulary import Outcome
+
+    assert ab_run_fails([Outcome(o) for o in outcomes], inconclusive=inconclusive, failed=failed,
+                        strict=strict) is fails

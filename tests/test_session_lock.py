@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from perfbudget import session as session_module
-from perfbudget.judging import Stored
 from perfbudget.session import PerfSession
 from perfbudget.settings import Settings
+from perfbudget.verdict.judge import Stored
 
 
 def make(tmp_path: Path) -> PerfSession:

@@ -8,20 +8,17 @@ from .budgets import (
     BudgetSet,
     Measured,
     UpdateReport,
-    Verdict,
-    VerdictPolicy,
     accept_results,
     apply_updates,
-    decide,
     load_dir,
 )
 from .device import DeviceInfo
-from .judge import Decision, Judge, JudgeConfig
-from .judging import ABSide, Judging, Stored, Update
 from .measure.machine import describe
 from .metrics import METRICS, Metric, parse_name
 from .recorder import PerfRecorder
 from .results import BaseSide, BudgetRef, Record, Results, load_results, merge_results
+from .verdict.judge import ABSide, Decision, Judge, JudgeConfig, Judging, Stored, Update
+from .verdict.stored import Verdict, VerdictPolicy, decide
 from .vocabulary import OUTCOMES, Outcome, TestOutcome
 
 if TYPE_CHECKING:

@@ -1,8 +1,4 @@
-"""The ``perfbudget`` command: render, merge and compare results; show, update and accept budgets.
-
-Exit codes: 0 ok; 1 regressions found (``report``, ``diff``) or values refused by the
-ratchet (``update``); 2 usage or input error (unreadable results, broken budget files).
-"""
+"""The ``perfbudget`` command: render, merge and compare results; show, update and accept budgets."""
 
 from __future__ import annotations
 
@@ -33,7 +29,6 @@ from .extras import ExtraError
 from .fileio import atomic_write, shown_path
 from .history.cli import register as register_history
 from .instructions_run import run_instructions
-from .judge import stable_identity
 from .metrics import parse_name
 from .report import (
     CommentLinks,
@@ -52,6 +47,7 @@ from .report.common import plain, terminal_text
 from .results import Results, is_unrecorded_budget, load_results, merge_results
 from .settings import Settings, for_folder
 from .show import explain_budgets
+from .verdict.judge import stable_identity
 from .vocabulary import tally_text
 
 __all__ = ["EXIT_INPUT", "EXIT_OK", "EXIT_REGRESSION", "ExitCode", "diff_results", "explain_budgets", "main"]

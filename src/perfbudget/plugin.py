@@ -1,5 +1,4 @@
-"""pytest glue for perfbudget: options, markers, hook specifications, and the plugin object whose hooks
-hold the run's state (the ``perf`` fixture among them). Logic lives elsewhere."""
+"""pytest glue for perfbudget: options, markers, hook specifications and the plugin object; logic lives elsewhere."""
 
 from __future__ import annotations
 
@@ -14,16 +13,16 @@ import pytest
 
 from . import benchmark, hookspec, lease, xdist
 from .artifacts import artifact_dir, describe_artifacts, write_failure_artifacts
-from .budgets.verdict import VerdictPolicy
-from .decision_text import decision_text
 from .device import DeviceType
-from .judge import Judge, JudgeConfig
 from .metrics import lookup
 from .preflight import check as preflight_check
 from .recorder import CountedSteps, PerfRecorder
 from .results import Record, is_unrecorded_budget
 from .session import PerfSession, add_options, settle_allocator
 from .settings import STABLE_MACHINE_ENV
+from .verdict.judge import Judge, JudgeConfig
+from .verdict.stored import VerdictPolicy
+from .verdict.text import decision_text
 from .vocabulary import Outcome, TestOutcome, count_outcomes, tally_text
 
 __all__ = ["PLUGIN_NAME", "BudgetSpec", "PerfPlugin"]

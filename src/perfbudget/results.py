@@ -17,12 +17,12 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_
 
 from .budgets.schema import Budget
 from .budgets.update import Measured, check_commit, measured_value
-from .budgets.verdict import Outcome, Verdict
 from .device import DeviceInfo
 from .fileio import atomic_write, shown_path
 from .measure.nvml import GpuClocks
 from .measure.stats import normal_quantile, t_quantile
 from .metrics import UNIT, UnknownMetricError, parse_name
+from .verdict.stored import Outcome, Verdict
 from .vocabulary import RunMode, count_outcomes
 
 __all__ = ["MAX_RESULTS_BYTES", "RESULTS_SCHEMA", "ABPolicyInfo", "ABRunInfo", "BaseSide", "BudgetRef", "FieldError", "HowMeasured", "PairClocks",

@@ -19,14 +19,13 @@ from .budgets.loader import BudgetSet, load_dir
 from .budgets.update import UpdateReport, apply_updates, check_commit, provenance_commit
 from .device import DeviceInfo, DeviceType
 from .fileio import atomic_write, lock
-from .judge import stable_identity
-from .judging import Judging, judging_for
 from .measure import allocator
 from .measure.instructions import running_under_valgrind
 from .measure.machine import describe
 from .metrics import lookup
 from .results import BudgetRef, HowMeasured, Record, Results, RunInfo
 from .settings import Settings, run_spec
+from .verdict.judge import Judging, judging_for, stable_identity
 from .vocabulary import Outcome
 
 __all__ = ["PerfSession", "add_options", "settings_of"]

@@ -9,14 +9,15 @@ from pathlib import Path
 import pytest
 
 from perfbudget.ab.merge import Comparison, PairRecords, compare_pairs
-from perfbudget.ab.ratios import judge_ratios, outlying_pair
+from perfbudget.ab.ratios import outlying_pair
 from perfbudget.budgets.loader import BudgetSet
 from perfbudget.device import DeviceInfo
-from perfbudget.judging import Stored
 from perfbudget.report.comment import pr_comment
 from perfbudget.results import HowMeasured, Record, Results, RunInfo, load_results
 from perfbudget.session import PerfSession
 from perfbudget.settings import Settings
+from perfbudget.verdict.judge import Stored
+from perfbudget.verdict.ratio import judge_ratios
 
 DEV = DeviceInfo(type="cpu", model="test cpu", count=2, threads=1)
 ALIKE = HowMeasured(settings={"threads": "1", "burst_ms": "100.0", "lease": "False"}, machine="cpu-test-6-1-1-avx2",

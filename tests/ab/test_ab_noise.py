@@ -10,13 +10,14 @@ import pytest
 
 from perfbudget.ab.calibration import calibrate
 from perfbudget.ab.merge import PairRecords, compare_pairs
-from perfbudget.ab.ratios import ABPolicy, can_decide, judge_ratios, resolvable_lines
+from perfbudget.ab.ratios import ABPolicy, resolvable_lines
 from perfbudget.budgets.loader import BudgetSet
 from perfbudget.budgets.noise import CheckNoise, NoiseTable, load_noise, noise_path
 from perfbudget.budgets.schema import BudgetError
 from perfbudget.cli import main
 from perfbudget.device import DeviceInfo
 from perfbudget.results import ABRunInfo, BaseSide, Record, Results, RunInfo
+from perfbudget.verdict.ratio import can_decide, judge_ratios
 from perfbudget.vocabulary import RunMode
 
 DEV = DeviceInfo(type="cpu", model="Test CPU", count=2, threads=1, cpuid="25/17/1", isa_class="avx2")

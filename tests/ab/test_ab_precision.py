@@ -13,11 +13,10 @@ from perfbudget.ab.merge import PairRecords
 from perfbudget.ab.run import _pin_operators
 from perfbudget.budgets import load_dir
 from perfbudget.device import DeviceInfo
-from perfbudget.judge import Judge, JudgeConfig
-from perfbudget.judging import ABSide, Stored, pinned_operators
 from perfbudget.metrics import parse_name
 from perfbudget.recorder import PerfRecorder
 from perfbudget.results import Record, Results
+from perfbudget.verdict.judge import ABSide, Judge, JudgeConfig, Stored, pinned_operators
 
 CPU = DeviceInfo(type="cpu", model="test cpu", count=2, threads=1)
 

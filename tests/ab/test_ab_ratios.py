@@ -8,17 +8,14 @@ import math
 import pytest
 
 from perfbudget.ab.ratios import (
-    PRIOR_DF,
     PRIOR_SD,
     ABPolicy,
-    RatioVerdict,
     describe_change,
-    detectable_effect,
-    judge_ratios,
     pair_ratio,
 )
 from perfbudget.metrics import Direction
-from perfbudget.rule import family_confidence
+from perfbudget.verdict.ratio import PRIOR_DF, RatioVerdict, detectable_effect, judge_ratios
+from perfbudget.verdict.rule import family_confidence
 
 
 def test_defaults_are_the_documented_constants() -> None:

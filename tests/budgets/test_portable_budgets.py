@@ -12,9 +12,10 @@ from types import ModuleType
 
 import pytest
 
-from perfbudget.budgets import decide, load_dir
+from perfbudget.budgets import load_dir
 from perfbudget.device import DeviceInfo
 from perfbudget.metrics import parse_name
+from perfbudget.verdict.stored import decide
 
 ROOT = Path(__file__).parents[2]
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from perfbudget.budgets import Budget, VerdictPolicy, decide
+from perfbudget.budgets import Budget
 from perfbudget.measure.stats import median_ci, quantile_ci
+from perfbudget.verdict.stored import VerdictPolicy, decide
 
 
 def budget(metric: str, value: float, tolerance: float) -> Budget:

@@ -1,8 +1,4 @@
-"""``perfbudget calibrate``'s reading of A/B results: each check's measured noise, by machine identity.
-
-The table and its file belong to ``budgets.noise``; this reads the process pairs' ratios that
-``perfbudget ab`` kept on each record (``record.base.pair_ratios``) and the run's commits.
-"""
+"""``perfbudget calibrate``: each check's measured A/B noise, by machine identity, from A/B results."""
 
 from __future__ import annotations
 

@@ -1,11 +1,4 @@
-"""``perfbudget ab --base REF [-- pytest args]``: the lockstep A/B run from the command line.
-
-Exit codes: 0 no check failed (inconclusive checks included); 1 a check failed or
-errored, an inconclusive check under ``--perf-strict``, the head's pytest failed (as
-pytest itself would exit), the base could not run (without ``--allow-missing-base``), or
-no pair kept turn-taking; 2 usage error (bad arguments, a base that is not a commit here,
-not inside a git checkout).
-"""
+"""``perfbudget ab --base REF [-- pytest args]``: the lockstep A/B run from the command line."""
 
 from __future__ import annotations
 
@@ -16,9 +9,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..exitcodes import ExitCode
-from ..judging import DEFAULT_AB_PRECISION
 from ..report.common import terminal_text
 from ..results import Record
+from ..verdict.judge import DEFAULT_AB_PRECISION
 from ..vocabulary import Outcome, count_outcomes, tally_text
 from .pairs import parse_cpus
 from .run import ABConfig, ABRun, UsageError, run_ab

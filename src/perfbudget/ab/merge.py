@@ -1,27 +1,4 @@
-"""Merge the records of process pairs into one A/B record per check; decides, never measures.
-
-Statistical checks (timing, rate, energy) are judged on head/base (``ab.ratios``) over
-the pairs in which both sides recorded them; a pair where one side did not (a later pair
-that did not re-run the test, an operator that made one process's top-N list and not the
-other's) is "not compared in pair k", never a regression. One test's per-operator checks
-share one false-alarm budget (Bonferroni, as in stored mode). Exact and bytes checks keep
-the head's own verdict against the budgets (from the first pair that has them) and show
-any change from the base. A check the base cannot give in any pair (it failed to run,
-lacks the test, errored) is "not compared" and judged against the stored budgets alone;
-with ``require_base`` a statistical check of a base that could not run is an error.
-
-A side stopped at the time limit keeps what it recorded: a check it did not reach is "not
-compared in pair k", with that reason. A pair whose sides' GPUs ran at SM clocks more than
-:data:`MAX_CLOCK_OFFSET` apart (median or mean over each side's busy samples) compares no GPU
-statistical check: their time moves with the clock, so the ratio would carry it; a check no pair
-could compare is ``not_judged``, naming both sides' clocks.
-
-Comparability first: a pair whose sides measured differently (their ``meta.measured``: threads,
-measuring settings, host, library versions as loaded, way of measuring) compares nothing; a check no
-pair could compare is an error, "not comparable: threads 1 vs 2". With 4 pairs or more, a pair far
-from the others (:func:`~perfbudget.ab.ratios.outlying_pair`) is set aside, as an invalid pair is:
-the check wants another pair while the run has one to give, and the record names it.
-"""
+"""Merge the records of process pairs into one A/B record per check; decides, never measures."""
 
 from __future__ import annotations
 
@@ -33,9 +10,7 @@ from typing import Literal
 
 from ..budgets.loader import BudgetSet
 from ..budgets.schema import Budget
-from ..budgets.verdict import Outcome, Verdict, decide
 from ..extras import InstructionProfile, OperatorMoves
-from ..judge import as_advisory, not_gating, stable_identity
 from ..measure import stats
 from ..measure.memory import Allocation
 from ..measure.nvml import GpuClocks
@@ -47,16 +22,19 @@ from ..metrics import (
     parse_name,
 )
 from ..results import BaseSide, BudgetRef, Record, Results, SetAsidePair, is_unrecorded_budget
-from ..rule import Limits, State, classify, family_confidence, tolerance_for, with_evidence
-from .ratios import (
-    ABPolicy,
-    can_decide,
-    describe_change,
-    judge_ratios,
-    outlying_pair,
-    pair_ratio,
-    process_modes,
+from ..verdict.judge import as_advisory, not_gating, stable_identity
+from ..verdict.ratio import can_decide, judge_ratios
+from ..verdict.rule import (
+    Limits,
+    State,
+    classify,
+    family_confidence,
+    same,
+    tolerance_for,
+    with_evidence,
 )
+from ..verdict.stored import Outcome, Verdict, decide
+from .ratios import ABPolicy, describe_change, outlying_pair, pair_ratio, process_modes
 
 __all__ = ["MAX_CLOCK_OFFSET", "CheckId", "Comparison", "PairRecords", "clock_refusal", "compare_pairs"]
 
@@ -247,7 +225,7 @@ def compare_pairs(
 
 
 Merged = Literal[State, "kept", "not compared", "not comparable"]
-"""Where a check's merge left it: a ratio verdict's state (:data:`~perfbudget.rule.State`), ``kept`` (the
+"""Where a check's merge left it: a ratio verdict's state (:data:`~perfbudget.verdict.rule.State`), ``kept`` (the
 head's own record: an exact check, or one not to merge), ``not compared`` or ``not comparable``."""
 Gap = Literal["problem", "absent", "unlike", "refused"]
 """Why a pair gives a check no head/base ratio (:func:`_gap`)."""
@@ -614,6 +592,6 @@ def _moved_functions(head0: Record, used: list[_Used]) -> list[str]:
 def _distinct(values: Iterable[float | None]) -> list[float]:
     out: list[float] = []
     for v in values:
-        if v is not None and not any(math.isclose(v, o, rel_tol=1e-9, abs_tol=1e-12) for o in out):
+        if v is not None and not any(same(v, o) for o in out):
             out.append(v)
     return out

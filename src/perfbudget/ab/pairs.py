@@ -1,15 +1,4 @@
-"""Run one process pair: the base and the head side at once, taking turns through a coordinator.
-
-Each side is told what it is in one run spec (:class:`perfbudget.settings.RunSpec`, written
-beside its log). A pair in which turn-taking was lost for any part (a side's client reported it
-in its spec's ``report`` file, or the coordinator refused a process) comes back ``invalid``:
-the A/B driver does not use its records.
-
-At the pair's time limit no further turn is granted; a side that finishes meanwhile finishes, and
-every side still waiting (or still running :data:`STOP_GRACE_S` later) is interrupted as a user's
-Ctrl-C would: pytest ends the session and the side writes the results of the tests it finished.
-Only a side still running :data:`INTERRUPT_GRACE_S` after that is killed.
-"""
+"""Run one process pair: the base and the head side at once, taking turns through a coordinator."""
 
 from __future__ import annotations
 

@@ -1,76 +1,29 @@
-"""Judge head/base ratios from process pairs (lockstep A/B); decides, never measures.
-
-The process pair is the unit of replication: each pair gives one ratio ``r_i`` of the
-sides' medians (or the metric's quantile). On ``y_i = ln r_i``:
-
-    ybar   = mean(y_i)                                       over n pairs
-    s_p^2  = (nu0 * sigma0^2 + (n - 1) * s^2) / (nu0 + n - 1)   s: observed sd of y_i
-    h      = t(conf, nu0 + n - 1) * s_p / sqrt(n)             the CI's half-width
-    CI     = exp(ybar -+ h)
-
-``sigma0`` is a prior per-pair sd for the metric's kind, worth ``nu0`` degrees of freedom:
-with 2 pairs a plain t(1) interval is ~9x the standard error and decides nothing; the
-prior keeps it usable, and the observed spread takes over as pairs accumulate (this is
-the posterior of the mean under a normal model with a scaled-inverse-chi^2 prior on the
-variance). The prior sits just above the per-pair sd measured for well-behaved checks,
-so two quiet pairs can pass, while a noisier check's own spread widens its interval and
-asks for more pairs.
-
-The prior is set aside when the pairs show it does not describe the check: when their
-spread would be this unlikely if the prior were right (``(n - 1) s^2 / sigma0^2`` beyond the
-chi^2(n - 1) quantile ``1 - prior_test``, 0.99 by default), the interval is the plain t one
-(``s_p = s``, ``n - 1`` degrees of freedom). Pooled, a check with a per-pair sd of 10-20 %
-(a 2 ms step among process speed modes) had its spread pulled toward 2.5 % and failed an
-A/A run in 2.5-6.9 % of runs (simulated, 2-4 pairs); set aside, in 1.8-2.5 %, while a check
-the prior describes is judged as before (benchmarks/ab-prior-sim.md).
-
-Three-way against the tolerance ``t`` (lower is better; mirrored for rates): the CI
-entirely above ``1 + t`` fails, entirely at or below passes, straddling asks for another
-pair. A CI that still straddles at the last pair is *inconclusive*: the point estimate
-inside a straddling interval is no evidence either way, and deciding on it would fail
-pull requests or wave regressions through by chance.
-
-Every verdict carries its *minimum detectable effect* at the pairs it got, the smallest
-regression these pairs would have decided ``fail``:
-
-    mde = (1 + t) * exp(h) - 1          lower is better
-    mde = 1 - (1 - t) * exp(-h)         higher is better (a drop of the rate)
-
-so a pass or an inconclusive check says what size of change the run could resolve.
-"""
+"""Head/base ratios of process pairs: a pair's ratio, the A/B policy and priors, outlying pairs, modes."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 from ..budgets.noise import CheckNoise, NoiseTable
 from ..measure import stats
-from ..measure.stats import chi2_sf, pooled_sd, t_quantile
+from ..measure.stats import chi2_sf, t_quantile
 from ..metrics import (
-    Direction,
     UnknownMetricError,
     op_family_sizes,
     parse_name,
 )
-from ..rule import Limits, classify, family_confidence, tolerance_for
+from ..verdict.ratio import PRIOR_DF, PRIOR_TEST, detectable_effect
+from ..verdict.rule import Limits, classify, family_confidence, same, tolerance_for
 
 __all__ = [
     "NOISE_DF_MAX",
-    "PRIOR_DF",
     "PRIOR_SD",
-    "PRIOR_TEST",
     "ABPolicy",
     "Prior",
-    "RatioVerdict",
-    "State",
-    "can_decide",
     "chi2_sf",
     "describe_change",
-    "detectable_effect",
-    "judge_ratios",
     "outlying_pair",
     "pair_ratio",
     "process_modes",
@@ -78,17 +31,11 @@ __all__ = [
     "t_quantile",
 ]
 
-State = Literal["pass", "fail", "undecided", "inconclusive"]
-
 #: Prior per-pair sd of ln(head/base) by metric kind. Timing: just above the per-pair sd
 #: measured in lockstep for the encoder and decoder steps; a noisier check (segmentation)
 #: shows in its own observed spread.
 #: Rates are inverse times, so the same. Energy windows add the power meter's own noise.
 PRIOR_SD: Mapping[str, float] = {"timing": 0.025, "rate": 0.025, "energy": 0.05}
-#: Degrees of freedom the prior is worth: from 5 pairs on, the observed spread weighs more.
-PRIOR_DF = 3.0
-#: The prior is set aside when the pairs' spread is less likely than this under it.
-PRIOR_TEST = 0.01
 #: A measured prior (``budgets/noise``) is worth at most this many degrees of freedom: a
 #: machine's noise drifts between sessions, and a run's own pairs must still be able to move it.
 NOISE_DF_MAX = 12.0
@@ -169,43 +116,6 @@ class ABPolicy:
                      f"measured: {table.where}, {noise.df:g} df")
 
 
-@dataclass(frozen=True, kw_only=True)
-class RatioVerdict:
-    """The A/B judgement of one statistical check.
-
-    Attributes:
-        state: pass, fail, undecided (wants another pair), or inconclusive (the CI still
-            straddles the tolerance at the last pair).
-        ratio: head/base, the geometric mean over pairs.
-        ci: CI of ``ratio``.
-        pairs: process pairs behind it.
-        sd: per-pair sd of ln(head/base): pooled with the prior, or the observed one when
-            the prior was set aside.
-        df: degrees of freedom of the t interval.
-        prior_set_aside: the pairs' spread was too large for the prior, which was not used.
-        limit: the ratio beyond which the check fails (1 + tolerance, or 1 - tolerance for
-            higher-is-better metrics).
-        mde: minimum detectable effect: the smallest regression (a fraction, 0.08: 8 %) that
-            these pairs would have decided ``fail``.
-        confidence: two-sided coverage of ``ci``.
-        improved: the CI lies entirely better than the tolerance on the good side.
-        reason: one readable sentence.
-    """
-
-    state: State
-    ratio: float
-    ci: tuple[float, float]
-    pairs: int
-    sd: float
-    df: float
-    limit: float
-    mde: float
-    confidence: float
-    improved: bool = False
-    prior_set_aside: bool = False
-    reason: str = ""
-
-
 PAIRED_TAIL_MIN = 16
 """Fewest requests a paired upper-quantile ratio rests on (measured: the p90 ratio of 64
 requests with 10 % jitter each read sd 6.2 % per pair on its top 7, 3.7 % on 16)."""
@@ -251,85 +161,6 @@ def pair_ratio(
     if not (h > 0 and b > 0):
         raise ValueError(f"pair_ratio needs positive statistics, got head {h!r} and base {b!r}")
     return h / b
-
-
-def judge_ratios(
-    pair_ratios: Sequence[float],
-    *,
-    tolerance: float,
-    direction: Direction,
-    prior_sd: float,
-    prior_df: float = PRIOR_DF,
-    prior_test: float = PRIOR_TEST,
-    confidence: float = 0.95,
-    final: bool = False,
-) -> RatioVerdict:
-    """Three-way verdict on head/base from one ratio per process pair.
-
-    Args:
-        pair_ratios: head/base of each pair (see :func:`pair_ratio`).
-        tolerance: relative change accepted in the bad direction (0.05: 5 %).
-        direction: ``lower`` (times: a ratio above 1 is worse) or ``higher`` (rates).
-        prior_sd: prior per-pair sd of ln(head/base) (0.025: 2.5 %).
-        prior_df: degrees of freedom the prior is worth (0: plain t interval, needs 2 pairs).
-        prior_test: set the prior aside when the pairs' spread is less likely than this under
-            it (0: never).
-        confidence: two-sided coverage of the CI.
-        final: no more pairs will come: a straddling CI is ``inconclusive`` (never decided on
-            the point estimate).
-
-    Raises:
-        ValueError: no ratios, a ratio that is not a positive finite number, or bad settings.
-    """
-    rs = [float(r) for r in pair_ratios]
-    if not rs:
-        raise ValueError("judge_ratios needs at least one pair ratio, got none")
-    bad = [r for r in rs if not (math.isfinite(r) and r > 0)]
-    if bad:
-        raise ValueError(f"pair ratios must be positive finite numbers, got {bad[:3]}")
-    if not (math.isfinite(tolerance) and tolerance >= 0):
-        raise ValueError(f"tolerance must be a number >= 0, got {tolerance!r}")
-    if direction not in ("lower", "higher"):
-        raise ValueError(f"direction must be 'lower' or 'higher', got {direction!r}")
-    if not (prior_sd > 0 and prior_df >= 0):
-        raise ValueError(f"prior_sd must be > 0 and prior_df >= 0, got {prior_sd!r}, {prior_df!r}")
-    n = len(rs)
-    ys = [math.log(r) for r in rs]
-    ybar = sum(ys) / n
-    ss = sum((y - ybar) ** 2 for y in ys)  # (n - 1) * s^2
-    sd, df, set_aside = pooled_sd(ss, n, prior_sd=prior_sd, prior_df=prior_df, prior_test=prior_test)
-    half = t_quantile(0.5 + confidence / 2.0, df) * sd / math.sqrt(n)
-    ratio = math.exp(ybar)
-    lo, hi = math.exp(ybar - half), math.exp(ybar + half)
-    lower = direction == "lower"
-    limits = Limits.around(1.0, tolerance, direction)
-    state = classify(lo, hi, limits, final=final)
-    improved = state == "stale"
-
-    mde = detectable_effect(half, tolerance=tolerance, direction=direction)
-    change = f"{(ratio - 1) * 100:+.1f} %"
-    what = (f"head/base {ratio:.4g} ({change}; {confidence * 100:.3g} % CI {lo:.4g}-{hi:.4g}, "
-            f"{n} pair{'s' if n != 1 else ''}, sd {sd:.1%} per pair"
-            + (f", far above the prior {prior_sd:.1%}, which is set aside" if set_aside else "") + ")")
-    bound = f"{'+' if lower else '-'}{tolerance * 100:.3g} %"
-    resolves = f"could resolve changes beyond {'+' if lower else '-'}{mde * 100:.3g} %"
-
-    def verdict(state: State, reason: str) -> RatioVerdict:
-        return RatioVerdict(state=state, ratio=ratio, ci=(lo, hi), pairs=n, sd=sd, df=df, limit=limits.bad, mde=mde,
-                            confidence=confidence, improved=improved, prior_set_aside=set_aside,
-                            reason=f"{what} {reason}")
-
-    if state == "fail":
-        return verdict("fail", f"is entirely beyond the tolerance {bound}")
-    if state in ("pass", "stale"):
-        return verdict("pass", f"is within the tolerance {bound}"
-                               + (f"; better than the base by more than {tolerance * 100:.3g} %" if improved else "")
-                               + f" (these pairs {resolves})")
-    if state == "undecided":
-        return verdict("undecided", f"straddles the tolerance {bound} (so far these pairs {resolves})")
-    return verdict("inconclusive", f"straddles the tolerance {bound} after the last pair: inconclusive, "
-                                   f"not decided on the estimate; this run {resolves} "
-                                   "(more pairs or a quieter machine resolve smaller ones)")
 
 
 #: With this many pairs or more, one pair far from the others is set aside (:func:`outlying_pair`).
@@ -406,24 +237,6 @@ def process_modes(pair_ratios: Sequence[float]) -> tuple[float, float] | None:
     return math.exp(stats.median(low)), math.exp(stats.median(high))
 
 
-def can_decide(rv: RatioVerdict, pairs_left: int) -> bool:
-    """Could ``pairs_left`` more pairs decide this straddling check, if their spread is what it
-    shows now?
-
-    Projected to ``n + pairs_left`` pairs, the CI's half-width is
-    ``h' = t(conf, df + pairs_left) * sd / sqrt(n + pairs_left)``. The check can be decided when
-    ``h'`` is smaller than the estimate's distance from the limit, given one standard error of
-    room for the estimate to move (``sd / sqrt(n)``): a check sitting on its limit, or too noisy
-    for the pairs left, is judged inconclusive without spending them.
-    """
-    if pairs_left <= 0:
-        return False
-    n = rv.pairs
-    half = t_quantile(0.5 + rv.confidence / 2.0, rv.df + pairs_left) * rv.sd / math.sqrt(n + pairs_left)
-    distance = abs(math.log(rv.ratio) - math.log(rv.limit))
-    return half < distance + rv.sd / math.sqrt(n)
-
-
 def resolvable_lines(table: NoiseTable, policy: ABPolicy, *, pairs: int) -> list[str]:
     """Before the first pair: per measured check, the change ``pairs`` pairs can resolve if the
     check's spread is the measured one, the least resolvable first (defaults' tolerances)."""
@@ -442,7 +255,8 @@ def resolvable_lines(table: NoiseTable, policy: ABPolicy, *, pairs: int) -> list
         tol = tolerance_for(info, against="base").value
         mde = detectable_effect(half, tolerance=tol, direction=info.direction)
         sign = "+" if info.direction == "lower" else "-"
-        passes = half < math.log(1.0 + tol) if info.direction == "lower" else half < -math.log(1.0 - tol)
+        unchanged = classify(math.exp(-half), math.exp(half), Limits.around(1.0, tol, info.direction))
+        passes = unchanged in ("pass", "stale")
         rows.append((mde, f"  {key}.{metric}: sd {prior.sd:.1%} per pair; resolves {sign}{mde:.1%} "
                           f"(tolerance {sign}{tol:.0%})" + ("" if passes else "; cannot pass even unchanged")))
     rows.sort(key=lambda r: -r[0])
@@ -451,22 +265,10 @@ def resolvable_lines(table: NoiseTable, policy: ABPolicy, *, pairs: int) -> list
     return [head, *(line for _, line in rows)]
 
 
-def detectable_effect(half_width: float, *, tolerance: float, direction: Direction) -> float:
-    """The smallest regression (a fraction) decided ``fail`` by a CI of log half-width ``half_width``.
-
-    Lower is better: the CI ``ratio * exp(-+h)`` lies entirely above ``1 + t`` once the ratio
-    exceeds ``(1 + t) * exp(h)``; higher is better: entirely below ``1 - t`` once the ratio
-    is under ``(1 - t) * exp(-h)``, a drop of ``1 - (1 - t) * exp(-h)``.
-    """
-    if direction == "lower":
-        return (1.0 + tolerance) * math.exp(half_width) - 1.0
-    return 1.0 - (1.0 - tolerance) * math.exp(-half_width)
-
-
 def describe_change(head: float, base: float, *, unit: str = "") -> str:
     """``same as the base (12)`` or ``base 12 -> head 14 (+16.7 %)`` for an exact or bytes metric."""
     u = f" {unit}" if unit and unit != "1" else ""
-    if head == base or math.isclose(head, base, rel_tol=1e-9, abs_tol=1e-12):
+    if same(head, base):
         return f"same as the base ({head:g}{u})"
     if base != 0:
         return f"base {base:g}{u} -> head {head:g}{u} ({(head / base - 1) * 100:+.1f} %)"

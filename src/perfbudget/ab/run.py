@@ -1,22 +1,4 @@
-"""The lockstep A/B run: base worktree, shims, process pairs until every check is decided, merged results.
-
-Pair 1 runs the user's whole selection on both sides. Every later pair runs only the
-tests that still hold an undecided statistical check (fewer than ``min_pairs`` pairs, or
-a CI straddling the tolerance), as one explicit nodeid list in the head's order on both
-sides; exact-only tests run once. A check still straddling after the last pair is
-``inconclusive``, with the smallest change the run could resolve: not a failure unless
-``strict``. A pair that lost turn-taking for any part is invalid: its records are not
-used, it is said in the problems, and it is re-run once (same first side) while the pair
-budget and the time allow. A base that cannot run at all is an error unless
-``allow_missing_base``, which judges the head against the stored budgets instead.
-
-``--max-minutes`` stops a pair between turns (``pairs``): what each side finished is used, and the
-problems name the checks a stopped side did not reach. On a machine with an NVIDIA GPU the sides
-are pinned each to its own half of the CPUs (``pairs.placement``) instead of both to one CPU: a
-CUDA side's host thread launches the kernels, and the driver's, the profiler's and torch's helper
-threads need cores beside it; on one shared CPU they queue behind one another and behind the
-waiting side's. The sides still take turns, so each has its half to itself while it runs.
-"""
+"""The lockstep A/B run: base worktree, shims, process pairs until every check is decided, merged results."""
 
 from __future__ import annotations
 
@@ -42,7 +24,8 @@ from ..metrics import STATISTICAL_KINDS, op_metric
 from ..pinning import nvml_gpu_count
 from ..results import ABPolicyInfo, ABRunInfo, PairClocks, Results, RunInfo, load_results
 from ..settings import RunSpec, Settings, for_folder, pytest_cli, pytest_overrides
-from ..vocabulary import Outcome, RunMode, StrEnum
+from ..verdict.judge import ab_run_fails
+from ..vocabulary import RunMode, StrEnum
 from .merge import Comparison, PairRecords, compare_pairs
 from .pairs import (
     HALVES,
@@ -109,7 +92,7 @@ class ABConfig:
         allow_missing_base: a base that cannot run is judged as "not compared" against the
             stored budgets (``--allow-missing-base``); otherwise it is an error.
         precision: the half-width each statistical check's within-pair ratio samples to
-            (``--precision``; see :attr:`perfbudget.judging.ABSide.precision`); ``None`` or 0: one fixed
+            (``--precision``; see :attr:`perfbudget.verdict.judge.ABSide.precision`); ``None`` or 0: one fixed
             sample set per check and side.
         instructions: both sides run under callgrind (``perfbudget ab --instructions``), one
             pair, so their ``perf.instructions`` counts are compared (select those tests, e.g.
@@ -343,15 +326,14 @@ def _run_info(config: ABConfig, plan: _Plan, comparison: Comparison, *, base: Ba
 
 def _exit_code(comparison: Comparison, runs: Sequence[PairRun], *, failed: bool, strict: bool) -> ExitCode:
     """What the run exits with: a usage error when the head's first pytest said so and nothing was
-    recorded; a failure for a failing or erroring check, ``failed`` (the head's pytest failed, the base
-    could not run, the selection was cut), no check at all, or an inconclusive check under ``strict``."""
+    recorded, else a failure when the verdict fails the run (:func:`~perfbudget.verdict.judge.ab_run_fails`;
+    ``failed``: the head's pytest failed, the base could not run, the selection was cut)."""
     first_head = runs[0].sides["head"].returncode if runs else None
     if first_head == 4 and not comparison.records:
         return ExitCode.USAGE  # pytest's own usage error: the pytest args are wrong
-    bad = any(r.outcome in (Outcome.FAIL, Outcome.ERROR) for r in comparison.records)
-    if bad or failed or not comparison.records or (strict and comparison.inconclusive):
-        return ExitCode.FAILED
-    return ExitCode.OK
+    fails = ab_run_fails([r.outcome for r in comparison.records], inconclusive=bool(comparison.inconclusive),
+                         failed=failed, strict=strict)
+    return ExitCode.FAILED if fails else ExitCode.OK
 
 
 @dataclass(kw_only=True)

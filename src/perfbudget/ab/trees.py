@@ -1,11 +1,4 @@
-"""The two trees of an A/B run: a git worktree of the base commit, and per-side import shims.
-
-One instrument measures both sides: each side's ``PYTHONPATH`` starts with a shim folder
-whose ``perfbudget`` is this checkout's instrument, while every other top-level package of
-the side's ``src/`` (the code under test, e.g. ``torchlevers``) is that side's own.
-``PYTHONPATH`` comes before the editable install's path entry on ``sys.path``, so the shim
-wins over the installed checkout.
-"""
+"""The two trees of an A/B run: a git worktree of the base commit, and per-side import shims."""
 
 from __future__ import annotations
 

@@ -21,8 +21,8 @@ from ..device import (
     Selector,
 )
 from ..metrics import UnknownMetricError, parse_name
-from ..rule import tolerance_for
 from ..settings import find_ini
+from ..verdict.rule import tolerance_for
 from .schema import PROVENANCE_FIELDS, SCHEMA_VERSION, Budget, BudgetError, BudgetFile, Provenance
 
 __all__ = ["MAX_FILE_BYTES", "BudgetSet", "confined", "load_dir", "load_file", "parse_text", "read_text", "subfolder"]

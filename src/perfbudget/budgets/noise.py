@@ -1,22 +1,4 @@
-"""Each check's measured A/B noise, kept beside the budgets: ``budgets/noise/<identity>.yaml``.
-
-A lockstep A/B judges a timing check on its process pairs' ratios. How much those ratios
-spread is a property of the check *on one kind of machine*: a 20 ms training step reads
-2-3 % per pair, a serving tail or a compiled warm-up 6-10 %. Without a measurement the
-verdict assumes one flat prior for every check of a kind (``ab.ratios.PRIOR_SD``).
-``perfbudget calibrate`` measures it instead, from A/B results files of one machine
-identity (an A/A run, or the pull-request runs it already made), and writes it here by
-the tool, with provenance, never by hand:
-
-- statistical checks: the per-pair sd of ``ln(head/base)`` about each run's own mean, pooled
-  over runs (any A/B run counts: a real change moves the mean, not the spread about it);
-  the verdict then uses it as the check's prior, worth its degrees of freedom (capped);
-- counts (``instructions[...]``): the spread of ``ln(head/base)`` about 0 over A/A runs only
-  (head and base the same commit), one degree of freedom per run; the A/B comparison's
-  tolerance for the count then follows that spread instead of the flat default.
-
-The file pools exactly: ``ss`` (the sum of squares) and ``df`` add up run after run.
-"""
+"""Each check's measured A/B noise, kept beside the budgets: ``budgets/noise/<identity>.yaml``."""
 
 from __future__ import annotations
 

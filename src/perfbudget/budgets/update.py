@@ -1,5 +1,4 @@
-"""Write measured values back into budget files: ratchet, provenance, atomic replace, reviewable
-diff; and accept a reviewed change from a run's own results."""
+"""Write measured values back into budget files (ratchet, provenance, atomic replace) and accept results."""
 
 from __future__ import annotations
 
@@ -20,7 +19,7 @@ from ..device import DeviceInfo, device_file_stem
 from ..fileio import atomic_write, lock
 from ..measure.stats import normal_quantile
 from ..metrics import parse_name
-from ..rule import tolerance_for
+from ..verdict.rule import Limits, classify, tolerance_for
 from .loader import BudgetSet, _Doc, _finite, parse_text, read_text
 from .schema import SCHEMA_VERSION, BudgetError
 
@@ -348,16 +347,13 @@ def _decide(entry: Any, m: Measured, allow_loosen: bool) -> tuple[Action, float 
         # this machine would fail the others.
         return "kept", old, ("derived from several machines (see its note); re-derive it with "
                              "scripts/portable-budgets.py")
+    # Skip churn from noise: a statistical budget moves only beyond a third of its tolerance.
+    within = info.statistical and classify(new, new, Limits.around(old, tol / 3, info.direction)) == "pass"
     if better:
-        # Skip churn from noise: a statistical budget moves only beyond a third of its tolerance.
-        if info.statistical and rel <= tol / 3:
-            return "kept", old, f"within a third of the tolerance ({rel:.1%})"
-        return "tightened", old, ""
+        return ("kept", old, f"within a third of the tolerance ({rel:.1%})") if within else ("tightened", old, "")
     if not allow_loosen:
         return "refused", old, f"measured {new:.6g} is worse than {old:.6g}; pass --allow-loosen to accept it"
-    if info.statistical and rel <= tol / 3:
-        return "kept", old, f"within a third of the tolerance ({rel:.1%})"
-    return "loosened", old, ""
+    return ("kept", old, f"within a third of the tolerance ({rel:.1%})") if within else ("loosened", old, "")
 
 
 def apply_updates(

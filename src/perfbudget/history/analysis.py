@@ -1,6 +1,4 @@
-"""One check's history analysed (level shifts of its values, the chain of its A/B ratios and the drifts
-in it), and what ``history check`` reports since a commit: the regressions, each with the commits to
-bisect, among them the trend of each machine's values since the commit (``history.trend``)."""
+"""One check's history analysed (level shifts, the chain of A/B ratios, drifts) and what it finds since a commit."""
 
 from __future__ import annotations
 
@@ -10,7 +8,7 @@ from dataclasses import dataclass, field
 
 from ..metrics import Direction
 from ..report.common import fmt_tolerance
-from ..rule import Limits, classify
+from ..verdict.rule import SERIES_TOLERANCE, Limits, settle
 from .chain import Cumulative, Gap, Link, chain_of, cumulative, cumulative_series, pooled
 from .changepoints import ChangeConfig, Drift, Shift, chained_drifts, level_shifts
 from .store import HistoryStore, Mode, Point, Run, by_machine
@@ -236,7 +234,7 @@ def chain_gaps_since(analysis: SeriesAnalysis, since_date: str, *, since_commit:
 
 
 def findings_since(analysis: SeriesAnalysis, since_date: str, *, since_commit: str | None = None,
-                   tolerance: float = 0.05, confidence: float = 0.95,
+                   tolerance: float = SERIES_TOLERANCE, confidence: float = 0.95,
                    cumulative_confidence: float = CUMULATIVE_CONFIDENCE) -> tuple[list[Finding], list[str]]:
     """Regressions after the ``since_commit`` run of the series (else after ``since_date``, UTC, as runs
     keep dates): level shifts and drifts for the worse, a cumulative chained ratio worse than no
@@ -279,8 +277,8 @@ def findings_since(analysis: SeriesAnalysis, since_date: str, *, since_commit: s
         cum = cumulative(later, confidence=cumulative_confidence)
         lo, hi = cum.ci
         direction = _judged_direction(analysis.direction, cum.change)
-        beyond = (classify(lo, hi, Limits.around(1.0, 0.0, direction)) == "fail"
-                  and classify(cum.ratio, cum.ratio, Limits.around(1.0, tolerance, direction)) == "fail")
+        limits = Limits.around(1.0, tolerance, direction)
+        beyond = settle(lo, hi, limits, evidence="history", estimate=cum.ratio) == "fail"
         gaps = _unreached(analysis, after_run, since_commit)
         ref = since_commit[:12] if since_commit else since_date
         reach = (f" only: the chain does not reach back to {ref} (gap below); the merges before the gap are not in it"

@@ -1,21 +1,4 @@
-"""The trend of one machine's absolute values since a ref: a straight line through ln(value) over the
-commits, and the move it makes from the first run to the last, with its interval.
-
-Why: an A/B ratio's interval is wide (its per-pair noise), and chaining five of them adds five
-variances, so a creep of small merges can read ``+14 % (-0.1 % to +30 %)`` while the heads' own
-values on one machine climb run after run. Those values have two kinds of noise: the run's own
-(its standard error, which the store keeps per check) and what moves between runs of one machine
-identity (another VM of the same model, another time of day), which nothing in one run measures.
-
-Method: random-effects meta-regression, as for studies of unequal precision. Each run ``i`` gives
-``y_i = ln(value_i)`` at commit position ``x_i`` with its own standard error ``s_i``; the model is
-``y_i = a + b x_i + u_i + e_i`` with ``e_i ~ N(0, s_i^2)`` and ``u_i ~ N(0, tau^2)``, ``tau`` the
-between-run spread. ``tau^2`` is the DerSimonian-Laird moment estimate; the slope is weighted least
-squares with weights ``1 / (s_i^2 + tau^2)``; its variance is the Knapp-Hartung one, scaled by the
-weighted residuals' mean square but never below the runs' own errors (``max(1, q)``), with a t
-quantile of ``n - 2`` degrees of freedom. Without standard errors (older stores, exact metrics) it is
-ordinary least squares with the residuals' variance: the same t interval with equal weights.
-"""
+"""The trend of one machine's absolute values since a ref: a line through ln(value) over the commits."""
 
 from __future__ import annotations
 
@@ -25,7 +8,7 @@ from dataclasses import dataclass
 
 from ..measure.stats import t_quantile
 from ..metrics import STATISTICAL_KINDS
-from ..rule import Limits, classify
+from ..verdict.rule import Limits, classify
 
 __all__ = ["MIN_TREND_POINTS", "TREND_KINDS", "Trend", "level_trend"]
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from perfbudget.device import DeviceType
 from perfbudget.measure.sync import device_sync
 from perfbudget.measure.timing import pinned_threads
+from perfbudget.verdict.rule import changed_by
 
 if TYPE_CHECKING:
     import torch
@@ -455,12 +456,12 @@ class Allocation:
         ``+25.0 MiB allocated per call (6.0 -> 31.0 MiB)``, ``+1536 minor page faults per call (0 -> 1536)``."""
         said = []
         moved = self.bytes_per_call - base.bytes_per_call
-        if abs(moved) >= max(ALLOCATION_FLOOR_BYTES, 0.01 * base.bytes_per_call):
+        if changed_by(moved, base.bytes_per_call, least=ALLOCATION_FLOOR_BYTES, share=0.01):
             said.append(f"{moved / MIB:+.1f} MiB allocated per call ({base.bytes_per_call / MIB:.1f} -> "
                         f"{self.bytes_per_call / MIB:.1f} MiB)")
         faults = self.minor_faults_per_call - base.minor_faults_per_call
         # One fresh 4 KiB page is one fault: a few per call is a reused block's edge, hundreds a fresh buffer.
-        if abs(faults) >= max(16.0, 0.1 * base.minor_faults_per_call):
+        if changed_by(faults, base.minor_faults_per_call, least=16.0, share=0.1):
             said.append(f"{faults:+.0f} minor page faults per call ({base.minor_faults_per_call:.0f} -> "
                         f"{self.minor_faults_per_call:.0f})")
         return "; ".join(said)

@@ -1,21 +1,10 @@
-"""What a test measured, collected under its budget key: the public measuring API behind ``perf``.
-
-:class:`PerfRecorder` is a thin face over the measurement families, one module each: timing
-(:mod:`.timing`), serving (:mod:`.serving`), operators (:mod:`.operators`), instructions
-(:mod:`.instructions`), memory (:mod:`.memory`), torch.compile (:mod:`.compiling`), numerics
-(:mod:`.numerics`), GPU utilisation (:mod:`.gpu`) and energy (:mod:`.energy`). A family owns its
-metric names (``METRICS``, registered in :mod:`perfbudget.metrics`), how it measures them
-(through :mod:`perfbudget.measure`, whose timers take turns in a lockstep A/B run) and how it
-explains a failure; it hands each measurement to the one primitive of :mod:`.core`, where the
-:class:`~perfbudget.judge.Judge` decides and the verdict is kept. A new family is a module here
-and one more base of :class:`PerfRecorder`. Usable without pytest: ``PerfRecorder(Judge(key, device, budgets))``.
-"""
+"""What a test measured, collected under its budget key: the public measuring API behind ``perf``."""
 
 from __future__ import annotations
 
 from ..extras import OperatorMoves
-from ..judge import Decision, Judge
 from ..results import Record
+from ..verdict.judge import Decision, Judge
 from ..vocabulary import Outcome
 from .compiling import Compiling
 from .core import RecorderCore

@@ -1,5 +1,4 @@
-"""torch.compile's health: graph breaks (with reasons), unique graphs, compile time by cache
-state, and recompiles while measuring."""
+"""torch.compile's health: graph breaks, unique graphs, compile time by cache state, recompiles."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""The recorder's primitive: judge one measurement under the test's budget key and keep the verdict.
-
-Every measurement family (:mod:`perfbudget.recorder`'s other modules) builds a
-:class:`~perfbudget.measure.measurement.Measurement` and hands it to :meth:`RecorderCore._record`;
-the :class:`~perfbudget.judge.Judge` decides, the verdict is kept, and a failure is explained by
-the measurement's own explainer.
-"""
+"""The recorder's primitive: judge one measurement under the test's budget key and keep the verdict."""
 
 from __future__ import annotations
 
@@ -13,13 +7,13 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, ClassVar
 
-from ..budgets.verdict import Verdict
-from ..judge import Judge
 from ..measure.measurement import Explanation, Measurement
 from ..measure.memory import ALLOCATION, allocation
 from ..measure.reference import machine_reference
 from ..measure.timing import bench, bench_paired
 from ..metrics import UnknownMetricError, parse_name
+from ..verdict.judge import Judge
+from ..verdict.stored import Verdict
 from ..vocabulary import Outcome
 
 __all__ = ["RecorderCore", "Timed", "explainer"]

@@ -1,5 +1,4 @@
-"""GPU utilisation: a step's device time, idle share and kernels (profiler trace), the SM occupancy
-their launch resources allow, and NVML GPM's measured occupancy and tensor-core use."""
+"""GPU utilisation: device time, idle share and kernels, SM occupancy, NVML GPM occupancy and tensor cores."""
 
 from __future__ import annotations
 
@@ -10,13 +9,13 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..budgets.verdict import Verdict
 from ..lease import LEASE_DEVICE_STEPS, LEASE_GPM_WINDOWS, LEASE_OCC_ROUNDS
 from ..measure import nvml, occupancy
 from ..measure.measurement import Explanation, Measurement, Passes
 from ..measure.occupancy import StepDeviceTime
 from ..measure.operators import trace_steps
 from ..measure.unmeasurable import Unmeasurable
+from ..verdict.stored import Verdict
 from .core import RecorderCore, Timed
 
 __all__ = ["DEVICE_STEPS", "GPM_WINDOWS", "OCC_ROUNDS", "Gpu"]

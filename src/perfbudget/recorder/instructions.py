@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, ClassVar, Literal
 
-from ..budgets.verdict import Verdict
 from ..extras import InstructionProfile
 from ..measure import instructions as counting
 from ..measure.measurement import Explanation, Measurement
 from ..measure.unmeasurable import Unmeasurable
+from ..verdict.stored import Verdict
 from .core import RecorderCore
 
 __all__ = ["Instructions"]

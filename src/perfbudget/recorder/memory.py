@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from ..budgets.verdict import Verdict
 from ..measure import memory as peaks_of
 from ..measure.measurement import Measurement
+from ..verdict.stored import Verdict
 from .core import RecorderCore
 
 __all__ = ["Memory"]

@@ -1,14 +1,13 @@
-"""Numerical health: non-finite gradients (naming the first bad parameter) and loss drift
-against a reference precision."""
+"""Numerical health: non-finite gradients (naming the first bad parameter) and loss drift."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from ..budgets.verdict import Verdict
 from ..measure import numerics
 from ..measure.measurement import Measurement
+from ..verdict.stored import Verdict
 from .core import RecorderCore
 
 __all__ = ["Numerics"]

@@ -1,5 +1,4 @@
-"""Per-operator attribution: self time, share and calls of each operator (torch.profiler), FLOPs,
-and the explanation of a failing step or check by the operators that moved."""
+"""Per-operator attribution: self time, share, calls and FLOPs of each operator, and what moved."""
 
 from __future__ import annotations
 
@@ -8,7 +7,6 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from ..budgets.schema import Budget
-from ..budgets.verdict import Verdict
 from ..extras import OperatorMoves
 from ..lease import LEASE_OP_ROUNDS
 from ..measure import stats
@@ -16,7 +14,8 @@ from ..measure.measurement import Explanation, Measurement, Passes
 from ..measure.operators import OpMove, OpRounds, count_flops, profile_rounds
 from ..measure.reference import machine_reference
 from ..metrics import METRICS, OP_METRIC_FAMILIES, op_metric
-from ..rule import tolerance_for
+from ..verdict.rule import tolerance_for
+from ..verdict.stored import Verdict
 from ..vocabulary import Outcome
 from .core import RecorderCore
 
@@ -99,7 +98,7 @@ class Operators(RecorderCore):
         (in any per-operator family), plus new ones above the share threshold of this run's mode.
 
         In the later pairs of a lockstep A/B run the driver names, per test, the operators
-        either side recorded so far (:meth:`perfbudget.judging.Judging.pinned_operators`); both sides then record exactly
+        either side recorded so far (:meth:`perfbudget.verdict.judge.Judging.pinned_operators`); both sides then record exactly
         those and the budgeted ones, so an operator near the threshold is compared in every
         pair instead of being listed by one process and not by the other.
         """

@@ -1,5 +1,4 @@
-"""Serving streamed requests: time to first token, per-token and end-to-end latency, tokens/s,
-each request paired with itself on the other side of an A/B run."""
+"""Serving streamed requests: time to first token, per-token and end-to-end latency, tokens/s."""
 
 from __future__ import annotations
 
@@ -7,10 +6,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..budgets.verdict import Verdict
 from ..lease import LEASE_SERVE_ROUNDS
 from ..measure.measurement import Passes
 from ..measure.timing import time_streams
+from ..verdict.stored import Verdict
 from .core import RecorderCore
 
 __all__ = ["SERVE_METRICS", "SERVE_ROUNDS", "ServeRound", "Serving"]

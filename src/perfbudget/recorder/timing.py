@@ -1,6 +1,4 @@
-"""Timing a call or a step (``step_ms``, ``throughput_samples_per_s``, ``latency_ms``; on a GPU
-also the step's device time) and a lever's speed-up measured in one run; a step marked
-``instructions`` is counted instead."""
+"""Timing a call or a step, on a GPU its device time too, and a lever's speed-up measured in one run."""
 
 from __future__ import annotations
 
@@ -9,9 +7,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..budgets.verdict import Verdict
 from ..measure.measurement import Passes
 from ..measure.timing import bench_paired
+from ..verdict.stored import Verdict
 from .core import Timed, explainer, ref_ms, samples_ms
 from .gpu import Gpu
 from .instructions import Instructions

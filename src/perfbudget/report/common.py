@@ -13,7 +13,7 @@ from ..extras import FailureArtifacts, OperatorMoves
 from ..measure.operators import OpMove
 from ..metrics import STATISTICAL_KINDS, Metric, UnknownMetricError, op_metric, parse_name
 from ..results import BaseSide, Record, Results
-from ..rule import beyond, tolerance_for
+from ..verdict.rule import beyond, tolerance_for
 from ..vocabulary import Outcome, count_outcomes
 
 __all__ = [

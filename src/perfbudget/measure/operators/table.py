@@ -17,6 +17,7 @@ from perfbudget.measure.operators.flops import (
 )
 from perfbudget.measure.operators.roofline import DevicePeaks, Roofline
 from perfbudget.metrics import OP_METRIC_FAMILIES, op_metric
+from perfbudget.verdict.rule import moved_beyond, same
 
 __all__ = [
     "OP_METRIC_FAMILIES",
@@ -32,10 +33,6 @@ __all__ = [
 
 #: What an operator is compared with: its budget, the base commit's value, or a base table's row.
 Against = Literal["budget", "base", "table"]
-# Exact comparisons (counts, FLOPs) tolerate float noise of per-step averages, nothing more.
-_EXACT_SLACK = 1e-9
-
-
 # Profiler dtype strings (c10 names) -> (canonical name, bytes per element).
 _DTYPES: Mapping[str, tuple[str, int]] = {
     "float": ("float32", 4),
@@ -289,7 +286,7 @@ class OpMove:
         than its tolerance and by at least ``min_delta`` (in its unit)."""
         if self.failing or self.one_sided:
             return True
-        return abs(self.change) > self.tolerance + _EXACT_SLACK and abs(self.delta) >= min_delta
+        return moved_beyond(self.change, self.tolerance) and abs(self.delta) >= min_delta
 
 
 def moved_operators(
@@ -437,9 +434,7 @@ class OpTable:
                 status = "added"
             elif b is None:
                 status = "removed"
-            elif not math.isclose(a.calls, b.calls) or not math.isclose(
-                a.flops, b.flops, rel_tol=1e-9
-            ):
+            elif not same(a.calls, b.calls) or not same(a.flops, b.flops):
                 status = "changed"
             else:
                 status = "same"

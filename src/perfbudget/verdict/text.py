@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..results import Record
+from ..vocabulary import Outcome, TestOutcome
 from .judge import Decision
-from .results import Record
-from .vocabulary import Outcome, TestOutcome
 
 __all__ = ["decision_text", "judged_summary"]
 
@@ -43,7 +43,7 @@ def decision_text(
     update_command: str = "",
 ) -> str:
     """The message pytest shows for a failed or skipped perf test (empty for a pass)."""
-    from .report import move_line, moved_operators, moves_note, records_table
+    from ..report import move_line, moved_operators, moves_note, records_table
 
     if decision.empty:
         return f"{key}: the test used `perf` but recorded no measurement"

@@ -7,11 +7,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..budgets.schema import Budget
 from ..measure import stats
 from ..metrics import BYTES_FLOOR_MIB, Metric, MetricName, parse_name
-from ..rule import Limits, classify, tolerance_for
 from ..vocabulary import OUTCOMES, Outcome
-from .schema import Budget
+from .rule import Limits, classify, settle, tolerance_for
 
 __all__ = ["OUTCOMES", "Outcome", "Verdict", "VerdictPolicy", "decide"]
 
@@ -185,7 +185,7 @@ def _decide_stat(
     v = v.with_(limit=limits.bad)
     rounds = 1
     while (state := _state(v, limits, q, policy, final=more is None or rounds > policy.max_extra_rounds)) == "undecided":
-        # The CI straddles the limit: measure more, bounded, then decide on the point estimate.
+        # The CI straddles the limit: measure more, bounded, then settle it (on the point estimate).
         assert more is not None
         fresh = list(more())
         problem = _check_finite(fresh)
@@ -208,7 +208,7 @@ def _decide_stat(
     coverage = stats.quantile_ci(v.samples, q, policy.confidence)[2]
     short = (f"; {len(v.samples)} samples give the interval of the {q:g} quantile only {coverage:.0%} coverage"
              if q != 0.5 and coverage < policy.confidence else "")
-    if limits.worse(med):
+    if settle(lo, hi, limits, evidence="stored", estimate=med) == "fail":
         return v.with_(outcome=Outcome.FAIL, rounds=rounds,
                        reason=f"CI {lo:.4g}-{hi:.4g} straddles the limit {bad:.4g} after {rounds} round(s); "
                               f"the median {med:.4g} is beyond it{short}")

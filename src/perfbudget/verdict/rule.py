@@ -1,23 +1,4 @@
-"""The decision rule: an estimate meets its limits and gets a state; decides, never measures.
-
-Every verdict of the instrument is reached by :func:`classify`: a stored budget's exact value or
-the CI of its median (``budgets/verdict``), a head/base ratio's CI over process pairs
-(``ab/ratios``), a count's change from its base (``ab/merge``), a history finding
-(``history/analysis``, ``history/trend``). What differs between them is the estimate and its
-interval, never the rule:
-
-- the interval entirely worse than the bad limit: ``fail``;
-- entirely not worse: ``pass``, or ``stale`` when it lies entirely beyond the good limit (better
-  than the reference by more than the tolerance);
-- straddling the bad limit: ``undecided`` while more evidence can come, ``inconclusive`` at the
-  end (an A/B check stays so; a stored budget, after its extra rounds, is then decided on the
-  median of all of them by its owner, ``budgets/verdict``).
-
-An exact value is an interval of one point. The minimum evidence (:func:`with_evidence`) and the
-family-wise control (:func:`family_confidence`) are decided here too, and a check's tolerance is
-chosen by :func:`tolerance_for` alone, which names where it came from (history judges every series
-against its one ``--tolerance``).
-"""
+"""The decision rule: an estimate meets its limits and gets a state; decides, never measures."""
 
 from __future__ import annotations
 
@@ -25,16 +6,26 @@ import math
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from .fileio import shown_path
-from .metrics import DEFAULT_TOLERANCE, OP_TIMED_FAMILIES, Direction, Metric, family_of
+from ..fileio import shown_path
+from ..metrics import DEFAULT_TOLERANCE, OP_TIMED_FAMILIES, Direction, Metric, family_of
 
-__all__ = ["EXACT_EPS", "Limits", "State", "Tolerance", "beyond", "classify", "family_confidence", "tolerance_for",
-           "with_evidence"]
+__all__ = ["EXACT_EPS", "SERIES_TOLERANCE", "Evidence", "Limits", "State", "Tolerance", "beyond", "changed_by",
+           "classify", "family_confidence", "moved_beyond", "same", "settle", "tolerance_for", "with_evidence"]
+
+# Every verdict of the instrument is reached here: a stored budget's value or the CI of its median
+# (verdict.stored), a head/base ratio's CI over process pairs (verdict.ratio), a count's change from its
+# base (ab.merge), a history finding (history.analysis, history.trend). They differ in the estimate and
+# its interval, never in the rule; an exact value is an interval of one point.
 
 State = Literal["pass", "stale", "fail", "undecided", "inconclusive", "beyond reach"]
+Evidence = Literal["stored", "pairs", "history"]
+"""What an interval rests on: a stored check's sample rounds, an A/B check's process pairs, a history
+series' chained ratios (:func:`settle`)."""
 
 #: Relative slack for exact comparisons of values computed in floating point.
 EXACT_EPS = 1e-9
+#: The tolerance a history series is judged against when none is given: timing's default.
+SERIES_TOLERANCE = DEFAULT_TOLERANCE["timing"]
 
 
 @dataclass(frozen=True)
@@ -60,7 +51,7 @@ class Limits:
 
     def better(self, x: float) -> bool:
         """Beyond the good limit (by more than floating point's last digits)."""
-        if math.isclose(x, self.good, rel_tol=EXACT_EPS, abs_tol=1e-12):
+        if same(x, self.good):
             return False
         return x < self.good if self.direction == "lower" else x > self.good
 
@@ -69,6 +60,22 @@ def beyond(x: float, bad: float, direction: Direction) -> bool:
     """``x`` is worse than the limit ``bad`` by more than floating point's last digits."""
     slack = EXACT_EPS * max(abs(bad), 1e-12)
     return x > bad + slack if direction == "lower" else x < bad - slack
+
+
+def same(a: float, b: float) -> bool:
+    """``a`` and ``b`` differ by no more than floating point's last digits."""
+    return a == b or math.isclose(a, b, rel_tol=EXACT_EPS, abs_tol=1e-12)
+
+
+def moved_beyond(change: float, tolerance: float) -> bool:
+    """A relative change, either way, beyond a relative ``tolerance`` by more than floating point's last
+    digits (a per-step average of counts is a float)."""
+    return abs(change) > tolerance + EXACT_EPS
+
+
+def changed_by(delta: float, base: float, *, least: float, share: float) -> bool:
+    """A change ``delta`` from ``base`` large enough to name: at least ``least`` and ``share`` of the base."""
+    return abs(delta) >= max(least, share * abs(base))
 
 
 def classify(lo: float, hi: float, limits: Limits, *, final: bool = True) -> State:
@@ -80,6 +87,30 @@ def classify(lo: float, hi: float, limits: Limits, *, final: bool = True) -> Sta
     if not limits.worse(worst):
         return "stale" if limits.better(worst) else "pass"
     return "inconclusive" if final else "undecided"
+
+
+def settle(lo: float, hi: float, limits: Limits, *, evidence: Evidence, estimate: float | None = None,
+           reference: float = 1.0) -> State:
+    """The final state of an interval, with no more evidence to come; one ending per kind of evidence for
+    an interval that still straddles the bad limit:
+
+    - ``stored``: decided on the point ``estimate`` (the median of every round): a stored budget
+      already took its extra rounds, and a budget is a stated bound, not a comparison;
+    - ``pairs``: ``inconclusive``, never decided on the estimate: inside a straddling interval it is no
+      evidence either way, and deciding on it would fail pull requests or wave regressions through by
+      chance;
+    - ``history``: a ``fail`` when the interval lies entirely worse than ``reference`` (no change) and
+      the ``estimate`` is beyond the bad limit (a cumulative ratio over many merges), else
+      ``inconclusive``.
+    """
+    state = classify(lo, hi, limits)
+    if state != "inconclusive" or evidence == "pairs":
+        return state
+    assert estimate is not None, f"{evidence} evidence ends a straddle on its estimate"
+    if evidence == "history":
+        changed = classify(lo, hi, Limits(reference, reference, limits.direction)) == "fail"
+        return "fail" if changed and limits.worse(estimate) else "inconclusive"
+    return "fail" if limits.worse(estimate) else "pass"
 
 
 def with_evidence(state: State, *, n: int, least: int, final: bool, reachable: bool = True) -> State:

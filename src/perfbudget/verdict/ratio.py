@@ -1,0 +1,166 @@
+"""The A/B verdict of one statistical check: head/base ratios of process pairs meet the rule."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from ..measure.stats import pooled_sd, t_quantile
+from ..metrics import Direction
+from .rule import Limits, classify, settle
+
+__all__ = ["PRIOR_DF", "PRIOR_TEST", "RatioVerdict", "State", "can_decide", "detectable_effect", "judge_ratios"]
+
+State = Literal["pass", "fail", "undecided", "inconclusive"]
+
+#: Degrees of freedom the prior is worth: from 5 pairs on, the observed spread weighs more.
+PRIOR_DF = 3.0
+#: The prior is set aside when the pairs' spread is less likely than this under it.
+PRIOR_TEST = 0.01
+
+@dataclass(frozen=True, kw_only=True)
+class RatioVerdict:
+    """The A/B judgement of one statistical check.
+
+    Attributes:
+        state: pass, fail, undecided (wants another pair), or inconclusive (the CI still
+            straddles the tolerance at the last pair).
+        ratio: head/base, the geometric mean over pairs.
+        ci: CI of ``ratio``.
+        pairs: process pairs behind it.
+        sd: per-pair sd of ln(head/base): pooled with the prior, or the observed one when
+            the prior was set aside.
+        df: degrees of freedom of the t interval.
+        prior_set_aside: the pairs' spread was too large for the prior, which was not used.
+        limit: the ratio beyond which the check fails (1 + tolerance, or 1 - tolerance for
+            higher-is-better metrics).
+        mde: minimum detectable effect: the smallest regression (a fraction, 0.08: 8 %) that
+            these pairs would have decided ``fail``.
+        confidence: two-sided coverage of ``ci``.
+        improved: the CI lies entirely better than the tolerance on the good side.
+        reason: one readable sentence.
+    """
+
+    state: State
+    ratio: float
+    ci: tuple[float, float]
+    pairs: int
+    sd: float
+    df: float
+    limit: float
+    mde: float
+    confidence: float
+    improved: bool = False
+    prior_set_aside: bool = False
+    reason: str = ""
+
+
+def judge_ratios(
+    pair_ratios: Sequence[float],
+    *,
+    tolerance: float,
+    direction: Direction,
+    prior_sd: float,
+    prior_df: float = PRIOR_DF,
+    prior_test: float = PRIOR_TEST,
+    confidence: float = 0.95,
+    final: bool = False,
+) -> RatioVerdict:
+    """Three-way verdict on head/base from one ratio per process pair.
+
+    Args:
+        pair_ratios: head/base of each pair (see :func:`pair_ratio`).
+        tolerance: relative change accepted in the bad direction (0.05: 5 %).
+        direction: ``lower`` (times: a ratio above 1 is worse) or ``higher`` (rates).
+        prior_sd: prior per-pair sd of ln(head/base) (0.025: 2.5 %).
+        prior_df: degrees of freedom the prior is worth (0: plain t interval, needs 2 pairs).
+        prior_test: set the prior aside when the pairs' spread is less likely than this under
+            it (0: never).
+        confidence: two-sided coverage of the CI.
+        final: no more pairs will come: a straddling CI is ``inconclusive`` (never decided on
+            the point estimate).
+
+    Raises:
+        ValueError: no ratios, a ratio that is not a positive finite number, or bad settings.
+    """
+    rs = [float(r) for r in pair_ratios]
+    if not rs:
+        raise ValueError("judge_ratios needs at least one pair ratio, got none")
+    bad = [r for r in rs if not (math.isfinite(r) and r > 0)]
+    if bad:
+        raise ValueError(f"pair ratios must be positive finite numbers, got {bad[:3]}")
+    if not (math.isfinite(tolerance) and tolerance >= 0):
+        raise ValueError(f"tolerance must be a number >= 0, got {tolerance!r}")
+    if direction not in ("lower", "higher"):
+        raise ValueError(f"direction must be 'lower' or 'higher', got {direction!r}")
+    if not (prior_sd > 0 and prior_df >= 0):
+        raise ValueError(f"prior_sd must be > 0 and prior_df >= 0, got {prior_sd!r}, {prior_df!r}")
+    n = len(rs)
+    ys = [math.log(r) for r in rs]
+    ybar = sum(ys) / n
+    ss = sum((y - ybar) ** 2 for y in ys)  # (n - 1) * s^2
+    sd, df, set_aside = pooled_sd(ss, n, prior_sd=prior_sd, prior_df=prior_df, prior_test=prior_test)
+    half = t_quantile(0.5 + confidence / 2.0, df) * sd / math.sqrt(n)
+    ratio = math.exp(ybar)
+    lo, hi = math.exp(ybar - half), math.exp(ybar + half)
+    lower = direction == "lower"
+    limits = Limits.around(1.0, tolerance, direction)
+    state = settle(lo, hi, limits, evidence="pairs") if final else classify(lo, hi, limits, final=False)
+    improved = state == "stale"
+
+    mde = detectable_effect(half, tolerance=tolerance, direction=direction)
+    change = f"{(ratio - 1) * 100:+.1f} %"
+    what = (f"head/base {ratio:.4g} ({change}; {confidence * 100:.3g} % CI {lo:.4g}-{hi:.4g}, "
+            f"{n} pair{'s' if n != 1 else ''}, sd {sd:.1%} per pair"
+            + (f", far above the prior {prior_sd:.1%}, which is set aside" if set_aside else "") + ")")
+    bound = f"{'+' if lower else '-'}{tolerance * 100:.3g} %"
+    resolves = f"could resolve changes beyond {'+' if lower else '-'}{mde * 100:.3g} %"
+
+    def verdict(state: State, reason: str) -> RatioVerdict:
+        return RatioVerdict(state=state, ratio=ratio, ci=(lo, hi), pairs=n, sd=sd, df=df, limit=limits.bad, mde=mde,
+                            confidence=confidence, improved=improved, prior_set_aside=set_aside,
+                            reason=f"{what} {reason}")
+
+    if state == "fail":
+        return verdict("fail", f"is entirely beyond the tolerance {bound}")
+    if state in ("pass", "stale"):
+        return verdict("pass", f"is within the tolerance {bound}"
+                               + (f"; better than the base by more than {tolerance * 100:.3g} %" if improved else "")
+                               + f" (these pairs {resolves})")
+    if state == "undecided":
+        return verdict("undecided", f"straddles the tolerance {bound} (so far these pairs {resolves})")
+    return verdict("inconclusive", f"straddles the tolerance {bound} after the last pair: inconclusive, "
+                                   f"not decided on the estimate; this run {resolves} "
+                                   "(more pairs or a quieter machine resolve smaller ones)")
+
+
+def can_decide(rv: RatioVerdict, pairs_left: int) -> bool:
+    """Could ``pairs_left`` more pairs decide this straddling check, if their spread is what it
+    shows now?
+
+    Projected to ``n + pairs_left`` pairs, the CI's half-width is
+    ``h' = t(conf, df + pairs_left) * sd / sqrt(n + pairs_left)``. The check can be decided when
+    ``h'`` is smaller than the estimate's distance from the limit, given one standard error of
+    room for the estimate to move (``sd / sqrt(n)``): a check sitting on its limit, or too noisy
+    for the pairs left, is judged inconclusive without spending them.
+    """
+    if pairs_left <= 0:
+        return False
+    n = rv.pairs
+    half = t_quantile(0.5 + rv.confidence / 2.0, rv.df + pairs_left) * rv.sd / math.sqrt(n + pairs_left)
+    distance = abs(math.log(rv.ratio) - math.log(rv.limit))
+    return half < distance + rv.sd / math.sqrt(n)
+
+
+def detectable_effect(half_width: float, *, tolerance: float, direction: Direction) -> float:
+    """The smallest regression (a fraction) decided ``fail`` by a CI of log half-width ``half_width``.
+
+    Lower is better: the CI ``ratio * exp(-+h)`` lies entirely above ``1 + t`` once the ratio
+    exceeds ``(1 + t) * exp(h)``; higher is better: entirely below ``1 - t`` once the ratio
+    is under ``(1 - t) * exp(-h)``, a drop of ``1 - (1 - t) * exp(-h)``.
+    """
+    if direction == "lower":
+        return (1.0 + tolerance) * math.exp(half_width) - 1.0
+    return 1.0 - (1.0 - tolerance) * math.exp(-half_width)
