@@ -1,8 +1,4 @@
-"""Main-branch history: every merge's results kept in one SQLite file (``history.store``), change
-points on each check's series (``history.changepoints``), the cumulative head/parent ratio chained
-along first parents (``history.chain``), the trend of one machine's values (``history.trend``), one
-check's history analysed and checked since a ref (``history.analysis``), a self-contained HTML page
-(``history.page``) and the ``perfbudget history`` command (``history.cli``). Never imports pytest."""
+"""Main-branch history: kept runs, change points, the A/B chain, trends, the page; never imports pytest."""
 
 from .analysis import (
     Finding,

@@ -1,9 +1,4 @@
-"""Reports rendered from records alone: terminal, Markdown, JUnit, HTML, the pull-request
-comment, and the comparison of two runs.
-
-One module per rendering; ``common`` holds what they share. Nothing here measures or
-loads budgets: a results JSON file is all a report needs.
-"""
+"""Reports rendered from a results file alone: terminal, Markdown, JUnit, HTML, the comment, the diff."""
 
 from .comment import (
     COMMENT_MARKER,

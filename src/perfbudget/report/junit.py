@@ -30,55 +30,38 @@ __all__ = ["junit_properties", "junit_xml"]
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffe\uffff]")
 
 
-def _prop(x: float | int | str) -> str:
-    """A property value: floats to 6 significant digits, anything else as text."""
-    return f"{x:.6g}" if isinstance(x, float) else str(x)
+def _prop(x: object) -> str:
+    """A property value: floats to 6 significant digits, an interval as ``low,high``, anything else as text."""
+    if isinstance(x, tuple):
+        return ",".join(_prop(v) for v in x)
+    return f"{x:.6g}" if isinstance(x, float) else str(x)  # plain str: xdist serialises properties
 
 
 def junit_properties(records: Iterable[Record]) -> list[tuple[str, str]]:
     """Per-test JUnit properties: ``perf.<key>.<metric>`` = outcome, then its numbers when known
     (``.measured``, ``.budget``, ``.ci``, ...), the A/B comparison (``.base``, ``.ratio``, ``.pairs``,
     ``.detectable``, ...) and, failing, the reason and what moved (``.moved``, ``.attribution``)."""
-    recs = list(records)
     out: list[tuple[str, str]] = []
-    for r in recs:
+    for r in records:
         name = f"perf.{r.key}.{r.metric}"
-        out.append((name, str(r.outcome)))  # plain str: xdist serialises properties
-        if r.advice:
-            out.append((f"{name}.advice", str(r.advice)))
-        if r.value is not None:
-            out.append((f"{name}.measured", _prop(r.value)))
-        if r.budget:
-            out.append((f"{name}.budget", _prop(r.budget.value)))
-            out.append((f"{name}.tolerance", _prop(r.budget.tolerance)))
-        if r.limit is not None:
-            out.append((f"{name}.limit", _prop(r.limit)))
-        if r.ci:
-            out.append((f"{name}.ci", f"{_prop(r.ci[0])},{_prop(r.ci[1])}"))
-        if r.unit and r.unit != "1":
-            out.append((f"{name}.unit", r.unit))
-        if budget_where(r):
-            out.append((f"{name}.source", budget_where(r)))
-        if r.vs_base is not None:
-            b = r.vs_base
-            if b.value is not None:
-                out.append((f"{name}.base", _prop(b.value)))
-            if b.ratio is not None:
-                out.append((f"{name}.ratio", _prop(b.ratio)))
-            if b.ratio_ci:
-                out.append((f"{name}.ratio_ci", f"{_prop(b.ratio_ci[0])},{_prop(b.ratio_ci[1])}"))
-            out.append((f"{name}.pairs", str(b.pairs)))
-            if b.detectable is not None:
-                out.append((f"{name}.detectable", _prop(b.detectable)))
+        props: dict[str, object] = {  # None: not known, left out
+            "advice": r.advice or None,
+            "measured": r.value,
+            "budget": r.budget.value if r.budget else None,
+            "tolerance": r.budget.tolerance if r.budget else None,
+            "limit": r.limit,
+            "ci": r.ci or None,
+            "unit": r.unit if r.unit not in ("", "1") else None,
+            "source": budget_where(r) or None,
+        }
+        if (b := r.vs_base) is not None:
+            props |= {"base": b.value, "ratio": b.ratio, "ratio_ci": b.ratio_ci or None, "pairs": b.pairs,
+                      "detectable": b.detectable}
         if r.outcome in REGRESSION_OUTCOMES:
-            if r.reason:
-                out.append((f"{name}.reason", r.reason))
-            if not op_of(r.metric):
-                moves = moved_operators([r])
-                if moves:
-                    out.append((f"{name}.moved", "; ".join(move_line(m) for m in moves)))
-            if r.attribution:
-                out.append((f"{name}.attribution", "; ".join(r.attribution)))
+            moves = [] if op_of(r.metric) else moved_operators([r])
+            props |= {"reason": r.reason or None, "moved": "; ".join(move_line(m) for m in moves) or None,
+                      "attribution": "; ".join(r.attribution) or None}
+        out += [(name, str(r.outcome)), *((f"{name}.{k}", _prop(v)) for k, v in props.items() if v is not None)]
     return out
 
 
