@@ -26,20 +26,6 @@ DEFAULT_DB = ".perfbudget/history.db"
 _DESCRIPTION = """\
 Main-branch history: every merge's results kept in one SQLite file, plotted, and searched for change
 points, including regressions made of many small steps.
-
-  add RESULTS.json      keep a run (stored mode: values; A/B: head/parent ratios); again for the same
-                        commit, machine and mode replaces it
-  show KEY.METRIC       one check's series in the terminal, change points marked
-  report -o FILE.html   the history page: a plot per check over commits, change points, the
-                        cumulative A/B ratio with its band
-  check --since REF     exit 1 on a change point or drift for the worse after REF, when the
-                        cumulative chained A/B ratio since REF is worse than no change with its
-                        whole 99 % interval and beyond the tolerance on its estimate, or when the
-                        95 % interval of the trend of one machine's values (4 runs or more) lies
-                        entirely beyond the tolerance; names the commits to bisect. A gap in the
-                        A/B chain after REF (commits no run measured: a push of several commits,
-                        a cancelled run) is printed with a warning, not a failure: the cumulative
-                        ratio then covers only the merges after the gap
 """
 
 _EPILOG = f"""exit codes:
@@ -232,12 +218,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The ``history`` subcommands, on a parser of their own or the ``perfbudget history`` subcommand."""
     sub = p.add_subparsers(dest="history_command", required=True, metavar="SUBCOMMAND")
 
-    def subcommand(name: str, text: str) -> argparse.ArgumentParser:
-        q = sub.add_parser(name, help=text, epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    def subcommand(name: str, text: str, description: str | None = None) -> argparse.ArgumentParser:
+        q = sub.add_parser(name, help=text, description=description, epilog=_EPILOG,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
         q.add_argument("--db", default=DEFAULT_DB, metavar="PATH", help=f"the history database (default {DEFAULT_DB})")
         return q
 
-    a = subcommand("add", "keep a results file's run in the history")
+    a = subcommand("add", "keep a results file's run (stored mode: values; A/B: head/parent ratios), "
+                          "replacing the same commit, machine and mode's")
     a.add_argument("results", help="results JSON (perfbudget ab --out, or pytest --perf-json)")
     a.add_argument("--commit", metavar="SHA", help="the commit measured (default: the A/B head, else git HEAD)")
     a.add_argument("--parent", metavar="SHA", help="its parent (default: the A/B base, else the first parent)")
@@ -245,18 +233,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a.add_argument("--machine", metavar="ID", help="machine identity (default: the records' device identity)")
     a.set_defaults(history_func=cmd_add)
 
-    s = subcommand("show", "one check's series in the terminal")
+    s = subcommand("show", "one check's series in the terminal, change points marked")
     s.add_argument("check", metavar="KEY.METRIC", help="e.g. encoder-train.step_ms")
     s.add_argument("--machine", metavar="ID", help="only this machine identity")
     s.set_defaults(history_func=cmd_show)
 
-    r = subcommand("report", "the history page (self-contained HTML)")
+    r = subcommand("report", "the history page (self-contained HTML): a plot per check over commits, change "
+                             "points, the cumulative A/B ratio with its band")
     r.add_argument("-o", "--output", required=True, metavar="FILE.html", help="the page to write")
     r.add_argument("--title", default="perf history", help="the page's heading")
     r.add_argument("--tolerance", type=float, default=0.05, help="drawn on the cumulative plots (default 0.05)")
     r.set_defaults(history_func=cmd_report)
 
-    c = subcommand("check", "exit 1 on a change point, drift, cumulative change or trend for the worse since REF")
+    c = subcommand("check", "exit 1 on a change point, drift, cumulative change or trend for the worse since REF",
+                   "Exit 1 on a change point, drift, cumulative change or trend for the worse since REF (see\n"
+                   "--tolerance), naming the commits to bisect. A gap in the A/B chain after REF (commits no run\n"
+                   "measured: a push of several commits, a cancelled run) is printed with a warning, not a\n"
+                   "failure: the cumulative ratio then covers only the merges after the gap.")
     c.add_argument("--since", required=True, metavar="REF", help="a commit-ish (a release tag, HEAD~20, a SHA)")
     c.add_argument("--tolerance", type=float, default=0.05,
                    help="a cumulative chained A/B ratio fails when it is worse than 1 with its whole 99 %% interval "

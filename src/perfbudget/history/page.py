@@ -121,13 +121,13 @@ class _Plot:
                           f'<text x="{a + 3:.1f}" y="{_TOP + 12}" style="fill:{color};font-weight:600">'
                           f'{html.escape(label)}</text>')
 
-    def band(self, lows: Sequence[float], highs: Sequence[float], offset: int = 0) -> None:
-        pts = [f"{self.x(i + offset):.1f},{self.y(v):.1f}" for i, v in enumerate(lows)]
-        pts += [f"{self.x(i + offset):.1f},{self.y(v):.1f}" for i, v in reversed(list(enumerate(highs)))]
+    def band(self, lows: Sequence[float], highs: Sequence[float]) -> None:
+        pts = [f"{self.x(i):.1f},{self.y(v):.1f}" for i, v in enumerate(lows)]
+        pts += [f"{self.x(i):.1f},{self.y(v):.1f}" for i, v in reversed(list(enumerate(highs)))]
         self.parts.append(f'<polygon points="{" ".join(pts)}" fill="{_BAND}" fill-opacity="0.55" stroke="none"/>')
 
-    def line(self, values: Sequence[float], color: str, offset: int = 0, width: float = 1.5) -> None:
-        pts = " ".join(f"{self.x(i + offset):.1f},{self.y(v):.1f}" for i, v in enumerate(values))
+    def line(self, values: Sequence[float], color: str, width: float = 1.5) -> None:
+        pts = " ".join(f"{self.x(i):.1f},{self.y(v):.1f}" for i, v in enumerate(values))
         self.parts.append(f'<polyline points="{pts}" fill="none" stroke="{color}" stroke-width="{width}"/>')
 
     def point(self, i: float, v: float, tip: str, ci: tuple[float, float] | None = None, color: str = _POINT) -> None:
