@@ -18,8 +18,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from perfbudget.ab.ratios import pair_ratio
 from perfbudget.metrics import parse_name
+from perfbudget.verdict.ratio import pair_ratio
 
 SERVING = ("ttft_ms", "token_ms", "e2e_ms_p50", "e2e_ms_p90", "tokens_per_s")
 

@@ -11,10 +11,15 @@ from perfbudget.ab.ratios import (
     PRIOR_SD,
     ABPolicy,
     describe_change,
-    pair_ratio,
 )
 from perfbudget.metrics import Direction
-from perfbudget.verdict.ratio import PRIOR_DF, RatioVerdict, detectable_effect, judge_ratios
+from perfbudget.verdict.ratio import (
+    PRIOR_DF,
+    RatioVerdict,
+    detectable_effect,
+    judge_ratios,
+    pair_ratio,
+)
 from perfbudget.verdict.rule import family_confidence
 
 

@@ -22,10 +22,10 @@ from perfbudget.ab import pairs as pairs_module
 from perfbudget.ab.cli import build_parser, main, register, summary
 from perfbudget.ab.coordinator import Coordinator
 from perfbudget.ab.pairs import PairRun, SideSetup, parse_cpus
-from perfbudget.ab.ratios import pair_ratio
 from perfbudget.ab.run import ABConfig, ABRun, StopReason, UsageError, run_ab
 from perfbudget.cli import main as report_main
 from perfbudget.results import load_results
+from perfbudget.verdict.ratio import pair_ratio
 
 FAKE_SIDE = HERE / "fake_side.py"
 

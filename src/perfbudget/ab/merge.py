@@ -23,7 +23,7 @@ from ..metrics import (
 )
 from ..results import BaseSide, BudgetRef, Record, Results, SetAsidePair, is_unrecorded_budget
 from ..verdict.judge import as_advisory, not_gating, stable_identity
-from ..verdict.ratio import can_decide, judge_ratios
+from ..verdict.ratio import can_decide, judge_ratios, pair_ratio
 from ..verdict.rule import (
     Limits,
     State,
@@ -34,17 +34,15 @@ from ..verdict.rule import (
     with_evidence,
 )
 from ..verdict.stored import Outcome, Verdict, decide
-from .ratios import ABPolicy, describe_change, outlying_pair, pair_ratio, process_modes
+from .ratios import ABPolicy, describe_change, outlying_pair, process_modes
 
 __all__ = ["MAX_CLOCK_OFFSET", "CheckId", "Comparison", "PairRecords", "clock_refusal", "compare_pairs"]
 
 CheckId = tuple[str, str, str]
 """``(nodeid, key, metric)``: the same check on both sides."""
 
-#: Outcomes of a side's record that carry a measurement to compare (others are kept as they are:
-#: error, unmeasurable, not_measured). A statistical check "not judged" by a side's preflight
-#: (a busy CPU, a shared GPU) still holds its samples: in lockstep both sides ran under that same
-#: machine state, which is what the A/B comparison is for.
+#: Outcomes of a side's record that carry a measurement to compare. "Not judged" by a side's
+#: preflight (a busy machine) is one: in lockstep both sides ran under that same state.
 _MEASURED = (Outcome.PASS, Outcome.STALE, Outcome.FAIL, Outcome.UNBUDGETED, Outcome.ADVISORY, Outcome.NOT_JUDGED)
 
 
@@ -58,8 +56,7 @@ _STOPPED = "the base was stopped at the time limit (--max-minutes) before it rec
 
 def clock_refusal(clocks: Mapping[str, GpuClocks], *, limit: float = MAX_CLOCK_OFFSET) -> str:
     """Why a pair's GPU timing cannot be compared, naming both sides' clocks; empty when it can
-    (or when neither side has a busy sample: no NVML, no GPU work; but not when NVML could not say
-    whether the GPU worked)."""
+    (or neither side has a busy sample, unless NVML could not say whether the GPU worked)."""
     base, head = clocks.get("base"), clocks.get("head")
     if (base is None or not base.busy) and (head is None or not head.busy):
         if any(side is not None and side.unknown for side in (base, head)):
@@ -92,13 +89,12 @@ class PairRecords:
     """The results of one process pair, as read from the sides' files."""
 
     head: Results | None
-    """``None``: the head side wrote no usable results this pair."""
+    """``None``: no usable results this pair (so for ``base``)."""
     base: Results | None
-    """``None``: the base side wrote no usable results this pair."""
     base_problem: str = ""
     """Why ``base`` is missing (exit status and the end of its output)."""
     index: int = 0
-    """The pair's number in the run, for messages (0: its position in the list, from 1)."""
+    """The pair's number in the run (0: its position in the list, from 1)."""
     stopped: tuple[str, ...] = ()
     """Sides stopped at the time limit: their results hold only the tests they finished."""
     clocks: Mapping[str, GpuClocks] = field(default_factory=dict)
@@ -123,15 +119,13 @@ class Comparison:
     records: list[Record]
     """One record per head check, in the head's order (provisional while ``undecided``)."""
     undecided: tuple[CheckId, ...] = ()
-    """Statistical checks that want another pair: fewer than ``min_pairs`` pairs, or a CI that
-    still straddles the tolerance (only when not final)."""
+    """Checks that want another pair (only when not final)."""
     inconclusive: tuple[CheckId, ...] = ()
     """Statistical checks whose CI still straddles the tolerance after the last pair."""
     not_compared: tuple[CheckId, ...] = ()
     """Checks judged against the stored budgets alone."""
     beyond_reach: tuple[CheckId, ...] = ()
-    """Statistical checks still straddling that the pairs left would not decide at their
-    measured spread (``verdict.can_decide``): no further pair is spent on them."""
+    """Checks still straddling that the pairs left would not decide (``verdict.can_decide``)."""
     base_only: tuple[CheckId, ...] = field(default=())
     """Checks the base has and the head does not (shown, not judged)."""
     not_comparable: tuple[CheckId, ...] = ()
@@ -178,15 +172,10 @@ def compare_pairs(
         budgets: the head's budgets (tolerances; the verdicts of checks not compared).
         policy: A/B decision settings.
         final: no more pairs will run: a check whose CI still straddles is inconclusive.
-        min_pairs: a statistical check stays undecided until it has this many pairs
-            compared (while not final), whatever its CI.
-        require_base: when no pair has the base's results, a statistical check is an
-            error instead of being judged against the stored budgets.
-        pairs_left: pairs the run may still start (while not final): a check that many more
-            pairs would not decide is left ``beyond_reach`` instead of ``undecided``.
-        stable_machine: the run's stable-machine declaration (``PERFBUDGET_STABLE_MACHINE``): a timing
-            check not compared with the base is judged against a stored budget only on a machine declared
-            stable whose identity keys the budget's file, as in a stored run; elsewhere it is advisory.
+        min_pairs: pairs compared before a statistical check may be decided.
+        require_base: no base results make a statistical check an error, not a stored-budget verdict.
+        pairs_left: pairs the run may still start; a check they would not decide is ``beyond_reach``.
+        stable_machine: the run's stable-machine declaration, as in a stored run.
     """
     policy = policy or ABPolicy()
     numbered = [p if p.index else replace(p, index=i) for i, p in enumerate(pairs, 1)]
@@ -195,9 +184,8 @@ def compare_pairs(
     order: dict[CheckId, None] = {}
     for h in heads:
         order.update(dict.fromkeys(h))
-    # A later pair re-runs only the tests still undecided, and its session reports every other
-    # budget of the run as "budgeted, not recorded" (nodeid ""): a test of another pair recorded
-    # those, so that report is moot, as when shards are merged (results.merge_results).
+    # A later pair's session reports every budget of tests it did not re-run as "budgeted, not
+    # recorded": moot where another pair recorded them, as when shards merge (results.merge_results).
     recorded = {(key, metric) for h in heads for (_, key, metric), r in h.items() if not is_unrecorded_budget(r)}
     moot = {c for side in (*heads, *bases) for c in side if not c[0] and (c[1], c[2]) in recorded}
     for cid in moot & set(order):
@@ -225,18 +213,17 @@ def compare_pairs(
 
 
 Merged = Literal[State, "kept", "not compared", "not comparable"]
-"""Where a check's merge left it: a ratio verdict's state (:data:`~perfbudget.verdict.rule.State`), ``kept`` (the
-head's own record: an exact check, or one not to merge), ``not compared`` or ``not comparable``."""
+"""Where a check's merge left it: a ratio verdict's :data:`~perfbudget.verdict.rule.State`, or ``kept`` (the head's)."""
 Gap = Literal["problem", "absent", "unlike", "refused"]
-"""Why a pair gives a check no head/base ratio (:func:`_gap`)."""
+"""Why a pair gives a check no head/base ratio: a side unusable or stopped, the base ``absent`` (no
+evidence either way), the sides ``unlike``, or their GPU clocks ``refused``."""
 #: The field of :class:`Comparison` that lists the checks whose merge left them in each state.
 _STATES: dict[str, Merged] = {"undecided": "undecided", "inconclusive": "inconclusive", "not_compared": "not compared",
                               "beyond_reach": "beyond reach", "not_comparable": "not comparable"}
 
 
 def _with_moved_operators(records: list[Record]) -> list[Record]:
-    """Failing records with the operators of their test that moved, against the base commit where
-    compared (else the budget): the head's own list was made against the budgets alone."""
+    """Failing records with their test's operators that moved, against the base where compared."""
     by_test: dict[tuple[str, str], list[OpMove]] = {}
     for r in records:
         move = _op_move(r)
@@ -282,11 +269,9 @@ class _Context:
     """Some pair has the base's results, or stopped the base at the time limit."""
     require_base: bool
     base_problem: str
-    """Why the base wrote no results (the first pair that says)."""
     pairs_left: int | None = None
-    """Pairs the run may still start (``None``: unknown, every straddling check wants another)."""
+    """``None``: unknown, every straddling check wants another."""
     stable_machine: str = ""
-    """The stable-machine declaration: whether a stored timing budget may gate (:func:`_not_compared`)."""
 
 
 @dataclass(frozen=True)
@@ -328,8 +313,7 @@ def _merge_one(used: list[_Used], ctx: _Context, *, confidence: float, base_has_
 
 
 def _take(used: Sequence[_Used], info: Metric) -> tuple[list[_Taken], list[str], dict[Gap, list[str]]]:
-    """The pairs that give a check a head/base ratio; the others as ``pair 2 (why)``, and their whys by
-    kind of gap (:func:`_gap`)."""
+    """The pairs that give a check a head/base ratio; the others as ``pair 2 (why)``, and whys by gap."""
     taken: list[_Taken] = []
     skipped: list[str] = []  # "pair 2 (the base did not record it there)"
     gaps: dict[Gap, list[str]] = {"problem": [], "unlike": [], "refused": []}
@@ -359,8 +343,7 @@ def _without_ratios(head0: Record, used: list[_Used], budget: Budget | None, ctx
     problems, unlike, refused = gaps["problem"], gaps["unlike"], gaps["refused"]
     if unlike:
         return head0.with_(outcome=Outcome.ERROR, reason=_unlike_reason(unlike[0]),
-                           base=BaseSide(value=None, compared=False, note=f"not comparable: {unlike[0]}",
-                                         not_comparable=unlike[0])), "not comparable"
+                           base=_not_comparable(unlike[0])), "not comparable"
     if refused:
         # Not judged against the budgets either: on this machine the clocks were not the sides' to compare.
         rec = head0.with_(outcome=Outcome.NOT_JUDGED, reason=f"not judged: {'; '.join(refused)}",
@@ -437,8 +420,7 @@ def _with_ratios(head0: Record, used: Sequence[_Used], budget: Budget | None, ct
 
 
 def _allocation_change(used: Sequence[_Used]) -> str:
-    """What one call of the head allocates unlike the base's, from the first pair in which both sides said
-    (:meth:`~perfbudget.measure.memory.Allocation.change_from`; empty: no change, or not known)."""
+    """What one call of the head allocates unlike the base's, from the first pair both said ("": none)."""
     for u in used:
         try:
             head = Allocation.from_extra(u.head.extra)
@@ -451,10 +433,7 @@ def _allocation_change(used: Sequence[_Used]) -> str:
 
 
 def _gap(u: _Used, *, on_gpu: bool) -> tuple[Gap | None, str]:
-    """Why pair ``u`` gives its check no head/base ratio, as ``(kind, why)``: ``problem`` (a side's
-    record is unusable, the base was stopped), ``absent`` (the base did not record it: no evidence
-    either way, not a regression), ``unlike`` (the sides measured differently), ``refused`` (their GPU
-    clocks differ); ``(None, "")`` when it gives one."""
+    """Why pair ``u`` gives its check no head/base ratio, as ``(kind, why)``; ``(None, "")`` when it gives one."""
     head, base, pair = u.head, u.base, u.pair
     if not _usable(head):
         return "problem", f"head {head.outcome}: {head.reason}" if head.reason else f"head {head.outcome}"
@@ -486,6 +465,11 @@ def _not_with_base(why: str) -> BaseSide:
     return BaseSide(value=None, compared=False, note=why)
 
 
+def _not_comparable(unlike: str) -> BaseSide:
+    return BaseSide(value=None, compared=False, note=f"not comparable: {unlike}", not_comparable=unlike)
+
+
+
 def _why_not(ctx: _Context, problems: list[str], *, base_has_it: bool) -> str:
     if problems:
         return problems[0]
@@ -499,8 +483,7 @@ def _why_not(ctx: _Context, problems: list[str], *, base_has_it: bool) -> str:
 
 
 def _not_compared(head0: Record, used: list[_Used], budget: Budget | None, why: str, ctx: _Context) -> Record:
-    """Judge the head's samples (all pairs) against the stored budget alone, as a stored run would: a
-    timing verdict gates only on a machine declared stable whose identity keys the budget's file."""
+    """Judge the head's samples (all pairs) against the stored budget alone, as a stored run would."""
     samples = [x for u in used if _usable(u.head) for x in _samples(u.head)]
     v = decide(head0.key, head0.metric, samples, budget)
     info, device = _metric(head0), head0.device
@@ -534,8 +517,7 @@ def _merge_exact(head0: Record, used: list[_Used], ctx: _Context, *, base_has_it
     unlike = next((u.pair.unlike for u in used if u.pair.unlike), "")
     if not base_values and unlike:
         return head0.with_(reason=f"{reason}; not compared with the base: not comparable: {unlike} (base vs head)",
-                           base=BaseSide(value=None, compared=False, note=f"not comparable: {unlike}",
-                                         not_comparable=unlike))
+                           base=_not_comparable(unlike))
     if not base_values:
         why = _why_not(ctx, [*(f"base {u.base.outcome}: {u.base.reason}" for u in used
                                if u.base is not None and not _usable(u.base)),
@@ -555,9 +537,8 @@ def _merge_exact(head0: Record, used: list[_Used], ctx: _Context, *, base_has_it
     tolerance = None
     attribution = head0.attribution
     if info is not None and (info.per_isa or info.kind == "count"):
-        # A low-precision numeric result or an instruction count: its change from the base is
-        # judged against the same tolerance as against its budget (a stated bound, not the last
-        # digit), so a change of the numerics path is shown, and only a real loss fails.
+        # A stated bound, not the last digit: a change of the numerics path is shown, only a real loss fails.
+
         found = ctx.policy.measured(head0.device.identity if head0.device is not None else None,
                                     head0.key, head0.metric)
         spread = found[0].count_tolerance() if found is not None else None
@@ -578,8 +559,7 @@ def _merge_exact(head0: Record, used: list[_Used], ctx: _Context, *, base_has_it
 
 
 def _moved_functions(head0: Record, used: list[_Used]) -> list[str]:
-    """The functions whose instructions moved most from the base to the head, from the profiles
-    both sides kept with their counts (none when either lacks one)."""
+    """The functions whose instructions moved most from base to head (none without both profiles)."""
     head = InstructionProfile.from_extra(head0.extra)
     base = next((p for u in used if u.base is not None and _usable(u.base)
                  and (p := InstructionProfile.from_extra(u.base.extra)) is not None), None)

@@ -25,7 +25,6 @@ __all__ = [
     "chi2_sf",
     "describe_change",
     "outlying_pair",
-    "pair_ratio",
     "process_modes",
     "resolvable_lines",
     "t_quantile",
@@ -114,53 +113,6 @@ class ABPolicy:
         noise, table = found
         return Prior(max(noise.sd, NOISE_SD_FLOOR), min(noise.df, self.noise_df_max),
                      f"measured: {table.where}, {noise.df:g} df")
-
-
-PAIRED_TAIL_MIN = 16
-"""Fewest requests a paired upper-quantile ratio rests on (measured: the p90 ratio of 64
-requests with 10 % jitter each read sd 6.2 % per pair on its top 7, 3.7 % on 16)."""
-
-
-def pair_ratio(
-    head: Sequence[float], base: Sequence[float], *, quantile: float = 0.5, paired: bool = False
-) -> float:
-    """head/base of one process pair.
-
-    Unpaired (the default): the ratio of the sides' ``quantile`` (the median by default).
-    ``paired``: the samples are requests both sides served in the same order, round after
-    round, or profiled rounds the sides took in turns, so each sample is its own control: the
-    median of the per-sample ratios, over the largest requests for an upper quantile (the p90's
-    change is the tail requests' change). A ratio of two medians over requests of mixed lengths
-    can land on different requests on the two sides; a per-request ratio cannot. Round i of one
-    side ran beside round i of the other, so the machine's drift over a pair (seconds) cancels
-    in their ratio and not in a ratio of medians (benchmarks/op-pairing-cpu.md). A side
-    that sampled more rounds is paired on the rounds both have (the longer count a multiple
-    of the shorter); counts that do not line up (a head that generates other token counts)
-    fall back to unpaired.
-
-    Raises:
-        ValueError: a side has no samples, or the base's statistic is not positive.
-    """
-    if not head or not base:
-        raise ValueError(f"pair_ratio needs samples on both sides, got {len(head)} head and {len(base)} base")
-    n = min(len(head), len(base))
-    if paired and max(len(head), len(base)) % n == 0:
-        head, base = head[:n], base[:n]
-    if paired and len(head) == len(base) and all(x > 0 for x in head) and all(x > 0 for x in base):
-        per_request = [h / b for h, b in zip(head, base, strict=True)]
-        if quantile > 0.5:
-            # The tail: requests ranked by the smaller of their two latencies, large on both
-            # sides. Ranking by the base alone would pick the base's noisy-high requests and bias
-            # the ratio low; by the sum, the requests one side was stopped in (an A/A read 0.36).
-            # At least PAIRED_TAIL_MIN of them, so a p90 of 64 requests does not rest on 7.
-            keep = max(math.ceil((1 - quantile) * len(base)), min(len(base), PAIRED_TAIL_MIN))
-            by_size = sorted(range(len(base)), key=lambda i: min(head[i], base[i]))
-            per_request = [per_request[i] for i in by_size[-keep:]]
-        return stats.median(per_request)
-    h, b = stats.quantile(head, quantile), stats.quantile(base, quantile)
-    if not (h > 0 and b > 0):
-        raise ValueError(f"pair_ratio needs positive statistics, got head {h!r} and base {b!r}")
-    return h / b
 
 
 #: With this many pairs or more, one pair far from the others is set aside (:func:`outlying_pair`).
