@@ -60,7 +60,7 @@ from perfbudget.device import DeviceInfo
 from perfbudget.fileio import atomic_write, lock
 from perfbudget.metrics import parse_name
 from perfbudget.settings import for_folder
-from perfbudget.verdict.stored import decide
+from perfbudget.verdict.judge import decide
 
 SAFETY = 2.0
 """Multiple of the observed cross-machine spread a tolerance covers (see the module doc)."""

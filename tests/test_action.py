@@ -31,7 +31,7 @@ from perfbudget.cli import main as perfbudget_main
 from perfbudget.device import DeviceInfo
 from perfbudget.report import read_marker
 from perfbudget.results import ABRunInfo, Record, Results, RunInfo, load_results
-from perfbudget.verdict.stored import decide
+from perfbudget.verdict.judge import decide
 from perfbudget.vocabulary import Outcome, RunMode
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 
 from perfbudget.settings import RunSpec
-from perfbudget.verdict.judge import ABSide, Judging, Stored, Update, judging_for
-from perfbudget.verdict.stored import Outcome, Verdict
-from perfbudget.vocabulary import RunMode, TestOutcome
+from perfbudget.verdict.judge import ABSide, Judging, Stored, Update, Verdict, judging_for
+from perfbudget.vocabulary import Outcome, RunMode, TestOutcome
 
 
 def v(outcome: str, metric: str = "step_ms") -> Verdict:

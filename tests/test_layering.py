@@ -14,8 +14,8 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 ROOT = "perfbudget"
 
 #: Each first-level module or package of ``src/perfbudget`` and its floor: it imports only from
-#: lower floors (rule <- measure <- budgets <- stored verdict <- judge <- recorder <- plugin/cli, reports
-#: reading records). The verdict package's modules have floors of their own (``verdict.<module>``): the
+#: lower floors (rule <- measure <- budgets <- judge <- results <- recorder <- plugin/cli, reports reading
+#: records). The verdict package's modules have floors of their own (``verdict.<module>``): the
 #: rule sits below every measurement and the decision text above the report.
 #: ``perfbudget`` is the package root, which re-exports the public API and so sits on top.
 FLOORS: dict[str, int] = {
@@ -26,8 +26,8 @@ FLOORS: dict[str, int] = {
     "verdict.rule": 1,  # the one decision rule: metrics and numbers only
     "measure": 2,
     "budgets": 3, "artifacts": 3, "extras": 3, "pinning": 3, "preflight": 3,
-    "verdict.stored": 4, "verdict.ratio": 4,
-    "verdict.judge": 5, "results": 5,  # the run's way of judging and the test's decision
+    "verdict.judge": 4, "verdict.ratio": 4,  # a check's verdict, the run's way of judging, the test's outcome
+    "results": 5,
     "report": 6, "instructions_run": 6,
     "recorder": 7, "verdict.text": 7, "show": 7, "ab": 7,
     "session": 8, "history": 8,  # history reads results and the A/B run's statistics
@@ -39,7 +39,7 @@ FLOORS: dict[str, int] = {
 }
 
 #: Lower modules a module still may not use: reports read records, they never judge.
-NEVER: dict[str, set[str]] = {"report": {"budgets", "verdict.stored", "verdict.judge", "recorder"}}
+NEVER: dict[str, set[str]] = {"report": {"budgets", "verdict.judge", "recorder"}}
 
 #: Floors up to this one are the instrument proper, callable from a notebook: they never import pytest.
 PYTEST_FREE_UP_TO = FLOORS["verdict.judge"]

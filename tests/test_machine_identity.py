@@ -22,8 +22,7 @@ from perfbudget.device import (
 )
 from perfbudget.measure.machine import describe
 from perfbudget.metrics import parse_name
-from perfbudget.verdict.judge import Judge, JudgeConfig
-from perfbudget.verdict.stored import VerdictPolicy
+from perfbudget.verdict.judge import Judge, JudgeConfig, VerdictPolicy
 
 ROOT = Path(__file__).parents[1]
 

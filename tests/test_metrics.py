@@ -16,7 +16,7 @@ from perfbudget.metrics import (
 )
 from perfbudget.report import common
 from perfbudget.verdict import judge
-from perfbudget.verdict.stored import decide
+from perfbudget.verdict.judge import decide
 
 
 def test_the_operator_families_are_defined_once() -> None:

@@ -447,7 +447,7 @@ def test_every_outcome_has_its_place_in_every_report() -> None:
     from perfbudget.report.common import OUTCOME_ORDER, outcome_text
     from perfbudget.report.html import _COLOR
     from perfbudget.report.markdown import ICON
-    from perfbudget.verdict.stored import OUTCOMES, Outcome
+    from perfbudget.vocabulary import OUTCOMES, Outcome
 
     for table in (OUTCOME_ORDER, ICON, _COLOR):
         assert set(table) == set(OUTCOMES), table

@@ -6,6 +6,7 @@ import pytest
 
 from perfbudget.budgets.schema import Budget
 from perfbudget.metrics import BYTES_FLOOR_MIB, METRICS
+from perfbudget.verdict.judge import decide
 from perfbudget.verdict.ratio import judge_ratios
 from perfbudget.verdict.rule import (
     Limits,
@@ -14,7 +15,6 @@ from perfbudget.verdict.rule import (
     tolerance_for,
     with_evidence,
 )
-from perfbudget.verdict.stored import decide
 
 TIMES = Limits.around(10.0, 0.05, "lower")  # bad 10.5, good 9.5
 RATES = Limits.around(100.0, 0.05, "higher")  # bad 95, good 105

@@ -17,8 +17,18 @@ from .measure.machine import describe
 from .metrics import METRICS, Metric, parse_name
 from .recorder import PerfRecorder
 from .results import BaseSide, BudgetRef, Record, Results, load_results, merge_results
-from .verdict.judge import ABSide, Decision, Judge, JudgeConfig, Judging, Stored, Update
-from .verdict.stored import Verdict, VerdictPolicy, decide
+from .verdict.judge import (
+    ABSide,
+    Decision,
+    Judge,
+    JudgeConfig,
+    Judging,
+    Stored,
+    Update,
+    Verdict,
+    VerdictPolicy,
+    decide,
+)
 from .vocabulary import OUTCOMES, Outcome, TestOutcome
 
 if TYPE_CHECKING:

@@ -82,7 +82,7 @@ class Metric:
         name: base name, unit last (``step_ms``, ``peak_allocated_mib``).
         unit: unit shown in tables (``ms``, ``MiB``, ``1`` for counts and fractions).
         direction: which way is better.
-        kind: how a measurement is judged (see ``verdict.stored``).
+        kind: how a measurement is judged (see ``verdict.judge``).
         arg: what goes in brackets for parametrised families (``op_self_ms[aten::mm]``),
             or ``None`` for plain metrics.
         portable: an exact count that must hold on any device of the type, so the

@@ -20,8 +20,7 @@ from .recorder import CountedSteps, PerfRecorder
 from .results import Record, is_unrecorded_budget
 from .session import PerfSession, add_options, settle_allocator
 from .settings import STABLE_MACHINE_ENV
-from .verdict.judge import Judge, JudgeConfig
-from .verdict.stored import VerdictPolicy
+from .verdict.judge import Judge, JudgeConfig, VerdictPolicy
 from .verdict.text import decision_text
 from .vocabulary import Outcome, TestOutcome, count_outcomes, tally_text
 

@@ -22,7 +22,8 @@ from .fileio import atomic_write, shown_path
 from .measure.nvml import GpuClocks
 from .measure.stats import normal_quantile, t_quantile
 from .metrics import UNIT, UnknownMetricError, parse_name
-from .verdict.stored import Outcome, Verdict
+from .verdict.judge import Verdict
+from .vocabulary import Outcome
 from .vocabulary import RunMode, count_outcomes
 
 __all__ = ["MAX_RESULTS_BYTES", "RESULTS_SCHEMA", "ABPolicyInfo", "ABRunInfo", "BaseSide", "BudgetRef", "FieldError", "HowMeasured", "PairClocks",

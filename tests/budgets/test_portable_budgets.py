@@ -15,7 +15,7 @@ import pytest
 from perfbudget.budgets import load_dir
 from perfbudget.device import DeviceInfo
 from perfbudget.metrics import parse_name
-from perfbudget.verdict.stored import decide
+from perfbudget.verdict.judge import decide
 
 ROOT = Path(__file__).parents[2]
 

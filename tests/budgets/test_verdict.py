@@ -6,7 +6,7 @@ import pytest
 
 from perfbudget.budgets import Budget
 from perfbudget.measure.stats import median_ci, quantile_ci
-from perfbudget.verdict.stored import VerdictPolicy, decide
+from perfbudget.verdict.judge import VerdictPolicy, decide
 
 
 def budget(metric: str, value: float, tolerance: float) -> Budget:

@@ -33,7 +33,8 @@ from ..verdict.rule import (
     tolerance_for,
     with_evidence,
 )
-from ..verdict.stored import Outcome, Verdict, decide
+from ..verdict.judge import Verdict, decide
+from ..vocabulary import Outcome
 from .ratios import ABPolicy, describe_change, outlying_pair, process_modes
 
 __all__ = ["MAX_CLOCK_OFFSET", "CheckId", "Comparison", "PairRecords", "clock_refusal", "compare_pairs"]

@@ -12,8 +12,7 @@ from ..measure.memory import ALLOCATION, allocation
 from ..measure.reference import machine_reference
 from ..measure.timing import bench, bench_paired
 from ..metrics import UnknownMetricError, parse_name
-from ..verdict.judge import Judge
-from ..verdict.stored import Verdict
+from ..verdict.judge import Judge, Verdict
 from ..vocabulary import Outcome
 
 __all__ = ["RecorderCore", "Timed", "explainer"]

@@ -15,7 +15,7 @@ from ..measure.measurement import Explanation, Measurement, Passes
 from ..measure.occupancy import StepDeviceTime
 from ..measure.operators import trace_steps
 from ..measure.unmeasurable import Unmeasurable
-from ..verdict.stored import Verdict
+from ..verdict.judge import Verdict
 from .core import RecorderCore, Timed
 
 __all__ = ["DEVICE_STEPS", "GPM_WINDOWS", "OCC_ROUNDS", "Gpu"]

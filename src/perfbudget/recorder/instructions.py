@@ -9,7 +9,7 @@ from ..extras import InstructionProfile
 from ..measure import instructions as counting
 from ..measure.measurement import Explanation, Measurement
 from ..measure.unmeasurable import Unmeasurable
-from ..verdict.stored import Verdict
+from ..verdict.judge import Verdict
 from .core import RecorderCore
 
 __all__ = ["Instructions"]

@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 
 from ..measure import numerics
 from ..measure.measurement import Measurement
-from ..verdict.stored import Verdict
+from ..verdict.judge import Verdict
 from .core import RecorderCore
 
 __all__ = ["Numerics"]

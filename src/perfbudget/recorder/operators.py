@@ -14,8 +14,8 @@ from ..measure.measurement import Explanation, Measurement, Passes
 from ..measure.operators import OpMove, OpRounds, count_flops, profile_rounds
 from ..measure.reference import machine_reference
 from ..metrics import METRICS, OP_METRIC_FAMILIES, op_metric
+from ..verdict.judge import Verdict
 from ..verdict.rule import tolerance_for
-from ..verdict.stored import Verdict
 from ..vocabulary import Outcome
 from .core import RecorderCore
 

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 from ..lease import LEASE_SERVE_ROUNDS
 from ..measure.measurement import Passes
 from ..measure.timing import time_streams
-from ..verdict.stored import Verdict
+from ..verdict.judge import Verdict
 from .core import RecorderCore
 
 __all__ = ["SERVE_METRICS", "SERVE_ROUNDS", "ServeRound", "Serving"]

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 from ..measure.measurement import Passes
 from ..measure.timing import bench_paired
-from ..verdict.stored import Verdict
+from ..verdict.judge import Verdict
 from .core import Timed, explainer, ref_ms, samples_ms
 from .gpu import Gpu
 from .instructions import Instructions

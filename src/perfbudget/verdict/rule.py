@@ -9,11 +9,11 @@ from typing import Literal, Protocol
 from ..fileio import shown_path
 from ..metrics import DEFAULT_TOLERANCE, OP_TIMED_FAMILIES, Direction, Metric, family_of
 
-__all__ = ["EXACT_EPS", "SERIES_TOLERANCE", "Evidence", "Limits", "State", "Tolerance", "beyond", "changed_by",
+__all__ = ["EXACT_EPS", "FAMILY_ALPHA", "SERIES_TOLERANCE", "Evidence", "Limits", "State", "Tolerance", "beyond", "changed_by",
            "classify", "family_confidence", "moved_beyond", "same", "settle", "tolerance_for", "with_evidence"]
 
 # Every verdict of the instrument is reached here: a stored budget's value or the CI of its median
-# (verdict.stored), a head/base ratio's CI over process pairs (verdict.ratio), a count's change from its
+# (verdict.judge), a head/base ratio's CI over process pairs (verdict.ratio), a count's change from its
 # base (ab.merge), a history finding (history.analysis, history.trend). They differ in the estimate and
 # its interval, never in the rule; an exact value is an interval of one point.
 
@@ -26,6 +26,8 @@ series' chained ratios (:func:`settle`)."""
 EXACT_EPS = 1e-9
 #: The tolerance a history series is judged against when none is given: timing's default.
 SERIES_TOLERANCE = DEFAULT_TOLERANCE["timing"]
+#: The false-alarm rate one test's per-operator timing checks share (:func:`family_confidence`).
+FAMILY_ALPHA = 0.05
 
 
 @dataclass(frozen=True)

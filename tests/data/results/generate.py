@@ -25,7 +25,7 @@ from perfbudget.measure.padding import PaddingStats
 from perfbudget.metrics import parse_name
 from perfbudget.recorder import PerfRecorder
 from perfbudget.results import BaseSide, Record, Results, RunInfo
-from perfbudget.verdict.stored import VerdictPolicy
+from perfbudget.verdict.judge import VerdictPolicy
 
 HERE = Path(__file__).parent
 CPU = DeviceInfo(type="cpu", model="AMD EPYC 7763 64-Core Processor", count=2, torch="2.13.0+cpu",
