@@ -27,9 +27,8 @@ __all__ = [
 
 DeviceType = Literal["cpu", "cuda"]
 
-#: The CPU features torch's kernels dispatch on (``torch.cpu.get_capabilities()`` names), in the
-#: order they are listed: the vector width first, then the bf16/fp16 and matrix-engine paths
-#: that change both speed and the rounding of low-precision arithmetic.
+#: The CPU features torch's kernels dispatch on (``torch.cpu.get_capabilities()`` names): vector width,
+#: then the bf16/fp16 and matrix-engine paths that change speed and low-precision rounding.
 ISA_FEATURES: tuple[str, ...] = (
     "avx2", "avx512_f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni",
     "amx_tile", "amx_int8", "amx_bf16", "amx_fp16",
@@ -52,15 +51,10 @@ class DeviceInfo:
         cpu_model: host CPU model (also recorded for GPU runs).
         threads: torch intra-op threads used for timing.
         vendor: CPU vendor (``GenuineIntel``, ``AuthenticAMD``) or GPU vendor (``NVIDIA``).
-        cpuid: CPU ``family/model/stepping`` (``6/207/2``): one model-name string covers
-            several generations, this does not.
-        isa: the ISA features torch's CPU kernels dispatch on (:data:`ISA_FEATURES` present
-            here, comma-separated), with torch's capability first (``AVX512,avx512_bf16,amx_bf16``).
-        isa_class: the kernel path class low-precision numerics follow (:func:`isa_class`):
-            ``amx``, ``avx512_bf16``, ``avx512``, ``avx2`` or ``default``; on GPUs the SM
-            architecture (``sm90``).
-        memory_gib: GPU memory in whole GiB, ``None`` on CPU: the total CUDA reports, rounded
-            up (:func:`gpu_memory_gib`; an H200's 143,771 MiB reads 141).
+        cpuid: CPU ``family/model/stepping`` (``6/207/2``), unlike the model name one per generation.
+        isa: :func:`cpu_isa` (``AVX512,avx512_bf16,amx_bf16``).
+        isa_class: :func:`isa_class` (``amx``, ``avx2``, ...); on GPUs the SM architecture (``sm90``).
+        memory_gib: GPU memory in whole GiB (:func:`gpu_memory_gib`), ``None`` on CPU.
         sm_clock_mhz: GPU maximum SM clock, when NVML answers.
     """
 
@@ -96,10 +90,7 @@ class DeviceInfo:
     def identity(self) -> str | None:
         """What makes two machines the same kind for timing, as one slug; ``None`` when unknown.
 
-        CPU: model name, ``family/model/stepping`` and ISA class
-        (``cpu-intel-xeon-processor-6-207-2-amx``); GPU: name, SM architecture, memory and
-        maximum SM clock (``nvidia-h200-sm90-141gib-1980mhz``). Records made before the
-        identity was measured have none: no identity-keyed budget applies to them.
+        CPU ``cpu-intel-xeon-processor-6-207-2-amx``; GPU ``nvidia-h200-sm90-141gib-1980mhz``.
         """
         if self.type == "cpu":
             if not self.cpuid or not self.isa_class:
@@ -133,15 +124,10 @@ class DeviceInfo:
 
 
 def gpu_memory_gib(total_memory_bytes: int) -> int:
-    """A GPU's memory for its identity: the total CUDA reports
-    (``torch.cuda.get_device_properties(i).total_memory``, nvidia-smi's "Total"), in GiB,
-    rounded up.
+    """A GPU's memory for its identity: the total CUDA reports, in GiB, rounded up.
 
-    The driver keeps part of the installed memory back, so the reported total sits below a
-    whole number of GiB: H200 143,771 MiB = 140.4 GiB -> 141; A100/H100 80 GB 81,559 MiB =
-    79.6 GiB -> 80. Rounded to the nearest instead, those sit only 100-150 MiB from the .5
-    boundary (a driver that keeps back a little less would change the identity); rounded up,
-    0.35-0.6 GiB from the next whole GiB on either side.
+    Reported totals sit below a whole GiB (H200 143,771 MiB = 140.4 -> 141; H100 79.6 -> 80): rounded to the
+    nearest they would sit 100-150 MiB from the .5 boundary, rounded up 0.35-0.6 GiB from either side.
     """
     gib = 2**30
     return -(-int(total_memory_bytes) // gib)
@@ -166,15 +152,19 @@ SELECTOR_VERSION_FIELDS: tuple[str, ...] = ("torch", "triton", "cuda", "driver",
 SELECTOR_EXACT_FIELDS: tuple[str, ...] = ("identity", "cpuid", "isa_class")
 
 
-def cpu_model_name() -> str:
-    """The CPU model string from /proc/cpuinfo, falling back to ``platform.processor()``."""
+def _cpuinfo() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+            return fh.read()
     except OSError:
-        pass
+        return ""
+
+
+def cpu_model_name() -> str:
+    """The CPU model string from /proc/cpuinfo, falling back to ``platform.processor()``."""
+    for line in _cpuinfo().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine() or "unknown"
 
 
@@ -196,14 +186,8 @@ class CpuId:
 
 def cpu_id(cpuinfo: str | None = None) -> CpuId:
     """Vendor and family/model/stepping of the first CPU in ``/proc/cpuinfo`` (or the text given)."""
-    if cpuinfo is None:
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8") as fh:
-                cpuinfo = fh.read()
-        except OSError:
-            cpuinfo = ""
     got: dict[str, str] = {}
-    for line in cpuinfo.splitlines():
+    for line in (_cpuinfo() if cpuinfo is None else cpuinfo).splitlines():
         if not line.strip():
             if got:
                 break  # the first processor's block is enough
@@ -226,12 +210,7 @@ def cpu_isa(capabilities: dict[str, Any], capability: str) -> str:
 
 
 def isa_class(isa: str) -> str:
-    """The kernel-path class of an ISA string from :func:`cpu_isa`.
-
-    bf16 autocast runs on AMX tiles, on AVX-512 bf16 instructions, or converted through fp32
-    on wider or narrower vectors; each rounds differently, so low-precision numerics are
-    budgeted per class.
-    """
+    """The kernel-path class of an ISA string from :func:`cpu_isa`: each rounds bf16 differently."""
     feats = {f.lower() for f in isa.split(",")}
     if "amx_bf16" in feats or "amx_tile" in feats:
         return "amx"
@@ -245,8 +224,7 @@ def isa_class(isa: str) -> str:
 
 
 def device_file_stem(info: DeviceInfo) -> str:
-    """File name (without .yaml) for a device's own budget file: its identity
-    (``cpu-amd-epyc-25-1-1-avx2``), or the model name where the identity is unknown."""
+    """File stem of a device's own budget file: its identity, else its model name."""
     if info.identity:
         return info.identity
     slug = _slug(info.model)
@@ -255,12 +233,7 @@ def device_file_stem(info: DeviceInfo) -> str:
 
 @dataclass(frozen=True)
 class Selector:
-    """The ``device:`` block of a budget file: which devices its budgets apply to.
-
-    String fields match case-insensitively as substrings (``model: H200`` matches
-    ``NVIDIA H200``); ``identity``, ``cpuid`` and ``isa_class`` whole; version fields as
-    prefixes (``torch: "2.13"``); numbers exactly. Specificity is the number of fields named.
-    """
+    """The ``device:`` block of a budget file: which devices its budgets apply to (see the ``SELECTOR_*`` fields)."""
 
     criteria: tuple[tuple[str, Any], ...]
 

@@ -13,8 +13,6 @@ class ExitCode(enum.IntEnum):
     OK = 0
     """Nothing the command checks failed."""
     FAILED = 1
-    """What the command checks failed: regressions in the results (``report``, ``diff``), measured
-    values refused by the ratchet (``update``), a failing A/B check, a base that cannot run (``ab``)."""
+    """What the command checks failed (regressions, values the ratchet refused, a failing A/B check)."""
     USAGE = 2
-    """Usage or input error: bad arguments, unreadable or invalid results or budget files (argparse's
-    own usage errors exit with this status too)."""
+    """Usage or input error: bad arguments, unreadable or invalid results or budget files."""

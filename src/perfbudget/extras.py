@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from .measure.instructions import moves_between
@@ -62,11 +62,7 @@ def _rate(key: str, x: Any) -> float:
 
 @dataclass(frozen=True, kw_only=True)
 class PaddingByWidth:
-    """Padding rate per padded width: which batch shapes waste the tokens.
-
-    Make it from the batches with :meth:`from_batches`; the HTML report draws one bar per
-    width, with the record's overall rate, its budget and ``sorted_rate``.
-    """
+    """Padding rate per padded width (which batch shapes waste tokens), drawn by the HTML report."""
 
     widths: tuple[int, ...]
     """Padded widths (tokens per sequence), ascending."""
@@ -101,12 +97,10 @@ class PaddingByWidth:
         Args:
             lengths_per_batch: for each batch, the true length of every sequence in it.
             padded_len_per_batch: for each batch, the length it was padded to.
-            sorted_rate: the length-sorted lower bound, when the caller has it
-                (``measure.padding.sorted_batching_padding_rate``).
+            sorted_rate: the length-sorted lower bound (``measure.padding.sorted_batching_padding_rate``).
 
         Raises:
-            ValueError: from ``measure.padding.padding_stats`` (batch counts differ, a
-                sequence longer than its padded width).
+            ValueError: batch counts differ, or a sequence is longer than its padded width.
         """
         by_width = padding_rate_by_width(lengths_per_batch, padded_len_per_batch)
         return cls(widths=tuple(by_width), rates=tuple(by_width.values()), sorted_rate=sorted_rate)
@@ -144,8 +138,7 @@ class PaddingByWidth:
 
 @dataclass(frozen=True, kw_only=True)
 class OperatorTable:
-    """The heaviest operators of a profiled step, kept with a record for the per-operator
-    plot and for ``perfbudget diff`` (operator by operator)."""
+    """The heaviest operators of a profiled step, for the per-operator plot and ``perfbudget diff``."""
 
     rows: tuple[OpRow, ...]
     """Operators, heaviest self time first (``measure.operators.OpRow``; shapes and roofline not kept)."""
@@ -162,9 +155,7 @@ class OperatorTable:
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any]) -> OperatorTable | None:
-        """Read it back from a record's ``extra``; ``None`` when the key is absent.
-
-        ``share``, ``total_ms`` and ``flops`` may be missing (read as 0).
+        """Read it back from a record's ``extra`` (``share``, ``total_ms``, ``flops`` default to 0); ``None`` when absent.
 
         Raises:
             ExtraError: naming the key, the row and the bad value.
@@ -213,12 +204,7 @@ def _optional_number(key: str, x: Any) -> float | None:
 
 @dataclass(frozen=True, kw_only=True)
 class OperatorMoves:
-    """The operators that moved, kept with a failing record: computed once where the verdicts are
-    (the recorder, or ``perfbudget ab`` against the base commit), rendered by every report.
-
-    Make it with :meth:`of`, which names them by the one rule,
-    :func:`perfbudget.measure.operators.moved_operators`.
-    """
+    """The operators that moved, kept with a failing record: computed where the verdicts are, rendered by reports."""
 
     moves: tuple[OpMove, ...]
     """The moved operators, in the rule's order (finite numbers only: JSON has no inf)."""
@@ -232,10 +218,7 @@ class OperatorMoves:
 
     def to_extra(self) -> dict[str, Any]:
         """``{"moved_ops": {"note": ..., "moves": [{"op", "family", "before", "after", ...}, ...]}}``."""
-        return {MOVED_OPERATORS: {"note": self.note, "moves": [
-            {"op": m.op, "family": m.family, "before": m.before, "after": m.after,
-             "against": m.against, "unit": m.unit, "tolerance": m.tolerance, "failing": m.failing,
-             "outcome": m.outcome, "ratio": m.ratio} for m in self.moves]}}
+        return {MOVED_OPERATORS: {"note": self.note, "moves": [asdict(m) for m in self.moves]}}
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any]) -> OperatorMoves | None:
@@ -305,20 +288,14 @@ class FailureArtifacts:
 
 @dataclass(frozen=True, kw_only=True)
 class InstructionProfile:
-    """Where a step's instructions go: the heaviest functions of one callgrind dump, per step.
-
-    Kept with every ``instructions[callgrind]`` record, so that two records (a budget run and
-    this one, or a base and a head) can be compared function by function without their dumps.
-    """
+    """The heaviest functions of one callgrind dump, per step, kept so two records compare without their dumps."""
 
     counter: str
     """The counter of the count the profile belongs to (``callgrind Ir``)."""
     functions: tuple[tuple[str, float, float], ...]
-    """``(function, self per step, inclusive per step)``, heaviest inclusive first (every function
-    counted, history-dependent ones included)."""
+    """``(function, self per step, inclusive per step)``, heaviest inclusive first (history-dependent too)."""
     history_dependent_per_step: float = 0.0
-    """Instructions per step in history-dependent functions (allocators, dictionary and type
-    lookups), counted but left out of the recorded value."""
+    """Instructions per step in history-dependent functions (allocators, lookups), left out of the value."""
 
     @classmethod
     def of(cls, counter: str, functions: Iterable[tuple[str, float, float]], *, k: int = 40,
@@ -327,8 +304,7 @@ class InstructionProfile:
         return cls(counter=counter, functions=tuple(rows[:k]), history_dependent_per_step=history_dependent_per_step)
 
     def to_extra(self) -> dict[str, Any]:
-        """``{"instruction_profile": {"counter": ..., "functions": [[name, self, inclusive], ...],
-        "history_dependent_per_step": ...}}``."""
+        """``{"instruction_profile": {"counter", "functions": [[name, self, inclusive], ...], ...}}``."""
         return {INSTRUCTION_PROFILE: {"counter": self.counter, "functions": [list(r) for r in self.functions],
                                       "history_dependent_per_step": self.history_dependent_per_step}}
 

@@ -15,9 +15,8 @@ LIMIT_S = 420
 LEASE_SERVE_ROUNDS = 1
 """Rounds of requests behind a serving sample set under the lease (one round: 128 requests on the GPU)."""
 LEASE_OP_ROUNDS = 6
-"""Profiled rounds behind a per-operator sample set under the lease: the fewest whose distribution-free
-95 % interval of the median lies between two of them (1 - 2 * 0.5**6 = 0.97); per-operator device time
-varies by 0.1-0.6 % on the GPU, so more rounds buy little there."""
+"""Profiled rounds per operator sample set under the lease: the fewest whose 95 % interval of the median lies
+between two of them (1 - 2 * 0.5**6 = 0.97); device time varies by 0.1-0.6 %, so more buy little."""
 LEASE_OCC_ROUNDS = 3
 """Profiled rounds behind ``sm_occupancy`` under the lease: a median with a round on each side; it is computed
 from launch resources and repeated within 0.2 % on the GPU (cv of 5 rounds), so more rounds buy little."""
@@ -133,10 +132,8 @@ def _encoder(what: str, seconds: float, how: str) -> Planned:
     return Planned(what=what, seconds=seconds * STEP_RATIO, measured=False, how=f"{how}, x {STEP_RATIO:.3f}")
 
 
-#: Seconds a profiled encoder step costs: the operator rounds' (a warm-up and one step each, no shapes or FLOPs,
-#: as the device-time pass), measured at 64x128. A profiled step is host-bound: the profiler's cost follows the
-#: operators and kernels launched (fewer now, with fused AdamW), and 0.79 s a step exceeds the device's estimated
-#: step, so the profiled costs are not scaled by :data:`STEP_RATIO` (an estimate too: marked ``~``).
+#: Seconds a profiled encoder step costs (the operator rounds', at 64x128): host-bound (0.79 s a step exceeds
+#: the device's estimated step), so not scaled by :data:`STEP_RATIO`.
 _PROFILED_STEP_S = H200_S["encoder operators"] / (MEASURED_AT["op rounds"] * (ASSUMED["OP_ROUND_STEPS"] + 1))
 _DEVICE_PASS = f"{LEASE_DEVICE_STEPS + 1} profiled steps x {_PROFILED_STEP_S:.3f} s (the device-time pass)"
 
@@ -201,12 +198,10 @@ PARTS = (
         Planned(what="probe: torch, CUDA, perfbudget show", seconds=8.0, measured=False,
                 how="torch imported, CUDA started, the budgets read"),
     ), margin=1.0),
-    # Every GPU metric once, its budget written: compiling tests are not planned (a cold inductor
-    # compile of the encoder, an estimated 60-90 s, would not leave the A/A its time).
+    # Every GPU metric once, its budget written; no compiling tests (60-90 s would not leave the A/A its time).
     Part(name="update", steps=_UPDATE),
-    # What the A/A measures too, judged against the budgets just written: the encoder's host-bound
-    # step (its budget failed on the same machine minutes after it was written) and its operators'
-    # device time. Extra rounds of a straddling check are what the margin is for.
+    # What the A/A measures, judged against the budgets just written (the host-bound step's failed minutes after
+    # it was written); the margin is for a straddling check's extra rounds.
     Part(name="check", steps=(
         _START,
         Planned(what=_ENCODER_STEP.what, seconds=_FIRST + _ENCODER_STEP.seconds, measured=False,
@@ -244,15 +239,13 @@ def total_s() -> float:
 
 
 def position(nodeid: str) -> int:
-    """Where a test runs under the lease: its index in :data:`ORDER` (a ``[cpu]`` variant where its
-    ``[cuda]`` one is), after every planned test when unplanned."""
+    """A test's index in :data:`ORDER` (a ``[cpu]`` variant at its ``[cuda]`` one's), after all when unplanned."""
     cuda = nodeid[: -len("[cpu]")] + "[cuda]" if nodeid.endswith("[cpu]") else nodeid
     return ORDER.index(cuda) if cuda in ORDER else len(ORDER)
 
 
 def plan_text() -> str:
-    """The plan as ``scripts/gpu-check.sh --plan`` prints it, ending ``total N s`` (and by how much it is over
-    :data:`LIMIT_S`, if it is)."""
+    """The plan as ``scripts/gpu-check.sh --plan`` prints it, ending ``total N s`` (and any excess over the limit)."""
     lines = [f"The GPU check on an H200 under the lease (perfbudget_lease = true): tests in the order they "
              f"run, estimated seconds ('~': not measured; the others scale costs measured there); limit {LIMIT_S} s",
              f"encoder costs measured at 64x128 scale by the step ratio: ~{_RATIO_HOW}"]
@@ -267,9 +260,8 @@ def plan_text() -> str:
 
 
 def main(argv: list[str]) -> int:
-    """``plan``: the plan; ``tests PART``: its tests, one a line; ``bound PART``: its bound in seconds;
-    ``tsv``: part, step and seconds a line, for the summary; ``limit``: :data:`LIMIT_S`; ``pairs``:
-    :data:`AA_PAIRS`."""
+    """``plan``; ``tests PART``: one a line; ``bound PART``: seconds; ``tsv``: part, step, seconds a line;
+    ``limit``: :data:`LIMIT_S`; ``pairs``: :data:`AA_PAIRS`."""
     parts = {p.name: p for p in (*PARTS, COMPILE)}
     if argv == ["plan"]:
         print(plan_text())

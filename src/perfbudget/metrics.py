@@ -34,20 +34,16 @@ KINDS: tuple[Kind, ...] = ("exact", "count", "bytes", "timing", "rate", "energy"
 #: Kinds judged on samples with a confidence interval (and followed as a trend in history).
 STATISTICAL_KINDS: tuple[Kind, ...] = ("timing", "rate", "energy")
 
-#: Relative worsening of a low-precision numeric result (``loss_drift``, ``max_abs_error``)
-#: that fails its budget: a quarter. Smaller moves follow from changing the kernel path
-#: without losing precision; losing precision (bf16 statistics, a block leaving fp32) moves
-#: these by multiples.
+#: Relative worsening of a low-precision numeric result that fails its budget: a new kernel path moves
+#: it less, a loss of precision (bf16 statistics, a block leaving fp32) by multiples.
 NUMERIC_TOLERANCE = 0.25
 
 #: Default relative tolerance per kind, used when a budget gives none.
 DEFAULT_TOLERANCE: dict[Kind, float] = {
     "exact": 0.0,
-    # Instruction counts of one step, with the history-dependent functions (allocators, dict
-    # and type lookups) left out, repeat to a few hundredths of a percent across processes with
-    # different histories (benchmarks/instructions-history-cpu.md; counting them too, the same
-    # step moved by up to 0.7 %): half a percent keeps far clear of that and still sees an
-    # extra small op per step (benchmarks/instructions-plants-cpu.md).
+    # Step instruction counts repeat within a few hundredths of a percent across processes
+    # (benchmarks/instructions-history-cpu.md); 0.5 % still sees an extra small op per step
+    # (benchmarks/instructions-plants-cpu.md).
     "count": 0.005,
     "bytes": 0.02,
     "timing": 0.05,
@@ -55,22 +51,13 @@ DEFAULT_TOLERANCE: dict[Kind, float] = {
     "energy": 0.10,
 }
 
-#: A bytes budget (every bytes metric is in MiB) fails only beyond ``value x (1 + tolerance)``
-#: and beyond ``value + BYTES_FLOOR_MIB``, whichever is higher. The tolerance is relative, so
-#: a phase that ran and held nothing beyond the step's start (a budget of 0), or a few KiB,
-#: would otherwise allow no byte or a few bytes: one scalar the phase starts to keep (a loss
-#: kept for logging, a found-inf flag: 512 B each, the CUDA allocator's smallest block) would
-#: fail it. 4 KiB absorbs a handful of such scalars and stays well below any activation or
-#: gradient worth a budget (a test MLP's 32 KiB forward move still fails). Refusing to write
-#: a 0 budget instead would leave the phase unbudgeted for good: a skip on every run, a
-#: failure under --perf-strict, while "holds nothing" is a true and useful budget. From
-#: 200 KiB up the 2 % default is the wider one, so larger budgets are judged as before.
+#: A bytes budget (in MiB) fails only beyond both ``value x (1 + tolerance)`` and ``value + BYTES_FLOOR_MIB``:
+#: a 0 budget ("holds nothing") would otherwise fail on one kept scalar (512 B, the CUDA allocator's smallest
+#: block); 4 KiB absorbs a few and stays below a test MLP's 32 KiB forward move.
 BYTES_FLOOR_MIB = 4 / 1024
 
-#: Default tolerance of a step's device time (``step_device_ms``): 2 %. On an H200 every
-#: operator's device time repeated within 0.1 % between passes 20 minutes apart, where the same
-#: step's wall time read 51.2, 58.6 and 74.4 ms (docs/gpu-runners.md): 2 % stays far clear of
-#: that and fails a 5 % slowdown of the GPU's work.
+#: Default tolerance of ``step_device_ms``: on an H200 device time repeated within 0.1 % where wall time
+#: read 51.2 to 74.4 ms (docs/gpu-runners.md); 2 % stays clear of that and fails a 5 % slowdown.
 DEVICE_TIME_TOLERANCE = 0.02
 
 
@@ -83,17 +70,11 @@ class Metric:
         unit: unit shown in tables (``ms``, ``MiB``, ``1`` for counts and fractions).
         direction: which way is better.
         kind: how a measurement is judged (see ``verdict.judge``).
-        arg: what goes in brackets for parametrised families (``op_self_ms[aten::mm]``),
-            or ``None`` for plain metrics.
-        portable: an exact count that must hold on any device of the type, so the
-            updater files it in the broad ``cpu.yaml``/``cuda.yaml`` rather than a
-            per-model file.
-        quantile: which quantile of the samples a statistical metric budgets
-            (0.5: the median; 0.9 for ``*_p90``), with its distribution-free CI.
+        arg: what goes in brackets (``op_self_ms[aten::mm]``), ``None`` for plain metrics.
+        portable: holds on any device of the type: filed in ``cpu.yaml``/``cuda.yaml``.
+        quantile: the quantile a statistical metric budgets (0.5: the median; 0.9 for ``*_p90``).
         tolerance: default relative tolerance when it differs from the kind's.
-        paired: the samples come in an order both sides of an A/B run follow alike (one per
-            request, served in the same order; one per profiled round, taken in turns), so
-            head/base is taken sample by sample.
+        paired: both A/B sides take samples in the same order, so head/base is taken sample by sample.
         doc: one line shown by ``perfbudget show`` and in error suggestions.
     """
 
@@ -104,21 +85,14 @@ class Metric:
     arg: str | None = None
     portable: bool = False
     portable_types: tuple[str, ...] = ()
-    """Device types on which the metric is portable though it is not on every type (CPU peak
-    memory per phase: identical to the byte across CPU models; on GPUs it depends on the
-    kernels a model's libraries pick)."""
+    """Device types on which the metric is portable though not on every type (CPU peak memory per phase)."""
     quantile: float = 0.5
     tolerance: float | None = None
     paired: bool = False
     per_isa: bool = False
-    """A numeric result whose value depends on the kernel path (bf16/fp16 rounding on AMX,
-    AVX-512 bf16 or fp32-converting vectors; a GPU's SM architecture): filed per ISA class
-    (``cpu-isa-avx2.yaml``), never in the portable file."""
+    """Its value depends on the kernel path (bf16 rounding, SM architecture): filed per ISA class, never portable."""
     advisory_on: tuple[str, ...] = ()
-    """Device types on which a stored budget of this metric never fails a test: it is judged
-    and shown as advisory, and ``perfbudget ab`` judges it head vs base. The wall clock of a GPU
-    step follows the host (a launch-bound step's GPU idles most of it): there the step's
-    device time (``step_device_ms``) gates instead."""
+    """Device types on which a stored budget of it is only advisory (GPU wall clock follows the host)."""
     doc: str = ""
 
     @property
@@ -149,10 +123,7 @@ _REGISTRY: tuple[Metric, ...] = (
     _m("padding_rate", "1", "lower", "exact", "padded tokens / all tokens", portable=True),
     _m("nonfinite_grads", "1", "lower", "exact", "parameters with NaN/inf gradients", portable=True),
     _m("scaler_skipped_steps", "1", "lower", "exact", "GradScaler steps skipped for inf/NaN", portable=True),
-    # Numerics of low precision: deterministic on one kernel path, moved a little by any change
-    # of the path (an attention implementation, a fused op) and a lot by a real loss of
-    # precision (a block leaving fp32, statistics computed in bf16). The tolerance is a stated
-    # bound on the relative worsening worth a failure, not a tripwire on the last digit.
+    # Low-precision numerics: deterministic on one kernel path; the tolerance bounds the worsening worth a failure.
     _m("loss_drift", "1", "lower", "exact", "max relative loss difference to an fp32 reference",
        per_isa=True, tolerance=NUMERIC_TOLERANCE),
     _m("max_abs_error", "1", "lower", "exact", "max absolute error against a reference", arg="case",
@@ -160,8 +131,7 @@ _REGISTRY: tuple[Metric, ...] = (
     _m("kernel_count", "1", "lower", "exact", "GPU kernels launched per step"),
     _m("theoretical_occupancy", "1", "higher", "exact", "theoretical SM occupancy of a kernel", arg="kernel"),
     _m("ratio", "1", "lower", "exact", "a deterministic ratio where lower is better", arg="what", portable=True),
-    # count: deterministic counters of the work done, judged like exact values with a tolerance;
-    # they depend on the kernels' ISA path, so they are filed per machine identity.
+    # count: deterministic counters of work, with a tolerance; filed per machine identity (ISA path).
     _m("instructions", "1", "lower", "count", "instructions per step, by the counter named in brackets "
        "(callgrind: valgrind's Ir, the allocators' and dict/type lookups' left out; hardware: the CPU's "
        "user-space instructions counter, everything)", arg="counter"),
@@ -174,8 +144,7 @@ _REGISTRY: tuple[Metric, ...] = (
     _m("step_device_ms", "ms", "lower", "timing", "GPU busy time of one step: kernels, copies and fills, "
        "overlapping streams counted once (profiled pass)", tolerance=DEVICE_TIME_TOLERANCE),
     _m("latency_ms", "ms", "lower", "timing", "latency of a named call", arg="what"),
-    # One sample per profiled round; an A/B run's sides profile their rounds in turns, round i
-    # beside round i (benchmarks/op-pairing-cpu.md).
+    # A/B sides profile their rounds in turns, round i beside round i (benchmarks/op-pairing-cpu.md).
     _m("op_self_ms", "ms", "lower", "timing", "operator self time per step (profiled)", arg="op", paired=True),
     _m("op_share", "1", "lower", "timing", "operator share of the profiled step", arg="op", paired=True),
     _m("ttft_ms", "ms", "lower", "timing", "time to first token", paired=True),
@@ -204,8 +173,7 @@ METRICS: dict[str, Metric] = {m.name: m for m in _REGISTRY}
 
 _NAME = re.compile(r"^(?P<base>[a-z][a-z0-9_]*)(?:\[(?P<arg>[^\[\]]+)\])?$")
 
-#: What a unit may be wherever one is read (a results file, a record's extra): letters, digits and a
-#: slash (``ms``, ``samples/s``); reports render it as it is.
+#: What a unit read from a file may be (``ms``, ``samples/s``); reports render it as it is.
 UNIT = re.compile(r"[A-Za-z0-9/]{0,16}")
 
 
@@ -267,8 +235,7 @@ def family_of(full: str) -> str:
 
 
 def op_family_sizes(checks: Iterable[tuple[str, str]]) -> dict[str, int]:
-    """Per group (a test's nodeid, or a budget key), how many statistical per-operator checks it
-    holds among ``(group, metric)`` pairs: the family whose checks share one false-alarm budget."""
+    """Per group (nodeid or budget key) of ``(group, metric)`` pairs, its statistical per-operator checks."""
     sizes: dict[str, int] = {}
     for group, metric in checks:
         if family_of(metric) not in OP_TIMED_FAMILIES:

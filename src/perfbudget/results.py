@@ -23,26 +23,20 @@ from .measure.nvml import GpuClocks
 from .measure.stats import normal_quantile, t_quantile
 from .metrics import UNIT, UnknownMetricError, parse_name
 from .verdict.judge import Verdict
-from .vocabulary import Outcome
-from .vocabulary import RunMode, count_outcomes
+from .vocabulary import Outcome, RunMode, count_outcomes
 
 __all__ = ["MAX_RESULTS_BYTES", "RESULTS_SCHEMA", "ABPolicyInfo", "ABRunInfo", "BaseSide", "BudgetRef", "FieldError", "HowMeasured", "PairClocks",
            "Record", "Results", "RunInfo", "SetAsidePair", "load_results", "merge_results"]
 
 RESULTS_SCHEMA = 4
-"""Version of the results file's form. Bump it when the form changes in a way this version's reader
-would misread, and add the step from the previous version to :data:`_MIGRATIONS`."""
+"""Version of the results file's form; a bump adds its step to :data:`_MIGRATIONS`."""
 
-#: The degrees of freedom schema-1 files' flat prior was worth (their ``meta.ab.policy.prior_df``
-#: when they say): what a record written before the verdict kept its own had behind its interval.
+#: Degrees of freedom of schema-1 files' flat prior, where ``meta.ab.policy.prior_df`` does not say.
 _SCHEMA1_PRIOR_DF = 3.0
 
 
 def _ab_into_base(data: dict[str, Any]) -> dict[str, Any]:
-    """Schema 1 -> 2: how an A/B verdict was reached moves from ``extra["ab"]`` into ``base``
-    (one typed comparison); a record not compared gets a ``base`` that says so and why. A record
-    written before the verdict kept its degrees of freedom and per-pair sd gets them from its
-    interval (the flat prior's df, the pairs', the t quantile of its coverage)."""
+    """Schema 1 -> 2: ``extra["ab"]`` moves into ``base``; a missing df and sd are derived from the interval."""
     meta_ab = data.get("meta", {}).get("ab") if isinstance(data.get("meta"), dict) else None
     policy = meta_ab.get("policy") if isinstance(meta_ab, dict) else None
     prior_df = policy.get("prior_df") if isinstance(policy, dict) else None
@@ -75,9 +69,7 @@ def _ab_into_base(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def _mode_in_meta(data: dict[str, Any]) -> dict[str, Any]:
-    """Schema 2 -> 3: ``meta`` is typed (:class:`RunInfo`) and always says its mode in one vocabulary
-    (:class:`~perfbudget.vocabulary.RunMode`): an A/B run's results that said so only by holding
-    ``meta.ab`` say ``ab``; a file that said nothing was a plain check run."""
+    """Schema 2 -> 3: ``meta.mode`` always set: ``ab`` where ``meta.ab`` is, else ``check``."""
     meta = data.get("meta")
     meta = dict(meta) if isinstance(meta, dict) else {}
     if isinstance(meta.get("ab"), dict):
@@ -87,8 +79,7 @@ def _mode_in_meta(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def _stored_named_once(data: dict[str, Any]) -> dict[str, Any]:
-    """Schema 3 -> 4: the stored mode has one name everywhere (results, history, action, docs):
-    ``check`` becomes ``stored``."""
+    """Schema 3 -> 4: mode ``check`` becomes ``stored``."""
     meta = data.get("meta")
     if isinstance(meta, dict) and meta.get("mode") == "check":
         return {**data, "meta": {**meta, "mode": RunMode.STORED.value}}
@@ -100,25 +91,6 @@ _MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _ab_int
 """``version -> step``: the step turns a results file of ``version`` into one of ``version + 1``."""
 
 _D = TypeVar("_D")
-
-
-def _to_json(x: float | None) -> float | str | None:
-    # JSON has no NaN/inf: written as strings ("nan", "inf"), read back as floats.
-    if x is None or math.isfinite(x):
-        return x
-    return str(x)
-
-
-def _from_json(x: Any) -> float | None:
-    if x is None:
-        return None
-    if isinstance(x, bool):
-        raise TypeError(f"expected a number, got {x!r}")
-    if isinstance(x, (int, float)):
-        return float(x)
-    if isinstance(x, str) and x.lower() in ("nan", "inf", "-inf", "infinity", "-infinity"):
-        return float(x)
-    raise TypeError(f"expected a number, got {x!r}")
 
 
 class FieldError(ValueError):
@@ -140,8 +112,8 @@ def _encode(value: Any) -> Any:
         return _encode_fields(value)
     if isinstance(value, enum.Enum):
         return value.value
-    if isinstance(value, float):
-        return _to_json(value)
+    if isinstance(value, float):  # JSON has no NaN/inf: written as strings ("nan", "inf"), read back as floats
+        return value if math.isfinite(value) else str(value)
     if isinstance(value, tuple):
         return [_encode(x) for x in value]
     return value
@@ -213,12 +185,11 @@ def _decode(tp: Any, x: Any, where: str) -> Any:
         except ValueError:
             raise FieldError(where, f"expected one of {', '.join(repr(m.value) for m in tp)}, got {x!r}") from None
     if tp is float:
-        got = None
-        with contextlib.suppress(TypeError):
-            got = _from_json(x)
-        if got is None:
-            raise FieldError(where, f"expected a number, got {x!r}")
-        return got
+        if isinstance(x, (int, float)) and not isinstance(x, bool):
+            return float(x)
+        if isinstance(x, str) and x.lower() in ("nan", "inf", "-inf", "infinity", "-infinity"):
+            return float(x)
+        raise FieldError(where, f"expected a number, got {x!r}")
     if tp is str and isinstance(x, str) and len(x) > MAX_TEXT:
         raise FieldError(where, f"expected at most {MAX_TEXT} characters, got {len(x)}: {_cut(x)}")
     if tp is str and isinstance(x, str) and not x.isascii():
@@ -270,9 +241,7 @@ class SetAsidePair:
 
 @dataclass(frozen=True, kw_only=True)
 class BaseSide:
-    """A lockstep A/B run's comparison of a check with the base commit: what the base measured,
-    head/base and how it was judged. ``compared`` is false for a check judged against the
-    stored budgets alone (``note`` says why: the base lacks it, could not run, ...)."""
+    """A lockstep A/B run's comparison of a check with the base commit: base value, head/base, how judged."""
 
     value: float | None
     """The base side's value (median over process pairs for statistical kinds)."""
@@ -287,8 +256,7 @@ class BaseSide:
     pair_ratios: tuple[float, ...] = ()
     """head / base of each process pair."""
     detectable: float | None = None
-    """The smallest change (a fraction, in the bad direction) this run could have resolved as a
-    failure at the pairs it got: a statistical check's minimum detectable effect."""
+    """Minimum detectable effect: the smallest bad-direction change (a fraction) these pairs resolve."""
     compared: bool = True
     """Judged against the base; otherwise against the stored budgets alone (``note`` says why)."""
     note: str = ""
@@ -302,11 +270,9 @@ class BaseSide:
     df: float | None = None
     """Degrees of freedom of the interval's t quantile (the pairs', plus the prior's unless it was set aside)."""
     prior: str = ""
-    """Where the prior sd came from: ``default for timing``, ``measured: budgets/noise/<identity>.yaml,
-    10 df``, or ``set aside`` (the pairs contradicted it)."""
+    """Where the prior sd came from (``default for timing``, ``measured: <noise file>, 10 df``, ``set aside``)."""
     confidence: float | None = None
-    """Two-sided coverage of ``ratio_ci`` (above the policy's for a test's per-operator checks,
-    which share one false-alarm budget)."""
+    """Two-sided coverage of ``ratio_ci`` (higher for per-operator checks, which share one false-alarm budget)."""
     set_aside: tuple[SetAsidePair, ...] = ()
     """Pairs left out of ``ratio`` as outlying (:func:`perfbudget.ab.ratios.outlying_pair`)."""
     not_comparable: str = ""
@@ -320,8 +286,7 @@ class BaseSide:
 
 @dataclass(frozen=True, kw_only=True)
 class Record:
-    """One metric of one test: the verdict plus where it ran. Floats may be NaN here; the
-    JSON form writes them as strings."""
+    """One metric of one test: the verdict plus where it ran (NaN allowed; JSON writes it as a string)."""
 
     nodeid: str
     key: str
@@ -372,8 +337,7 @@ class Record:
 
     @property
     def value_log_se(self) -> float | None:
-        """Standard error of ln(value) from its interval and that interval's coverage (``None``
-        where the record has no such interval, or a value that is not positive)."""
+        """Standard error of ln(value) from its interval's width and coverage (``None`` without them)."""
         ci, cover = self.ci, self.ci_confidence
         if self.value is None or not (self.value > 0) or ci is None or cover is None or not 0 < cover < 1 \
                 or not all(math.isfinite(x) and x > 0 for x in ci) or not ci[1] > ci[0]:
@@ -391,17 +355,11 @@ class Record:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Record:
-        """Inverse of :meth:`as_dict`; keys it does not know are ignored, missing ones take the default.
-
-        Raises:
-            ValueError: naming the field (``budget.value: expected a number, got 'x'``).
-        """
+        """Inverse of :meth:`as_dict`; unknown keys ignored. Raises ValueError naming the field."""
         return _decode_fields(cls, d, "")
 
     def measured(self) -> Measured | None:
-        """The value offered to the updater (one that is not finite too: the updater refuses it, saying
-        why), or ``None`` for errors, unmeasurable metrics and timing set aside on a busy machine (a
-        budget must not be written from it)."""
+        """The value offered to the updater (non-finite too: it refuses them), or ``None`` where no budget may be."""
         if self.outcome in (Outcome.ERROR, Outcome.UNMEASURABLE, Outcome.NOT_JUDGED, Outcome.NOT_MEASURED) or self.value is None \
                 or self.device is None:
             return None
@@ -435,10 +393,7 @@ class PairClocks:
 
 @dataclass(frozen=True, kw_only=True)
 class ABRunInfo:
-    """How a ``perfbudget ab`` run went (``meta.ab``): what it compared, its pairs, why it stopped, its rule.
-
-    The verdict of each check is on its record (:attr:`Record.base`); this is the run's own account.
-    """
+    """How a ``perfbudget ab`` run went (``meta.ab``); each check's verdict is on its record (:attr:`Record.base`)."""
 
     base_ref: str = ""
     """The base as given (``origin/main``)."""
@@ -477,8 +432,7 @@ class ABRunInfo:
 
 @dataclass(frozen=True, kw_only=True)
 class HowMeasured:
-    """How one pytest session measured (``meta.measured``): what the two sides of an A/B run must share
-    to be compared (:meth:`differences`), as pyperf checks a run's metadata before adding it."""
+    """How one pytest session measured (``meta.measured``): what A/B sides must share (:meth:`differences`)."""
 
     settings: dict[str, str] = field(default_factory=dict)
     """The resolved settings that shape a measurement, by name (``threads``: ``"1"``)."""
@@ -487,8 +441,7 @@ class HowMeasured:
     versions: dict[str, str] = field(default_factory=dict)
     """Libraries as loaded (``torch``, ``triton``, ``numpy``, ``python``): one not loaded is absent."""
     way: Literal["wall", "callgrind"] = "wall"
-    """Timed (``wall``: the host clock, or CUDA events for a GPU's records) or instruction counts under
-    callgrind."""
+    """Timed (``wall``: host clock, or CUDA events on a GPU) or instruction counts under callgrind."""
 
     def differences(self, base: HowMeasured) -> list[str]:
         """``threads 1 vs 2`` (the base's value first) for each field the head (``self``) and ``base`` differ in."""
@@ -508,8 +461,7 @@ class RunInfo:
     budgets_dir: str | None = None
     """The budget folder the run judged against."""
     errors: tuple[dict[str, str], ...] = ()
-    """Tests whose measuring raised (``nodeid``, ``key``, ``error``): pytest failed them; their records hold
-    what they measured before."""
+    """Tests whose measuring raised (``nodeid``, ``key``, ``error``); their records hold what came before."""
     unfinished: str | None = None
     """Set while the run has not finished (a checkpoint after each test): why the file may lack records."""
     shards: int | None = None
@@ -525,16 +477,11 @@ class RunInfo:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunInfo:
-        """Read the JSON form; keys this version does not know are left out.
-
-        Raises:
-            FieldError: a known key whose value does not read as its type (``meta.<key>``).
-        """
+        """Read the JSON form, unknown keys left out. Raises FieldError for a bad value (``meta.<key>``)."""
         return _decode_fields(cls, data, "meta")
 
     def as_dict(self) -> dict[str, Any]:
-        """The JSON form; what a run does not have is left out (no ``ab`` key outside an A/B run, no
-        ``unfinished`` once it finished), as earlier writers did for readers that test a key's presence."""
+        """The JSON form; ``None`` fields are left out, for readers that test a key's presence."""
         return {k: v for k, v in _encode_fields(self).items() if v is not None}
 
 
@@ -560,20 +507,15 @@ class Results:
 
     @property
     def head_commit(self) -> str | None:
-        """The commit an A/B run measured as its head (``meta.ab.head_commit``, as written);
-        ``None`` where the results do not say (a plain pytest run)."""
+        """The commit an A/B run measured as its head (``meta.ab.head_commit``); ``None`` where not said."""
         return (self.meta.ab.head_commit or None) if self.meta.ab is not None else None
 
 
 def load_results(path: str | Path) -> Results:
-    """Read a results JSON file written by the plugin (or ``perfbudget merge``/``ab``).
-
-    Files of an older schema are migrated (:func:`_migrate`); a newer one is refused, and so is one
-    larger than :data:`MAX_RESULTS_BYTES`.
+    """Read a results JSON file: an older schema migrated, a newer one or one over :data:`MAX_RESULTS_BYTES` refused.
 
     Raises:
-        ValueError: naming the file (and the record and field) when it is not a results file
-            this version reads.
+        ValueError: naming the file (and the record and field) it cannot read.
     """
     path = Path(path)
     try:
@@ -605,9 +547,8 @@ def load_results(path: str | Path) -> Results:
     return Results(records=records, meta=meta)
 
 
-#: The largest results file :func:`load_results` reads. A suite's results, operator tables included, are a
-#: few hundred KiB (``benchmarks/*.json``); a file a pull request's code wrote could be any size, and
-#: reading it takes twice its size in memory.
+#: The largest results file :func:`load_results` reads: a suite's are a few hundred KiB (``benchmarks/*.json``),
+#: and an untrusted one could be any size (read, it takes twice its size in memory).
 MAX_RESULTS_BYTES = 64 << 20
 
 
@@ -621,8 +562,7 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-#: The most characters any text field of a results file may hold; a reason or note longer than this
-#: was not written by the plugin (a results file may come from a pull request's code).
+#: The most characters any text field of a (possibly untrusted) results file may hold.
 MAX_TEXT = 20_000
 #: The most characters a name (node id, key, metric, device field) may hold.
 MAX_NAME = 1_000
@@ -637,8 +577,7 @@ def _cut(text: str) -> str:
 
 
 def _check_name(where: str, text: str) -> None:
-    """A name from a results file: bounded, no control or format characters (a newline, an ANSI
-    escape, a right-to-left override), and of its field's pattern where it has one."""
+    """A name: bounded, no control or format characters (newline, ANSI escape, RTL override), of its pattern."""
     if len(text) > MAX_NAME:
         raise FieldError(where, f"expected at most {MAX_NAME} characters, got {len(text)}: {_cut(text)}")
     if any(unicodedata.category(c) in ("Cc", "Cf") for c in text):
@@ -649,8 +588,7 @@ def _check_name(where: str, text: str) -> None:
 
 
 def _checked(r: Record) -> Record:
-    """The trust boundary for one record read from a file (which a pull request's code may have
-    written): its names (:func:`_check_name`) and interval; the types were read by the codec."""
+    """The trust boundary for one (possibly untrusted) record: names, intervals, counts; the codec read the types."""
     names = {"nodeid": r.nodeid, "key": r.key, "metric": r.metric, "unit": r.unit}
     if r.device is not None:
         names.update({f"device.{f.name}": v for f in fields(r.device) if isinstance(v := getattr(r.device, f.name), str)})
@@ -678,8 +616,7 @@ MAX_COUNT = 10_000_000
 
 
 def _check_base(b: BaseSide) -> None:
-    """An A/B record's base side: counts in range, numbers finite, intervals low to high (history pools
-    the pairs' sd by the pairs a record claims)."""
+    """An A/B record's base side: counts in range, numbers finite, intervals low to high."""
     if not 0 <= b.pairs <= MAX_COUNT:
         raise FieldError("base.pairs", f"expected an integer in [0, {MAX_COUNT}], got {b.pairs!r}")
     if b.pair_ratios and b.pairs > len(b.pair_ratios):
@@ -693,8 +630,7 @@ def _check_base(b: BaseSide) -> None:
 
 
 def _check_extra(x: Any, where: str, depth: int) -> None:
-    """A record's ``extra`` (free-form JSON): texts bounded and encodable, nesting bounded (a report renders
-    some of it)."""
+    """A record's free-form ``extra``: texts bounded and encodable, nesting bounded (reports render it)."""
     if depth > 8:
         raise FieldError(where, "expected at most 8 levels of nesting")
     if isinstance(x, str):
@@ -709,8 +645,7 @@ def _check_extra(x: Any, where: str, depth: int) -> None:
 
 
 def _checked_meta(meta: RunInfo) -> RunInfo:
-    """The trust boundary for a file's ``meta``: the folder a command may be told to write, the
-    commits handed to git (:func:`check_commit`)."""
+    """The trust boundary for ``meta``: the budget folder a command may write, the commits handed to git."""
     if meta.budgets_dir is not None:
         _check_name("meta.budgets_dir", meta.budgets_dir)
     if (m := meta.measured) is not None:
@@ -728,8 +663,7 @@ def _checked_meta(meta: RunInfo) -> RunInfo:
 
 
 def _migrate(data: dict[str, Any], path: Path) -> dict[str, Any]:
-    """The one place that reads a results file's schema: refuse what is unknown or newer, migrate
-    what is older, step by step up to :data:`RESULTS_SCHEMA`."""
+    """Read the schema: refuse one unknown or newer, migrate an older one step by step."""
     version = data.get("schema")
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise ValueError(f"{path}: schema: expected a results schema version (1 to {RESULTS_SCHEMA}), got {version!r}")
@@ -755,12 +689,7 @@ def _where(r: Record) -> tuple[str, str, str]:
 
 
 def merge_results(parts: Iterable[Results]) -> Results:
-    """Merge shards (xdist workers or CI matrix jobs) into one, ordered by test and metric.
-
-    Each shard's session reports the budgets it did not measure; a shard that measured one makes
-    the other shards' report of it moot (dropped), and several shards reporting the same budget as
-    not measured report it once.
-    """
+    """Merge shards (xdist workers, CI jobs) by test and metric; an unmeasured budget once, if no shard measured it."""
     out = Results()
     shards = []
     records: list[Record] = []

@@ -50,26 +50,19 @@ SIDES: tuple[str, ...] = ("base", "head")
 #: How a session leaves the process's allocator before timing (:mod:`perfbudget.measure.allocator`).
 ALLOCATOR_MODES: tuple[str, ...] = ("settled", "as-is")
 
-# Bursts long enough that the hand-over (two socket round trips, ~0.1 ms, and one untimed
-# re-warm call) is small, short enough that the two sides see the same machine: a 2-vCPU VM's
-# speed drifts within a second (benchmarks/process-causes-cpu.md), and A/A pairs of this suite
-# agreed 2-3x better with 100 ms bursts than with 400 ms, in the same wall time
-# (benchmarks/burst-length-cpu.md).
+# Long enough that the ~0.1 ms hand-over is small, short enough that both sides see the same machine (a VM's
+# speed drifts within a second: benchmarks/process-causes-cpu.md); A/A pairs agreed 2-3x better at 100 ms
+# than at 400 ms (benchmarks/burst-length-cpu.md).
 DEFAULT_BURST_MS = 100.0
-# The other side may legitimately keep the machine for minutes (torch.compile, a session
-# fixture building a workload); past this the run is assumed broken, and a side stops waiting
-# rather than hang its CI job.
+# The other side may keep the machine for minutes (torch.compile); past this the run is assumed broken.
 DEFAULT_WAIT_S = 1800.0
-#: 1-minute load average per core above which CPU timing is refused. The run itself adds
-#: about one (one timing thread), so 1.5 per core on 2 cores means someone else is busy.
+#: 1-minute load average per core above which CPU timing is refused (the run itself adds about one).
 DEFAULT_MAX_LOAD_PER_CORE = 1.5
 
 
 def _from(*, ini: str = "", env: str = "", help: str = "", positive: bool = False, spec: bool = False,
           choices: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Where a field may come from besides the command line (``help``: the ini key's; ``spec``: an A/B
-    side's run spec, which then wins over the environment and the ini file; ``choices``: a text field's
-    allowed values)."""
+    """A field's sources besides the command line (``spec``: an A/B side's run spec, above env and ini)."""
     return {"ini": ini, "env": env, "help": help, "positive": positive, "spec": spec, "choices": choices}
 
 
@@ -110,8 +103,7 @@ class Settings:
         ini="perfbudget_lease", spec=True,
         help="lease-sized work for a GPU leased by time (scripts/gpu-check.sh): fewer serving, profiled operator and "
              "occupancy rounds, tests in the lease plan's order (perfbudget.lease)"))
-    """Lease-sized work: the rounds and test order of :mod:`perfbudget.lease`, recorded in the results' meta. An
-    A/B side takes the driver's (its run spec's), whatever its own commit's ini file says."""
+    """Lease-sized work (:mod:`perfbudget.lease`), recorded in the results' meta; an A/B side takes the driver's."""
     benchmark: bool = field(default=False, metadata=_from(
         ini="perfbudget_benchmark", help="perfbudget measures pytest-benchmark suites: the `benchmark` fixture and the "
                                          "benchmark/codspeed_benchmark markers record timing checks, and pytest-benchmark "
@@ -127,8 +119,7 @@ class Settings:
         ini="perfbudget_allocator", env="PERFBUDGET_ALLOCATOR", spec=True, choices=ALLOCATOR_MODES,
         help="settled (default): glibc keeps large blocks on its heap and torch aligns them, so a process's "
              "allocation history does not set the speed of large-tensor code; as-is: leave the allocator alone"))
-    """How the process's allocator is left before timing (:mod:`perfbudget.measure.allocator`); an A/B side
-    takes the driver's."""
+    """How the allocator is left before timing (:mod:`perfbudget.measure.allocator`); an A/B side takes the driver's."""
     burst_ms: float = field(default=DEFAULT_BURST_MS, metadata=_from(env="PERFBUDGET_TURNS_BURST_MS", positive=True, spec=True))
     """``perfbudget ab``: target length of one turn-taking burst, in milliseconds."""
     wait_s: float = field(default=DEFAULT_WAIT_S, metadata=_from(env="PERFBUDGET_TURNS_WAIT_S", positive=True))
@@ -137,17 +128,14 @@ class Settings:
     @classmethod
     def resolve(cls, *, cli: Mapping[str, object] | None = None, ini: Mapping[str, object] | None = None,
                 ini_file: str = "ini", root: Path | None = None, env: Mapping[str, str] | None = None) -> Settings:
-        """Each field from the first source that sets it: command line > an A/B side's run spec (the fields
-        it carries) > environment > ini file > default.
+        """Each field from the first source that sets it: command line > run spec > environment > ini > default.
 
         Args:
             cli: command-line values by field name (``None``: not given).
             ini: ini values by ini key (absent: not set; an empty string is a value).
             ini_file: where ``ini`` was read, for errors.
-            root: the rootdir, which folders from the ini file or a default are relative to (default:
-                the working folder, as folders from the command line and the environment are).
-            env: the environment (default: this process's); an empty variable is not set. It names the
-                run spec (:data:`SPEC_ENV`).
+            root: the rootdir, which ini and default folders are relative to (default: the working folder).
+            env: the environment (default: this process's; an empty variable is not set), naming the run spec.
 
         Raises:
             ValueError: naming the option, variable, run spec or ini file and key, and the bad value.
@@ -203,11 +191,8 @@ _INI_FILES = ("pytest.toml", ".pytest.toml", "pytest.ini", ".pytest.ini", "pypro
 
 
 def find_ini(folder: Path) -> tuple[Path, Path | None, dict[str, object]]:
-    """The rootdir, ini file and its pytest options as pytest finds them from ``folder``.
-
-    The nearest folder upwards with a file of :data:`_INI_FILES` that holds pytest options (a
-    ``pytest.ini`` always does); else the first ``pyproject.toml`` seen on the way marks the rootdir;
-    else ``folder`` is the rootdir and no ini file is read.
+    """The rootdir, ini file and its pytest options as pytest finds them from ``folder`` (upwards; else the first
+    ``pyproject.toml`` marks the rootdir; else ``folder``, no ini file).
 
     Raises:
         ValueError: an ini file on the way cannot be parsed (naming it).
@@ -245,10 +230,8 @@ def _pytest_options(path: Path) -> dict[str, object] | None:
 
 
 def pytest_cli(args: Sequence[str]) -> dict[str, object]:
-    """The settings among a pytest command line (``--budgets-dir DIR``, ``--perf-strict``), for a
-    ``perfbudget`` command that runs pytest with it and must read it as pytest does. Only the
-    arguments given: ``-o`` overrides are :func:`pytest_overrides`'; ``-c`` and ``addopts``/``PYTEST_ADDOPTS``
-    are not read (the ini file the command finds is, through :func:`for_folder`)."""
+    """The settings among a pytest command line (``--budgets-dir DIR``, ``--perf-strict``), read as pytest does;
+    ``-c`` and ``addopts`` are not read (``-o``: :func:`pytest_overrides`)."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--budgets-dir", dest="budgets_dir", default=None)
     parser.add_argument("--perf-strict", dest="strict", action="store_const", const=True, default=None)
@@ -257,8 +240,7 @@ def pytest_cli(args: Sequence[str]) -> dict[str, object]:
 
 
 def pytest_overrides(args: Sequence[str]) -> dict[str, str]:
-    """The ini values a pytest command line overrides (``-o KEY=VALUE``, ``-oKEY=VALUE``,
-    ``--override-ini[=]KEY=VALUE``), by key, the last one winning as in pytest."""
+    """The ini values a pytest command line overrides (``-o K=V``, ``-oK=V``, ``--override-ini[=]K=V``), last wins."""
     out: dict[str, str] = {}
     for i, arg in enumerate(args):
         if arg in ("-o", "--override-ini"):
@@ -275,8 +257,7 @@ def pytest_overrides(args: Sequence[str]) -> dict[str, str]:
 
 def for_folder(folder: Path, *, cli: Mapping[str, object] | None = None, overrides: Mapping[str, str] | None = None,
                env: Mapping[str, str] | None = None) -> Settings:
-    """The settings of a ``perfbudget`` command run in ``folder``: those of a pytest run there, its ini
-    values ``overrides`` (:func:`pytest_overrides`) replaced.
+    """The settings of a pytest run in ``folder``, its ini values ``overrides`` (:func:`pytest_overrides`) replaced.
 
     Raises:
         ValueError: a bad value or an unreadable ini file (see :meth:`Settings.resolve`).
@@ -288,8 +269,7 @@ def for_folder(folder: Path, *, cli: Mapping[str, object] | None = None, overrid
 
 @dataclass(frozen=True, kw_only=True)
 class RunSpec:
-    """What ``perfbudget ab`` tells one side process: a JSON file named by :data:`SPEC_ENV`, written
-    (atomically) before the side starts and read once by it (:func:`run_spec`)."""
+    """What ``perfbudget ab`` tells one side process: a JSON file named by :data:`SPEC_ENV`, read once."""
 
     side: str
     """Which side the process is: one of :data:`SIDES`."""
@@ -364,6 +344,5 @@ def run_spec(env: Mapping[str, str] | None = None) -> RunSpec | None:
 
 @functools.lru_cache(maxsize=8)
 def _spec_in(path: str) -> RunSpec:
-    # Read once: the driver writes the file before it starts the side and never changes it, and
-    # the timers ask at every burst boundary.
+    # Read once: the file never changes, and the timers ask at every burst boundary.
     return RunSpec.read(path)

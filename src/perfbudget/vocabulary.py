@@ -32,17 +32,13 @@ class Outcome(StrEnum):
     FAIL = "fail"
     """Judged, and worse than its budget (or the base) beyond the tolerance."""
     ADVISORY = "advisory"
-    """A timing or rate check against a stored budget on a machine that is not declared stable
-    for it: judged and shown with the would-be outcome in ``Verdict.advice``, never a failure
-    unless the run is strict."""
+    """Timing against a stored budget on a machine not declared stable: would-be outcome in ``advice``."""
     INCONCLUSIVE = "inconclusive"
-    """A lockstep A/B check whose interval still straddles the tolerance at the last pair (never
-    decided on the point estimate); a failure only under ``--perf-strict``."""
+    """A lockstep A/B check whose interval still straddles the tolerance at the last pair."""
     UNBUDGETED = "unbudgeted"
     """Measured, with no budget for it on this device."""
     NOT_JUDGED = "not_judged"
-    """Measured, and set aside: timing cannot be trusted right now (a busy CPU, a shared GPU, a
-    machine-speed reference far from the budget's)."""
+    """Measured, and set aside: timing cannot be trusted now (busy CPU, shared GPU, slow reference)."""
     UNMEASURABLE = "unmeasurable"
     """Cannot be measured here (no counter, no GPU), with the reason."""
     NOT_MEASURED = "not_measured"
@@ -76,8 +72,7 @@ class RunMode(StrEnum):
     UPDATE = "update"
     """Write budgets (``--update-budgets``): budget verdicts fail nothing."""
     COLLECT = "collect"
-    """One side of a lockstep A/B run (``--perf-collect``): record samples, judge nothing;
-    ``perfbudget ab`` judges head/base."""
+    """One side of a lockstep A/B run (``--perf-collect``): record samples, judge nothing."""
     AB = "ab"
     """A lockstep A/B run's merged results (``perfbudget ab``): timing judged head/base."""
 

@@ -37,14 +37,10 @@ _PHASE_MARK = "perfbudget::phase::"
 
 
 def peak_live_bytes(deltas: Iterable[tuple[int, int]]) -> int:
-    """Peak of the running sum of allocation deltas, starting from zero.
+    """Peak of the running sum of allocation deltas from zero: bytes live above the starting level, at least 0.
 
     Args:
-        deltas: ``(time_ns, nbytes)`` pairs, ``nbytes`` positive for an allocation and
-            negative for a free. Sorted by time here; ties keep their given order.
-
-    Returns:
-        The largest running total (bytes live above the starting level), at least 0.
+        deltas: ``(time_ns, nbytes)`` pairs (negative for a free), sorted by time here (ties in given order).
     """
     level = peak = 0
     for _, nbytes in sorted(deltas, key=lambda d: d[0]):
@@ -54,11 +50,7 @@ def peak_live_bytes(deltas: Iterable[tuple[int, int]]) -> int:
 
 
 def _allocation_records(prof: Any, device: DeviceType) -> list[tuple[int, int, int | None]]:
-    """``(start_ns, nbytes, address)`` of every allocator event of a finished profile.
-
-    The address comes from the profiler's event tree; where that (experimental) API is missing,
-    the kineto ``[memory]`` records are used without addresses.
-    """
+    """``(start_ns, nbytes, address)`` of every allocator event (no address without the experimental event tree)."""
     results = getattr(getattr(prof, "profiler", None), "kineto_results", None)
     if results is None:
         raise RuntimeError(
@@ -95,13 +87,9 @@ def _allocation_records(prof: Any, device: DeviceType) -> list[tuple[int, int, i
 def _own_allocations(
     records: Sequence[tuple[int, int, int | None]], start: int, end: int
 ) -> list[tuple[int, int]]:
-    """Allocations inside ``[start, end]`` and the frees of exactly those blocks.
-
-    Frees of blocks allocated earlier are dropped. The CPU allocator remembers block sizes
-    across profiling sessions by address, so without this pairing a block allocated outside
-    profiling at a reused address is "freed" with a stale size, and the peak wanders by whole
-    tensors from run to run.
-    """
+    """Allocations inside ``[start, end]`` and the frees of exactly those blocks."""
+    # The CPU allocator remembers sizes by address across sessions: an older block's free at a reused
+    # address would carry a stale size, and the peak would wander by whole tensors.
     live: dict[int, int] = {}
     out = []
     for t, nbytes, ptr in records:
@@ -119,18 +107,12 @@ def _own_allocations(
 
 
 def memory_events(prof: Any, *, device: DeviceType = "cpu") -> list[tuple[int, int]]:
-    """Allocator events of a finished ``torch.profiler.profile(profile_memory=True)`` run.
-
-    One event per allocation (positive bytes) and per free (negative bytes) of a block that
-    was allocated while profiling; frees of older blocks are dropped, so the running sum
-    (see :func:`peak_live_bytes`) starts at 0 and counts the profiled code's own memory.
+    """``(start_ns, nbytes)`` in time order: allocations (positive) and frees (negative) of blocks allocated
+    while profiling, of a finished ``torch.profiler.profile(profile_memory=True)`` run.
 
     Args:
         prof: the profiler object, after its context exited.
         device: keep events of this device type only.
-
-    Returns:
-        ``(start_ns, nbytes)`` pairs in time order.
     """
     records = _allocation_records(prof, device)
     if not records:
@@ -176,25 +158,15 @@ def peak_cpu_mib(
     steps: int = 1,
     threads: int | None = 1,
 ) -> float:
-    """Peak of the CPU memory a step allocates itself, in MiB.
+    """Peak of the CPU memory a step allocates itself (frees of older blocks not subtracted), in MiB.
 
-    The running sum of the step's allocations minus its frees of those same blocks, at its
-    highest: what the step needs on top of what was live before it. Blocks that were live
-    before the step and that it frees (e.g. last step's gradients under ``zero_grad``) are not
-    subtracted, so the number does not depend on what the previous step left behind.
-
-    Reconstructed from the profiler's allocator events (``profile_memory=True``): RSS and
-    tracemalloc cannot see it, because after warm-up the allocator reuses freed pages and
-    torch allocations bypass Python's allocator.
+    From the profiler's allocator events: RSS and tracemalloc miss reused pages and torch's allocations.
 
     Args:
         step: zero-argument callable.
         warmup: unprofiled calls first (optimizer state and caches get allocated there).
         steps: profiled calls; the largest per-step peak is returned.
         threads: torch intra-op threads during the run (restored after); ``None`` leaves them.
-
-    Returns:
-        Peak live bytes above the step's starting level, in MiB.
     """
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps!r}")
@@ -224,13 +196,9 @@ class PhasePeaks:
     forward_mib: float
     backward_mib: float
     optimizer_mib: float | None
-    """``None`` when no optimizer phase ran (``optimizer=None``: e.g. a precision policy whose
-    backward callable also steps the optimizer). A phase that ran nothing has no peak: a 0
-    would be written as a budget and would pass whatever the other phases hold."""
+    """``None`` when no optimizer phase ran: a 0 would be written as a budget."""
     reference: Literal["step_start"]
-    """What the peaks count, on both devices: the bytes the step itself allocated and still
-    holds, counted from the step's start (CUDA: ``max_memory_allocated`` during the phase minus
-    ``memory_allocated`` before the step; CPU: see :func:`peak_cpu_mib`)."""
+    """What the peaks count on both devices: bytes the step itself allocated, from the step's start."""
     device: DeviceType
 
     def by_phase(self) -> dict[str, float]:
@@ -279,8 +247,7 @@ def training_step(
     backward: Callable[[torch.Tensor], Any] | None = None,
     optimizer: Any = None,
 ) -> Callable[[], None]:
-    """The phases :func:`peak_by_phase` takes, as one unmeasured step (what a failing memory
-    check re-runs for its artifacts, the CUDA memory snapshot among them)."""
+    """The phases :func:`peak_by_phase` takes, as one unmeasured step (re-run for a failure's artifacts)."""
     fwd, bwd, opt = _phase_fns(forward, backward, optimizer)
 
     def step() -> None:
@@ -300,30 +267,19 @@ def peak_by_phase(
     warmup: int = 1,
     threads: int | None = 1,
 ) -> PhasePeaks:
-    """Peak memory of the forward, backward and optimizer phases of one training step.
+    """Peak memory of the forward, backward and optimizer phases of one training step, from the step's start.
 
-    CUDA: before each phase the allocator's peak is reset
-    (``torch.cuda.reset_peak_memory_stats``); after it, ``max_memory_allocated`` is read, less
-    what was allocated before the step (weights, optimizer state), so the number means what
-    it means on CPU. Allocated, never reserved or NVML "used": those include the cache and
-    other processes.
-
-    CPU: the step runs under the profiler with ``profile_memory=True`` and each phase's
-    peak is read from the running sum of the step's own allocations and frees, counted from
-    the step's start (see :func:`peak_cpu_mib`).
+    CUDA: ``max_memory_allocated`` per phase (never reserved or NVML "used": cache, other processes);
+    CPU: the profiler's allocator events (see :func:`peak_cpu_mib`).
 
     Args:
         forward: returns the loss.
         backward: called with the loss; default ``loss.backward()``.
-        optimizer: a ``torch.optim.Optimizer`` (phase = ``step()`` then
-            ``zero_grad(set_to_none=True)``), a zero-argument callable, or ``None``: no
-            optimizer phase runs, and it has no peak (``optimizer_mib`` is ``None``).
+        optimizer: a ``torch.optim.Optimizer`` (``step()``, ``zero_grad(set_to_none=True)``), a callable,
+            or ``None``: no optimizer phase.
         device: ``"cuda"`` or ``"cpu"``.
         warmup: unmeasured steps first (the first step allocates optimizer state).
         threads: torch intra-op threads during the run (restored after).
-
-    Returns:
-        ``PhasePeaks`` in MiB.
     """
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
@@ -361,9 +317,7 @@ def _cuda_phase_peaks(
     peaks: dict[str, float] = {}
     sync = device_sync("cuda")
     sync()
-    # Counted from the step's start, as on CPU (where only the step's own allocations are
-    # visible): weights, optimizer state and anything else alive before the step are left out,
-    # so one metric name means one thing on both devices.
+    # Counted from the step's start, as on CPU, so one metric name means one thing on both devices.
     start = torch.cuda.memory_allocated()
 
     def run(name: str, fn: Callable[[], Any]) -> Any:
@@ -380,13 +334,12 @@ def _cuda_phase_peaks(
     held.clear()
     if opt is not None:
         run("optimizer", opt)
-    return PhasePeaks(
-        forward_mib=peaks["forward"],
-        backward_mib=peaks["backward"],
-        optimizer_mib=peaks.get("optimizer"),
-        reference="step_start",
-        device="cuda",
-    )
+    return _phase_peaks(peaks, "cuda")
+
+
+def _phase_peaks(mib: Mapping[str, float], device: DeviceType) -> PhasePeaks:
+    return PhasePeaks(forward_mib=mib["forward"], backward_mib=mib["backward"], optimizer_mib=mib.get("optimizer"),
+                      reference="step_start", device=device)
 
 
 def _cpu_phase_peaks(one_step: Callable[[Callable[[str], Any]], None], *, with_optimizer: bool) -> PhasePeaks:
@@ -405,19 +358,12 @@ def _cpu_phase_peaks(one_step: Callable[[Callable[[str], Any]], None], *, with_o
     missing = [p for p in ran if p not in found]
     if missing:
         raise RuntimeError(f"profiler recorded no range for phase(s) {missing}")
-    return PhasePeaks(
-        forward_mib=found["forward"] / MIB,
-        backward_mib=found["backward"] / MIB,
-        optimizer_mib=found["optimizer"] / MIB if with_optimizer else None,
-        reference="step_start",
-        device="cpu",
-    )
+    return _phase_peaks({p: found[p] / MIB for p in ran}, "cpu")
 
 
 #: Key of :class:`Allocation` in a timing record's ``extra``.
 ALLOCATION = "allocation"
-#: A change in bytes allocated per call is named only from this size (and 1 % of the base's) up: the
-#: profiler's own bookkeeping moves a call's count by a few bytes between processes.
+#: A change in bytes per call is named only from this size (and 1 %) up: profiler bookkeeping moves a few bytes.
 ALLOCATION_FLOOR_BYTES = 4096
 
 
@@ -426,8 +372,7 @@ class Allocation:
     """What one call of a timed function allocates, kept beside its time (``extra["allocation"]``)."""
 
     bytes_per_call: float
-    """Bytes the call asks of torch's allocator on its device (CPU: the profiler's allocator events;
-    CUDA: the caching allocator's ``allocated_bytes.all.allocated``), whether or not it frees them."""
+    """Bytes the call asks of torch's allocator on its device, whether or not it frees them."""
     minor_faults_per_call: float
     """The process's minor page faults per call (``getrusage``): fresh pages the call touched."""
 
@@ -439,7 +384,7 @@ class Allocation:
         """The payload under :data:`ALLOCATION` in a record's ``extra`` (``None``: absent).
 
         Raises:
-            ValueError: naming the field and the value, when it is there but not two finite numbers >= 0.
+            ValueError: naming the field and the value that is not a finite number >= 0.
         """
         got = extra.get(ALLOCATION)
         if got is None:
@@ -452,8 +397,7 @@ class Allocation:
         return cls(**{k: float(x) for k, x in got.items()})
 
     def change_from(self, base: Allocation) -> str:
-        """What moved since ``base``, for a verdict's reason (empty when nothing did):
-        ``+25.0 MiB allocated per call (6.0 -> 31.0 MiB)``, ``+1536 minor page faults per call (0 -> 1536)``."""
+        """What moved since ``base``, for a verdict's reason (``+25.0 MiB allocated per call (6.0 -> 31.0 MiB)``)."""
         said = []
         moved = self.bytes_per_call - base.bytes_per_call
         if changed_by(moved, base.bytes_per_call, least=ALLOCATION_FLOOR_BYTES, share=0.01):
@@ -469,11 +413,7 @@ class Allocation:
 
 def allocation(fn: Callable[[], Any], *, device: DeviceType = "cpu", calls: int = 3,
                threads: int | None = 1) -> Allocation:
-    """Bytes allocated and minor page faults per call of a warm ``fn``.
-
-    Faults are counted over ``calls`` plain calls; bytes on the CPU from one call profiled with
-    ``profile_memory=True`` (the allocator has no counter of its own there), on a GPU from the
-    caching allocator's counter over the same calls.
+    """Bytes allocated (CPU: one profiled call; CUDA: the allocator's counter) and minor page faults per call.
 
     Args:
         fn: zero-argument callable, already warm (a first call's lazy allocations would count).

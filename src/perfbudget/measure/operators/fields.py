@@ -28,9 +28,6 @@ def read_event_field(event: Any, name: str, default: Any = 0) -> Any:
         event: a ``FunctionEvent``/``FunctionEventAvg`` (or anything with those attributes).
         name: the current (torch >= 2.4) field name, e.g. ``"self_device_time_total"``.
         default: returned when no spelling exists on the event.
-
-    Returns:
-        The first attribute found among the known spellings, else ``default``.
     """
     for attr in _FIELD_FALLBACKS.get(name, (name,)):
         try:

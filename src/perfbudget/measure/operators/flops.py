@@ -18,14 +18,7 @@ _ATTENTION_FORWARD = frozenset(
     }
 )
 # Every backward overload takes (grad_out, query, key, value, ...).
-_ATTENTION_BACKWARD = frozenset(
-    {
-        "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
-        "aten::_scaled_dot_product_flash_attention_backward",
-        "aten::_scaled_dot_product_efficient_attention_backward",
-        "aten::_scaled_dot_product_cudnn_attention_backward",
-    }
-)
+_ATTENTION_BACKWARD = frozenset(f"{name}_backward" for name in _ATTENTION_FORWARD)
 
 
 def attention_flops(
@@ -37,19 +30,14 @@ def attention_flops(
 ) -> int:
     """FLOPs of scaled-dot-product attention from the q/k/v shapes ``[batch, heads, seq, dim]``.
 
-    Counts the two matmuls (``QK^T`` and ``PV``) at 2 FLOPs per multiply-add, as
-    ``torch.utils.flop_counter`` does for the CUDA kernels; softmax and masking are not counted,
-    and causal masking is not discounted. Grouped-query attention (fewer key/value heads) is
-    handled: the matmuls run at the query's head count.
+    The two matmuls at 2 FLOPs per multiply-add, as ``torch.utils.flop_counter`` counts CUDA kernels (no
+    softmax, no causal discount); grouped-query attention runs at the query's head count.
 
     Args:
         query_shape: ``[b, h_q, s_q, d_qk]``.
         key_shape: ``[b, h_kv, s_k, d_qk]``.
         value_shape: ``[b, h_kv, s_k, d_v]``.
         backward: count the backward pass instead (recomputed scores plus four matmuls).
-
-    Returns:
-        FLOPs of one call.
     """
     if len(query_shape) != 4 or len(key_shape) != 4 or len(value_shape) != 4:
         raise ValueError(
@@ -135,17 +123,10 @@ def _flop_count_from_counter(counter: Any) -> FlopCount:
 
 
 def count_flops(step: Callable[[], Any]) -> FlopCount:
-    """Count the FLOPs of one call of ``step`` with ``FlopCounterMode``, attention included.
-
-    The step runs once (it is *executed*, so optimizer state advances). CPU attention
-    (``_scaled_dot_product_flash_attention_for_cpu`` and its backward) is counted with
-    :func:`attention_flops`, which ``FlopCounterMode`` does not do in torch 2.13.
+    """Count the FLOPs of one (executed) call of ``step`` with ``FlopCounterMode``, CPU attention included.
 
     Args:
         step: zero-argument callable, e.g. forward + backward + optimizer step.
-
-    Returns:
-        ``FlopCount`` with the total, per-operator and per-module FLOPs.
     """
     counter = _flop_counter()
     with counter:

@@ -1,4 +1,4 @@
-"""Profiled runs of a step: one full operator table (``profile_steps``) or per-operator samples over independent rounds (``profile_rounds``)."""
+"""Profiled runs of a step: one operator table (``profile_steps``) or per-operator samples over rounds."""
 
 from __future__ import annotations
 
@@ -13,18 +13,17 @@ from perfbudget.device import DeviceType
 from perfbudget.measure.operators.flops import FlopCount, _flop_count_from_counter, _flop_counter
 from perfbudget.measure.operators.roofline import DevicePeaks, datasheet_peaks, measure_cpu_peaks
 from perfbudget.measure.operators.table import OpTable, table_from_events
+from perfbudget.measure.sync import device_sync
 from perfbudget.measure.timing import pinned_threads
 
 __all__ = ["OpRounds", "profile_rounds", "profile_steps"]
 
 
 def _default_peaks(device: DeviceType, threads: int | None) -> DevicePeaks | None:
-    if device == "cuda":
-        import torch
-
-        return datasheet_peaks(torch.cuda.get_device_name())
     import torch
 
+    if device == "cuda":
+        return datasheet_peaks(torch.cuda.get_device_name())
     return measure_cpu_peaks(threads if threads is not None else torch.get_num_threads())
 
 
@@ -41,15 +40,10 @@ def profile_steps(
     trace_path: str | os.PathLike[str] | None = None,
     peaks: DevicePeaks | Literal["auto"] | None = "auto",
 ) -> OpTable:
-    """Profile ``warmup + steps`` calls of ``step`` and return per-step operator costs.
+    """Profile ``warmup + steps`` calls of ``step``: an :class:`OpTable` of per-step averages.
 
-    Warm-up steps run under the profiler's warm-up phase (traced, discarded), which also
-    absorbs the profiler's own first-step initialisation. When ``with_flops`` is set, the last
-    warm-up step runs under ``FlopCounterMode`` (outside the measured steps, so its dispatch
-    overhead does not inflate self times) and fills FLOPs the profiler does not estimate.
-
-    Profiled wall time is inflated (3-6 % typical, sometimes 2x on small CPUs): compare these
-    self times only with self times from profiled runs, never with latency budgets.
+    The last warm-up step runs under ``FlopCounterMode`` (its overhead outside the measured steps). Profiling
+    inflates time (3-6 %, up to 2x on small CPUs): compare only with other profiled self times.
 
     Args:
         step: zero-argument callable (forward, backward, optimizer step...).
@@ -63,9 +57,6 @@ def profile_steps(
         trace_path: write a chrome trace there (``.json``; ``.json.gz`` is gzipped).
         peaks: roofline ceilings; ``"auto"`` uses datasheet peaks on CUDA and a cached
             measurement on CPU; ``None`` skips the roofline class.
-
-    Returns:
-        ``OpTable`` of per-step averages.
     """
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps!r}")
@@ -87,8 +78,7 @@ def profile_steps(
 
 def trace_steps(step: Callable[[], Any], *, path: str | os.PathLike[str], steps: int, warmup: int = 1,
                 device: DeviceType = "cpu", threads: int | None = 1) -> None:
-    """Profile ``warmup + steps`` calls of ``step`` (no shapes, no FLOPs) and write their chrome trace to
-    ``path``, for a caller that reads the trace itself (device time, occupancy): no operator table is built."""
+    """Profile ``warmup + steps`` calls of ``step`` (no shapes, no FLOPs) and write their chrome trace to ``path``."""
     if steps < 1 or warmup < 0:
         raise ValueError(f"steps must be >= 1 and warmup >= 0, got {steps!r}, {warmup!r}")
     prof, _ = _profiled(step, steps=steps, warmup=warmup, device=device, threads=threads, record_shapes=False,
@@ -107,11 +97,7 @@ def _profiled(step: Callable[[], Any], *, steps: int, warmup: int, device: Devic
         if not torch.cuda.is_available():
             raise RuntimeError("profile_steps(device='cuda') needs CUDA; none is available")
         activities.append(ProfilerActivity.CUDA)
-
-    def sync() -> None:
-        if device == "cuda":
-            torch.cuda.synchronize()
-
+    sync = device_sync(device)
     flop_count: FlopCount | None = None
     with pinned_threads(threads):
         # Without warm-up, no schedule: every step is recorded (a schedule would warn).
@@ -138,11 +124,7 @@ def _profiled(step: Callable[[], Any], *, steps: int, warmup: int, device: Devic
 
 @dataclass(frozen=True)
 class OpRounds:
-    """Per-operator samples from several independent profiled rounds (one ``OpTable`` each).
-
-    Per-op budgets are statistical: one sample per round (the round's per-step self time),
-    so a round the profiler slowed down as a whole is one outlier, not a shifted mean.
-    """
+    """Per-operator samples, one per independent profiled round (a slowed round is one outlier, not a shift)."""
 
     tables: tuple[OpTable, ...]
     ref_ms: tuple[float, ...] = ()
@@ -172,14 +154,9 @@ class OpRounds:
         return statistics.median(self.share(name))
 
     def top(self, min_share: float) -> list[str]:
-        """ATen operators whose median share of the step is at least ``min_share``, largest first.
-
-        Only ``aten::`` names: ``record_function`` annotations (``Optimizer.step#...``,
-        ``perfbudget::forward``) are regions, not operators, and their self time is glue. The
-        median over rounds, not the mean: one round in which the machine stopped the process
-        inside a tiny operator (a share of 0.9 for ``aten::transpose``, seen on a loaded 2-core
-        VM) would otherwise list that operator and push the real ones below the threshold.
-        """
+        """ATen operators (not ``record_function`` regions) whose median share is at least ``min_share``, largest first."""
+        # The median: one round stopped inside a tiny operator (``aten::transpose`` at 0.9, on a loaded
+        # 2-core VM) would otherwise list it and push the real ones below the threshold.
         names = [n for n in self.names() if n.startswith("aten::") and self.median_share(n) >= min_share]
         return sorted(names, key=self.median_share, reverse=True)
 
@@ -193,10 +170,7 @@ def profile_rounds(
     threads: int | None = 1,
     reference: Callable[[], Any] | None = None,
 ) -> OpRounds:
-    """Profile ``rounds`` independent rounds of ``steps`` steps each (one warm-up step per round).
-
-    Shapes and FLOPs are not recorded, to keep the profiler's overhead low: these samples
-    feed per-operator timing budgets. Use :func:`profile_steps` for the full table.
+    """Profile ``rounds`` independent rounds of ``steps`` steps each (one warm-up each; no shapes or FLOPs).
 
     Args:
         step: zero-argument callable.
@@ -204,20 +178,14 @@ def profile_rounds(
         steps: profiled steps per round.
         device: ``"cuda"`` uses device self time.
         threads: torch threads during the rounds.
-        reference: a machine-speed reference workload, timed (unprofiled) right before
-            each round, so per-round self times can be normalised for host drift.
-
-    Returns:
-        :class:`OpRounds` with one table per round.
+        reference: a machine-speed reference, timed before each round (to normalise host drift).
     """
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds!r}")
-    import torch
-
     from ..timing import Bursts
 
-    tables = []
-    refs = []
+    tables, refs = [], []
+    sync = device_sync(device)
     # Lockstep A/B: the other side profiles its round i between this side's rounds i and i + 1
     # (each round warms up its own step), so an A/B compares the sides round by round.
     bursts = Bursts()
@@ -228,8 +196,7 @@ def profile_rounds(
             if reference is not None:
                 t = time.perf_counter()
                 reference()
-                if device == "cuda":
-                    torch.cuda.synchronize()
+                sync()
                 refs.append((time.perf_counter() - t) * 1e3)
             tables.append(profile_steps(step, steps=steps, warmup=1, record_shapes=False, with_flops=False,
                                         device=device, threads=threads, peaks=None))

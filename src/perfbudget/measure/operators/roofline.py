@@ -36,20 +36,15 @@ class DevicePeaks:
         if self.bytes_per_s <= 0:
             raise ValueError(f"bytes_per_s must be > 0, got {self.bytes_per_s!r}")
 
-    def peak_flops(self, dtype: str) -> float:
-        """Peak FLOP/s for ``dtype``, falling back to float32 when the dtype is not listed."""
-        return self.flops_per_s.get(dtype, self.flops_per_s["float32"])
-
     def ridge_flop_per_byte(self, dtype: str = "float32") -> float:
-        """Arithmetic intensity (FLOP/byte) where the roofline turns from memory- to compute-bound."""
-        return self.peak_flops(dtype) / self.bytes_per_s
+        """Arithmetic intensity (FLOP/byte) where the roofline turns compute-bound (an unlisted dtype: float32's)."""
+        return self.flops_per_s.get(dtype, self.flops_per_s["float32"]) / self.bytes_per_s
 
     def classify(self, flops: float, bytes_accessed: float, dtype: str = "float32") -> Roofline:
         """Roofline class of work with ``flops`` FLOPs over ``bytes_accessed`` bytes.
 
         Returns:
-            ``"compute"`` at or above the ridge point, ``"memory"`` below it (including
-            zero-FLOP data movement), ``"unknown"`` when no bytes are known.
+            ``"compute"`` at or above the ridge point, ``"memory"`` below it, ``"unknown"`` without bytes.
         """
         if bytes_accessed <= 0:
             return "unknown"
@@ -58,60 +53,27 @@ class DevicePeaks:
         return "compute" if flops / bytes_accessed >= self.ridge_flop_per_byte(dtype) else "memory"
 
 
+def _datasheet(name: str, fp32: float, tf32: float, fp16: float, bytes_per_s: float) -> DevicePeaks:
+    flops = {"float32": fp32, "tf32": tf32, "float16": fp16, "bfloat16": fp16}
+    return DevicePeaks(name=name, flops_per_s=flops, bytes_per_s=bytes_per_s, source="datasheet")
+
+
 # Dense (no sparsity) vendor datasheet numbers, SXM parts unless the name says PCIe.
 # "tf32" applies to fp32 matmuls only when TF32 is enabled (torch.backends.cuda.matmul).
 DATASHEET_PEAKS: Mapping[str, DevicePeaks] = {
-    "a100-40gb": DevicePeaks(
-        name="NVIDIA A100 40GB",
-        flops_per_s={"float32": 19.5e12, "tf32": 156e12, "float16": 312e12, "bfloat16": 312e12},
-        bytes_per_s=1.555e12,
-        source="datasheet",
-    ),
-    "a100": DevicePeaks(
-        name="NVIDIA A100 80GB",
-        flops_per_s={"float32": 19.5e12, "tf32": 156e12, "float16": 312e12, "bfloat16": 312e12},
-        bytes_per_s=2.039e12,
-        source="datasheet",
-    ),
-    "h100-pcie": DevicePeaks(
-        name="NVIDIA H100 PCIe",
-        flops_per_s={"float32": 51.2e12, "tf32": 378e12, "float16": 756e12, "bfloat16": 756e12},
-        bytes_per_s=2.0e12,
-        source="datasheet",
-    ),
-    "h100": DevicePeaks(
-        name="NVIDIA H100 SXM",
-        flops_per_s={
-            "float32": 66.9e12,
-            "tf32": 494.7e12,
-            "float16": 989.4e12,
-            "bfloat16": 989.4e12,
-        },
-        bytes_per_s=3.35e12,
-        source="datasheet",
-    ),
-    "h200": DevicePeaks(
-        name="NVIDIA H200",
-        flops_per_s={
-            "float32": 66.9e12,
-            "tf32": 494.7e12,
-            "float16": 989.4e12,
-            "bfloat16": 989.4e12,
-        },
-        bytes_per_s=4.8e12,
-        source="datasheet",
-    ),
+    "a100-40gb": _datasheet("NVIDIA A100 40GB", 19.5e12, 156e12, 312e12, bytes_per_s=1.555e12),
+    "a100": _datasheet("NVIDIA A100 80GB", 19.5e12, 156e12, 312e12, bytes_per_s=2.039e12),
+    "h100-pcie": _datasheet("NVIDIA H100 PCIe", 51.2e12, 378e12, 756e12, bytes_per_s=2.0e12),
+    "h100": _datasheet("NVIDIA H100 SXM", 66.9e12, 494.7e12, 989.4e12, bytes_per_s=3.35e12),
+    "h200": _datasheet("NVIDIA H200", 66.9e12, 494.7e12, 989.4e12, bytes_per_s=4.8e12),
 }
 
 
 def datasheet_peaks(device_name: str) -> DevicePeaks | None:
-    """Datasheet peaks for a GPU name as ``torch.cuda.get_device_name()`` spells it.
+    """Datasheet peaks for a GPU name as ``torch.cuda.get_device_name()`` spells it, ``None`` if unknown.
 
     Args:
         device_name: e.g. ``"NVIDIA H100 80GB HBM3"`` or ``"NVIDIA A100-SXM4-40GB"``.
-
-    Returns:
-        The matching ``DevicePeaks``, or ``None`` for a device not in :data:`DATASHEET_PEAKS`.
     """
     n = device_name.lower()
     if "h200" in n:
@@ -125,15 +87,10 @@ def datasheet_peaks(device_name: str) -> DevicePeaks | None:
 
 @functools.lru_cache(maxsize=8)
 def measure_cpu_peaks(threads: int = 1) -> DevicePeaks:
-    """Measure this CPU's float32 matmul rate and copy bandwidth (best of a few short runs).
-
-    Cached per thread count for the life of the process; takes ~0.2 s.
+    """Measure this CPU's float32 matmul rate and copy bandwidth (best of 5; ~0.2 s, cached per thread count).
 
     Args:
         threads: torch intra-op threads to measure with (match the profiled run).
-
-    Returns:
-        ``DevicePeaks`` with ``source="measured"``.
     """
     import torch
 

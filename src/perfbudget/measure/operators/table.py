@@ -1,4 +1,4 @@
-"""The per-step operator table built from profiler events (time, calls, shapes, FLOPs, bytes, roofline class), diffs between two tables, and which operators moved."""
+"""The per-step operator table from profiler events, diffs between two tables, and which operators moved."""
 
 from __future__ import annotations
 
@@ -97,9 +97,8 @@ def _event_bytes(
 ) -> tuple[float, str]:
     """Estimated bytes an op call reads and writes, and its main floating dtype.
 
-    Inputs come from the recorded shapes and dtypes. The profiler does not record outputs:
-    matmul and attention outputs are computed from the shapes, other ops are charged one
-    output the size of their largest input (exact for elementwise ops).
+    The profiler records no outputs: matmul and attention outputs come from the shapes, other ops are
+    charged one output the size of their largest input (exact for elementwise ops).
     """
     in_bytes = 0
     largest = 0
@@ -155,17 +154,11 @@ class OpRow:
     self_cpu_ms: float = 0.0
     """Host self time per step in ms (equals ``self_ms`` on CPU)."""
     bytes_accessed: float = 0.0
-    """Estimated bytes read and written per step (see ``_event_bytes``); 0 for views and where
-    the profiler recorded no input dtypes (unknown)."""
+    """Estimated bytes read and written per step; 0 for views and where no input dtypes were recorded."""
     dtype: str = "float32"
     """Main floating dtype of the inputs (picks the peak in the roofline)."""
     roofline: Roofline = "unknown"
     """``"compute"`` or ``"memory"`` bound against the device's ridge point, else ``"unknown"``."""
-
-    @property
-    def intensity_flop_per_byte(self) -> float:
-        """Arithmetic intensity (FLOPs per byte accessed); 0 when no bytes are known."""
-        return self.flops / self.bytes_accessed if self.bytes_accessed > 0 else 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -227,10 +220,7 @@ def _fmt_flops(x: float) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class OpMove:
-    """One operator's metric before and after: against its budget, the base commit, or a base table.
-
-    A candidate until :func:`moved_operators` names it as moved.
-    """
+    """One operator's metric before and after (against its budget, the base commit, or a base table)."""
 
     op: str
     """Operator name, e.g. ``"aten::addmm"``."""
@@ -282,8 +272,7 @@ class OpMove:
         return self.after / self.before - 1
 
     def moved(self, min_delta: float = 0.0) -> bool:
-        """Whether this operator moved: its check failed, it is on one side only, or it changed by more
-        than its tolerance and by at least ``min_delta`` (in its unit)."""
+        """Its check failed, it is on one side only, or it changed beyond its tolerance and by ``min_delta``."""
         if self.failing or self.one_sided:
             return True
         return moved_beyond(self.change, self.tolerance) and abs(self.delta) >= min_delta
@@ -300,8 +289,7 @@ def moved_operators(
         min_delta: per family, the least absolute change that counts (noise on tiny operators).
 
     Returns:
-        Failing checks first, then operators on both sides by largest relative change, then
-        those on one side only by size; ties by metric name.
+        Failing first, then by largest relative change, then one-sided by size; ties by metric name.
     """
     floors = min_delta or {}
     out = [m for m in candidates if m.moved(floors.get(m.family, 0.0))]
@@ -322,9 +310,7 @@ class OpDiff:
     """New summed operator self time per step, in ms."""
 
     def moved(self, *, min_rel: float = 0.10, min_step_share: float = 0.01) -> tuple[OpChange, ...]:
-        """Operators that moved: exact changes (added, removed, calls or FLOPs) always, and
-        time changes larger than ``min_rel`` of their own base *and* ``min_step_share`` of the
-        base step, so that noise on tiny operators is not named.
+        """Operators that moved: exact changes always, time beyond both ``min_rel`` and ``min_step_share``.
 
         Args:
             min_rel: least relative self-time change (0.10 = 10 %).
@@ -337,8 +323,7 @@ class OpDiff:
         return tuple(c for c in self.changes if c.name in names)
 
     def moves(self, *, min_rel: float = 0.10, min_step_share: float = 0.01, k: int | None = 5) -> tuple[OpMove, ...]:
-        """The operators that moved (see :meth:`moved`), one :class:`OpMove` per changed quantity
-        (``op_self_ms``, ``op_count``, ``op_flops``), as :func:`moved_operators` orders them."""
+        """The operators that moved (see :meth:`moved`), one :class:`OpMove` per changed quantity."""
         candidates = []
         for c in self.changes:
             added, removed = c.status == "added", c.status == "removed"
@@ -483,8 +468,7 @@ _RUNTIME_PREFIXES = ("cuda", "cu", "hip")
 
 
 def _per_op(events: Iterable[Any], device: DeviceType) -> dict[str, dict[str, Any]]:
-    """Each operator's sums over the profile's host events: calls, self and total time (us), self CPU
-    time, FLOPs, bytes, its first dtype, and self time by input shapes."""
+    """Each operator's sums over the profile's host events (times in us), with self time by input shapes."""
     # torch's own enum of where an event ran, not this package's DeviceType.
     from torch.autograd import DeviceType as EventDevice
 
@@ -514,9 +498,7 @@ def _per_op(events: Iterable[Any], device: DeviceType) -> dict[str, dict[str, An
         leaf = not any(not c.name.startswith(_RUNTIME_PREFIXES) for c in getattr(e, "cpu_children", None) or ())
         if e.name not in _NO_DATA_OPS and (leaf or flops > 0):
             dtypes = list(read_event_field(e, "input_dtypes", []) or [])
-            # A profiler that records no dtypes (older torch) leaves bytes unknown (0, roofline
-            # "unknown"): assuming float32 would double a bf16 GEMM's bytes and put it on the
-            # fp32 roofline.
+            # No dtypes (older torch): bytes unknown; float32 would double a bf16 GEMM's and misplace its roofline.
             if dtypes:
                 nbytes, dt = _event_bytes(e.name, shapes, dtypes)
                 a["bytes"] += nbytes
@@ -581,9 +563,6 @@ def table_from_events(
         flop_count: FlopCounterMode count of one step; fills FLOPs the profiler lacks.
         peaks: device ceilings for the roofline class; ``None`` leaves it ``"unknown"``.
         trace_path: recorded on the table.
-
-    Returns:
-        The table.
     """
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps!r}")
