@@ -12,6 +12,7 @@ from ..exitcodes import ExitCode
 from ..fileio import atomic_write
 from ..report.common import fmt_tolerance, terminal_text
 from ..results import load_results
+from ..verdict.rule import SERIES_TOLERANCE
 from .analysis import SeriesAnalysis, analyze_store, chain_gaps_since, findings_since, first_after
 from .changepoints import MissingPackageError
 from .commits import CommitError, git_commit_info, run_of
@@ -242,7 +243,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                              "points, the cumulative A/B ratio with its band")
     r.add_argument("-o", "--output", required=True, metavar="FILE.html", help="the page to write")
     r.add_argument("--title", default="perf history", help="the page's heading")
-    r.add_argument("--tolerance", type=float, default=0.05, help="drawn on the cumulative plots (default 0.05)")
+    r.add_argument("--tolerance", type=float, default=SERIES_TOLERANCE,
+                   help=f"drawn on the cumulative plots (default {SERIES_TOLERANCE:g})")
     r.set_defaults(history_func=cmd_report)
 
     c = subcommand("check", "exit 1 on a change point, drift, cumulative change or trend for the worse since REF",
@@ -251,10 +253,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "measured: a push of several commits, a cancelled run) is printed with a warning, not a\n"
                    "failure: the cumulative ratio then covers only the merges after the gap.")
     c.add_argument("--since", required=True, metavar="REF", help="a commit-ish (a release tag, HEAD~20, a SHA)")
-    c.add_argument("--tolerance", type=float, default=0.05,
+    c.add_argument("--tolerance", type=float, default=SERIES_TOLERANCE,
                    help="a cumulative chained A/B ratio fails when it is worse than 1 with its whole 99 %% interval "
                         "and beyond 1 +- this on its estimate; the trend of one machine's values when its 95 %% "
-                        "interval lies entirely beyond 1 +- this (default 0.05)")
+                        f"interval lies entirely beyond 1 +- this (default {SERIES_TOLERANCE:g})")
     c.set_defaults(history_func=cmd_check)
 
 

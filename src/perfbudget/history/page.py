@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from ..verdict.rule import SERIES_TOLERANCE, Limits
 from .analysis import SeriesAnalysis
 
 __all__ = ["render_history"]
@@ -181,7 +182,7 @@ def _chain_plot(a: SeriesAnalysis, tolerance: float) -> str:
     plot.axes()
     plot.band(lows, highs)
     plot.hline(1.0, _INK)
-    worse_limit = 1 - tolerance if a.direction == "higher" else 1 + tolerance
+    worse_limit = Limits.around(1.0, tolerance, "higher" if a.direction == "higher" else "lower").bad
     plot.hline(worse_limit, _BAD, "3 3", f"tolerance {worse_limit - 1:+.0%}")
     for d in a.drifts:
         color = _BAD if a.worse(d.change) else _GOOD
@@ -225,7 +226,7 @@ def _anchor(a: SeriesAnalysis) -> str:
     return html.escape(f"{a.name}-{a.machine}-{a.mode}", quote=True)
 
 
-def render_history(analyses: Sequence[SeriesAnalysis], *, title: str = "perf history", tolerance: float = 0.05,
+def render_history(analyses: Sequence[SeriesAnalysis], *, title: str = "perf history", tolerance: float = SERIES_TOLERANCE,
                    source: str = "") -> str:
     """The history page: per series, its values with the change points and, for A/B history, the
     cumulative ratio with its band and the drifts; those that moved for the worse first.
