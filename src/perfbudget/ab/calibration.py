@@ -23,12 +23,11 @@ __all__ = ["calibrate", "cmd_calibrate", "register"]
 
 
 def calibrate(results: Iterable[tuple[str, Results]], *, date: str | None = None) -> dict[str, NoiseTable]:
-    """The noise each named A/B results file shows, pooled by machine identity.
-
-    Statistical checks give their per-pair spread (two pairs or more); counts give their
-    ratio only from an A/A run (head and base the same commit).
+    """The noise each named A/B results file shows, pooled by machine identity: statistical checks'
+    per-pair spread (two pairs or more), counts' ratio from an A/A run only.
 
     Raises:
+
         ValueError: a file that is not an A/B run's results, naming it.
     """
     day = date or _dt.date.today().isoformat()

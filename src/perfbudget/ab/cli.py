@@ -72,19 +72,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="PATH", help="merged results JSON (default .perfbudget/ab/results.json)")
     p.add_argument("pytest_args", nargs="*", metavar="-- PYTEST_ARGS",
                    help="what both sides pass to pytest, after `--` (e.g. -- perf_tests -k encoder)")
+    p.set_defaults(func=cmd_ab)
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
-    """Add the ``ab`` subcommand to the ``perfbudget`` parser's subparsers.
-
-    The subcommand's ``func(args, out)`` returns the exit code.
-    """
+    """Add the ``ab`` subcommand (its ``func(args, out)`` returns the exit code) to ``subparsers``."""
     p: argparse.ArgumentParser = subparsers.add_parser(
         "ab", help="lockstep A/B run against a base commit (the pull-request timing verdict)",
         description=_DESCRIPTION, epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_arguments(p)
-    p.set_defaults(func=cmd_ab)
     return p
 
 
@@ -93,8 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="perfbudget ab", description=_DESCRIPTION, epilog=_EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
-    p.set_defaults(func=cmd_ab)
     return p
+
 
 
 def cmd_ab(args: argparse.Namespace, out: TextIO) -> int:

@@ -17,8 +17,7 @@ from ..settings import SIDES
 
 __all__ = ["Coordinator", "Turn", "TurnLog"]
 
-#: A hold longer than this is listed in the turn log (it compiled or built a workload):
-#: the side keeps the machine for as long as it needs; the other side simply waits.
+#: Seconds of a hold listed in the turn log (it compiled or built a workload); the other side waits.
 LONG_HOLD_S = 120.0
 
 
@@ -43,8 +42,8 @@ class TurnLog:
 
     turns: tuple[Turn, ...]
     joined: tuple[str, ...]
-    """Sides that joined, in order."""
     left: tuple[str, ...]
+
     """Sides that left (or died), in order."""
     solo_s: dict[str, float] = field(default_factory=dict)
     """Per side, how long it ran alone after the other side left."""
@@ -78,12 +77,10 @@ class _Conn:
 
 
 class Coordinator:
-    """Grant the machine to one side at a time, alternately.
+    """Grant the machine to one side at a time, alternately, once every side has joined (or left).
 
-    The first grant waits until every side has joined (or left): from then on exactly one
-    side runs. A side that passes hands the machine to the other; once one side has left
-    (``LEAVE``, a closed socket, or :meth:`side_exited` for a dead child), the other is
-    told ``SOLO`` and runs freely. A side may hold the machine as long as it likes.
+    A side holds it until it passes; once one side has left (``LEAVE``, a closed socket, or
+    :meth:`side_exited`), the other is told ``SOLO`` and runs freely.
 
     Args:
         path: Unix socket to listen on (kept short: the kernel limit is ~107 bytes).
@@ -120,8 +117,6 @@ class Coordinator:
         # Published for other threads after each pass of the loop (one reference each, read whole).
         self._parked: frozenset[str] = frozenset()
         self._running: str | None = None
-
-    # ------------------------------------------------------------------ control
 
     def start(self) -> Coordinator:
         """Listen and serve in a background thread; returns ``self``."""
@@ -194,8 +189,6 @@ class Coordinator:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ------------------------------------------------------------------ loop
-
     def _wake(self) -> None:
         with contextlib.suppress(OSError):  # closed already
             self._wake_w.send(b"x")
@@ -267,14 +260,11 @@ class Coordinator:
             self._refuse(conn, f"unexpected message {' '.join(words)!r} from side {conn.side!r}")
 
     def _refuse(self, conn: _Conn, reason: str) -> None:
-        # The refused process measures on alone (or, for a side that had joined, its other
-        # side does): either way, part of the pair ran out of lockstep.
+        # The refused process (or its joined side's other) measures on alone: out of lockstep.
         self._problems.append(f"refused {'side ' + repr(conn.side) if conn.side else 'a process'}: {reason}")
         self._send(conn, f"NO {reason}")
-        if conn.side is not None:
-            self._leave(conn.side)
-        else:
-            self._unregister(conn)
+        self._drop(conn)
+
 
     def _drop(self, conn: _Conn) -> None:
         if conn.side is not None:

@@ -22,7 +22,7 @@ from ..metrics import (
     parse_name,
 )
 from ..results import BaseSide, BudgetRef, Record, Results, SetAsidePair, is_unrecorded_budget
-from ..verdict.judge import as_advisory, not_gating, stable_identity
+from ..verdict.judge import Verdict, as_advisory, decide, not_gating, stable_identity
 from ..verdict.ratio import can_decide, judge_ratios, pair_ratio
 from ..verdict.rule import (
     Limits,
@@ -33,7 +33,6 @@ from ..verdict.rule import (
     tolerance_for,
     with_evidence,
 )
-from ..verdict.judge import Verdict, decide
 from ..vocabulary import Outcome
 from .ratios import ABPolicy, describe_change, outlying_pair, process_modes
 
@@ -80,9 +79,7 @@ def clock_refusal(clocks: Mapping[str, GpuClocks], *, limit: float = MAX_CLOCK_O
 
 
 def _usable(r: Record | None) -> bool:
-    if r is None or not (r.value is not None or r.samples):
-        return False
-    return r.outcome in _MEASURED
+    return r is not None and (r.value is not None or bool(r.samples)) and r.outcome in _MEASURED
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,12 +130,9 @@ class Comparison:
     """Checks no pair could compare: the sides measured differently (an error)."""
 
 
-def _id(r: Record) -> CheckId:
-    return (r.nodeid, r.key, r.metric)
-
-
 def _index(results: Results | None) -> dict[CheckId, Record]:
-    return {} if results is None else {_id(r): r for r in results.records}
+    return {} if results is None else {(r.nodeid, r.key, r.metric): r for r in results.records}
+
 
 
 def _metric(r: Record) -> Metric | None:

@@ -55,15 +55,9 @@ CpuChoice = tuple[int, ...] | Literal["halves"]
 
 
 def one_cpu() -> tuple[int, ...]:
-    """The CPU both sides are pinned to by default: the last one this process may use.
-
-    Both sides on one CPU see the same core's state (its other load, caches, clock), which
-    narrows the spread of the pair ratio on a shared VM (``benchmarks/ab-gate-cpu.md``
-    measures the gate pinned this way). Pinning costs no parallelism, because one side runs
-    at a time.
-    The last CPU, because the first tends to take the interrupts. ``()`` where the
-    platform cannot pin.
-    """
+    """The CPU both sides are pinned to by default: the last one this process may use (``()``: cannot pin)."""
+    # One core's state for both sides narrows the pair ratio's spread on a shared VM
+    # (benchmarks/ab-gate-cpu.md); one side runs at a time; the first CPU takes the interrupts.
     if not hasattr(os, "sched_getaffinity"):
         return ()
     return (max(os.sched_getaffinity(0)),)
@@ -72,10 +66,8 @@ def one_cpu() -> tuple[int, ...]:
 def placement(cpus: CpuChoice, index: int, allowed: Sequence[int] | None = None) -> dict[str, tuple[int, ...]]:
     """The CPUs each side of pair ``index`` is pinned to (``()``: not pinned).
 
-    :data:`HALVES` splits ``allowed`` (default: the CPUs this process may use) into two equal halves,
-    the first CPU left out where there are more than two (it tends to take the interrupts); the
-    sides swap halves from one pair to the next, as they swap the first turn, so a difference
-    between the halves cancels over the pairs instead of reading as one side's.
+    :data:`HALVES` splits ``allowed`` (default: this process's CPUs, less the first) in two; the sides
+    swap halves each pair, as they swap the first turn, so a difference between halves cancels.
     """
     if not isinstance(cpus, str):
         return {s: tuple(cpus) for s in SIDES}
@@ -127,8 +119,7 @@ class SideSetup:
     results: Path
     """Where the side writes its results JSON."""
     tests: tuple[str, ...] | None = None
-    """The nodeids to run, in this order, instead of the user's own test selection
-    (``None``: the user's selection, as given)."""
+    """The nodeids to run, in order, instead of the user's selection (``None``: the user's)."""
 
 
 SideCommand = Callable[[SideSetup], Sequence[str]]
@@ -138,10 +129,8 @@ SideCommand = Callable[[SideSetup], Sequence[str]]
 def pytest_command(pytest_args: Sequence[str] = (), *, python: str = sys.executable) -> SideCommand:
     """``python -m pytest --perf-collect --perf-json <results> -p no:cacheprovider <args>``.
 
-    The base side also gets ``--continue-on-collection-errors``: a base test module that
-    needs what only the head's instrument has is reported as missing from the base, and
-    the rest of the base still runs. A side given ``tests`` runs those nodeids in place of
-    the user's test selection (:func:`select_tests`).
+    The base also gets ``--continue-on-collection-errors``: a module needing what only the head's
+    instrument has is missing from the base, and the rest still runs.
     """
     args = tuple(pytest_args)
 
@@ -154,8 +143,8 @@ def pytest_command(pytest_args: Sequence[str] = (), *, python: str = sys.executa
     return command
 
 
-#: Options of pytest, pytest-xdist and this plugin whose value may come as the next argument
-#: (``-k EXPR``): that argument is the option's, never a test selection.
+#: Options (pytest's, xdist's, ours) whose value may be the next argument, never a test selection.
+
 _VALUE_OPTIONS = frozenset({
     "-k", "-m", "-p", "-c", "-o", "-W", "-r", "-n",
     "--maxfail", "--durations", "--durations-min", "--verbosity", "--report-chars", "--tb", "--show-capture",
@@ -173,11 +162,8 @@ _VALUE_OPTIONS = frozenset({
 def select_tests(pytest_args: Sequence[str], tests: Sequence[str], *, tree: Path) -> list[str]:
     """``pytest_args`` with the user's test selection replaced by ``tests`` (nodeids, in order).
 
-    Every option is kept (``-k``, ``-m`` and the like still apply); a positional argument
-    is the user's selection, and dropped, when it names a path in ``tree`` (``perf_tests``,
-    ``perf_tests/test_a.py``), a ``.py`` file, or a nodeid (``...::test_x[a b]``). Anything
-    else (the value of a plugin's option this does not know) is kept where it was. The
-    nodeids go last, each one argument: brackets and spaces need no quoting.
+    Options are kept; a positional argument naming a path in ``tree``, a ``.py`` file or a nodeid is
+    dropped (others, e.g. an unknown option's value, stay). The nodeids go last, one argument each.
     """
     kept: list[str] = []
     value_next = False
@@ -280,19 +266,18 @@ def run_pair(
 ) -> PairRun:
     """Run both sides of pair ``index`` to the end, taking turns, and return how it went.
 
-    Each side runs ``command`` in its checkout (``trees``) behind its import shim (``shims``), told
-    ``spec`` (default: the instrument's) with its side, socket and report file; its files go to
-    ``workdir/pair-<index>/<side>.json|.log``. ``first`` gets the machine first; past ``timeout_s``
-    the sides still running are stopped (see the module). ``cpus``: the CPUs both sides are pinned to
-    (``()``: none; :func:`one_cpu`) or each side's (:func:`placement`); ``env``: their base environment
-    (default: this process's); ``tests``: the nodeids both run, in order (``None``: the user's
-    selection); ``replaces``: the invalid pair this one re-runs (recorded only); ``lockstep=False``
-    runs the sides at once with no coordinator, for what does not depend on the machine's state
-    (instruction counts).
+    Args:
+        trees, shims: each side's checkout and import shim; its files go to ``workdir/pair-<index>``.
+        command: one side's argv; ``spec`` (default: the instrument's) is told its side and socket.
+        first: the side that gets the machine first; past ``timeout_s`` running sides are stopped.
+        cpus: the CPUs both sides are pinned to, or each side's (:func:`placement`).
+        env: the sides' base environment (default: this process's).
+        tests: the nodeids both run, in order (``None``: the user's selection).
+        replaces: the invalid pair this one re-runs (recorded only).
+        lockstep: take turns and sample GPU clocks; ``False`` runs both at once (instruction counts).
 
-    With lockstep, the GPU's clocks are sampled through NVML and filed under the side that runs.
-    The pair comes back ``invalid`` when a side's turn-taking client reported a loss in
-    ``<side>.turns`` (its spec's ``report``) or the coordinator refused a process.
+    Returns:
+        The pair, ``invalid`` when a side or the coordinator reported lost turn-taking.
     """
     folder = workdir / f"pair-{index}"
     if folder.exists():
@@ -361,9 +346,8 @@ def _start_side(argv: list[str], *, tree: Path, log: Path, cpus: Sequence[int],
 
 def _wait(procs: Mapping[str, subprocess.Popen[bytes]], coordinator: Coordinator | None, *, deadline: float,
           ended: dict[str, float], stopped: set[str]) -> bool:
-    """Wait for the sides to end, noting when each did in ``ended``; past ``deadline`` interrupt them
-    (a side waiting for its turn at once, the others after :data:`STOP_GRACE_S`), noting them in
-    ``stopped``, and give up :data:`INTERRUPT_GRACE_S` later. Returns whether the deadline passed."""
+    """Wait for the sides to end (``ended``); past ``deadline`` interrupt them (``stopped``), giving
+    up :data:`INTERRUPT_GRACE_S` later. Returns whether the deadline passed."""
     timed_out = False
     while len(ended) < len(procs):
         for side, proc in procs.items():
@@ -391,8 +375,7 @@ def _wait(procs: Mapping[str, subprocess.Popen[bytes]], coordinator: Coordinator
 
 def _close(procs: Mapping[str, subprocess.Popen[bytes]], coordinator: Coordinator | None,
            sampler: ClockSampler | None, *, ended: dict[str, float], stopped: set[str]) -> tuple[TurnLog, dict[str, GpuClocks]]:
-    """Stop what still runs (noting it in ``stopped`` and ``ended``), close the coordinator and the clock
-    sampler; returns the turns taken and the clocks sampled."""
+    """Stop what still runs, close the coordinator and sampler; returns the turns and clocks."""
     running = [side for side, proc in procs.items() if proc.poll() is None]
     _stop_all(list(procs.values()))
     for side in running:
@@ -440,9 +423,9 @@ def _signal(proc: subprocess.Popen[bytes], sig: int) -> None:
 
 
 def _stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
-    """SIGTERM the process group of every side still running, SIGKILL what is left after one grace period for
-    them all (:data:`STOP_S` holds one, not one per side); then SIGKILL every side's group, whatever its main
-    process did: a child it left behind (a server, a DataLoader worker) would disturb the next pair's timing."""
+    """SIGTERM every running side's group, SIGKILL after one shared grace (:data:`STOP_S` holds one); then
+    SIGKILL every group: a child left behind (a DataLoader worker) would disturb the next pair."""
+
     running = [p for p in procs if p.poll() is None]
     for sig, wait_s in ((signal.SIGTERM, _KILL_GRACE_S), (signal.SIGKILL, _KILLED_S)):
         if not running:

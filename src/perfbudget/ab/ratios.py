@@ -30,10 +30,8 @@ __all__ = [
     "t_quantile",
 ]
 
-#: Prior per-pair sd of ln(head/base) by metric kind. Timing: just above the per-pair sd
-#: measured in lockstep for the encoder and decoder steps; a noisier check (segmentation)
-#: shows in its own observed spread.
-#: Rates are inverse times, so the same. Energy windows add the power meter's own noise.
+#: Prior per-pair sd of ln(head/base) by metric kind (docs/pr-checks.md). Timing: just above the
+#: encoder and decoder steps' lockstep sd; rates are inverse times; energy adds the meter's noise.
 PRIOR_SD: Mapping[str, float] = {"timing": 0.025, "rate": 0.025, "energy": 0.05}
 #: A measured prior (``budgets/noise``) is worth at most this many degrees of freedom: a
 #: machine's noise drifts between sessions, and a run's own pairs must still be able to move it.
@@ -54,23 +52,17 @@ class Prior:
 
 @dataclass(frozen=True, kw_only=True)
 class ABPolicy:
-    """How the A/B verdict is reached.
+    """How the A/B verdict is reached (docs/pr-checks.md, "How a head/base ratio is decided").
 
     Attributes:
         confidence: two-sided coverage of the CI of the ratio.
         prior_sd: prior per-pair sd of the log-ratio, by metric kind.
         prior_df: degrees of freedom the prior is worth.
-        prior_test: the prior is set aside (plain t interval) when the pairs' spread is less
-            likely than this under it (chi^2 test of their variance against the prior's).
-        tolerance_from_budgets: take a check's tolerance from its budget's ``ab_tolerance``
-            when it has one (else the metric's default tolerance). The budget's stored-mode
-            ``tolerance`` is never used: it may carry a floor for between-run noise.
-        family_alpha: false-alarm budget shared by one test's per-operator checks
-            (Bonferroni, as in stored mode: ``judge.Judge.policy_for``).
-        noise: each machine identity's measured check noise (``budgets/noise``, written by
-            ``perfbudget calibrate``): a check it holds is judged with its own prior instead of
-            ``prior_sd``, worth its degrees of freedom up to ``noise_df_max``; a count compared
-            with its base gets a tolerance from its measured spread.
+        prior_test: the prior is set aside when the pairs' spread is less likely than this under it.
+        tolerance_from_budgets: use a budget's ``ab_tolerance`` (never its stored-mode ``tolerance``).
+        family_alpha: false-alarm budget shared by one test's per-operator checks (Bonferroni).
+        noise: each machine identity's measured check noise (``budgets/noise``): its checks' own
+            priors, worth up to ``noise_df_max`` df, and counts' tolerances.
     """
 
     confidence: float = 0.95
@@ -126,14 +118,11 @@ OUTLIER_COVERAGE = 0.99
 def outlying_pair(pair_ratios: Sequence[float], *, floor_sd: float) -> tuple[int, str] | None:
     """The pair to set aside as outlying (a minute another process took), and why; ``None`` for none.
 
-    With :data:`OUTLIER_MIN_PAIRS` pairs or more, the pair whose ln ratio lies furthest from the
-    median of the others, when it lies more than :data:`OUTLIER_SDS` robust SDs from it (MAD x 1.4826
-    of the others, at least ``floor_sd``, the check's prior per-pair sd) and outside the others'
-    :data:`OUTLIER_COVERAGE` prediction interval (Bonferroni over the pairs; sd at least ``floor_sd``).
-    The second test holds the rule to its rate where the check's own spread is wide: the MAD of 3-5
-    pairs is itself noisy, and alone it set a pair aside in a third of simulated A/A runs of a check with
-    10 % per-pair sd, narrowing its interval into false failures. At most one pair per call.
+    The furthest pair, beyond :data:`OUTLIER_SDS` robust SDs of the others (at least ``floor_sd``) and
+    outside their :data:`OUTLIER_COVERAGE` prediction interval.
     """
+    # The interval test: alone, the noisy MAD of 3-5 pairs set a pair aside in a third of simulated
+    # A/A runs of a check with 10 % per-pair sd, narrowing its interval into false failures.
     n = len(pair_ratios)
     if n < OUTLIER_MIN_PAIRS or min(pair_ratios) <= 0:
         return None
@@ -165,15 +154,10 @@ MODES_GAP_MADS = 4.0
 
 
 def process_modes(pair_ratios: Sequence[float]) -> tuple[float, float] | None:
-    """The two modes of a check whose pairs split in two clusters, as their medians ``(low, high)``;
-    ``None`` when they do not.
-
-    Whole processes run some code in one of two speeds (large tensors: the allocator's state): a
-    check's pairs then split into head-fast and head-slow ones, and the interval only says
-    "inconclusive". Two clusters of at least 2 pairs each, at the widest gap between sorted ln ratios,
-    when that gap is at least :data:`MODES_MIN_GAP` and :data:`MODES_GAP_MADS` times the larger
-    cluster's median absolute deviation.
-    """
+    """The medians ``(low, high)`` of two clusters of at least 2 pairs each, split at the widest gap
+    of at least :data:`MODES_MIN_GAP` and :data:`MODES_GAP_MADS` MADs; ``None`` when none."""
+    # Whole processes run some code at one of two speeds (the allocator's state): the interval alone says
+    # only "inconclusive".
     if len(pair_ratios) < 4 or min(pair_ratios) <= 0:
         return None
     ys = sorted(math.log(r) for r in pair_ratios)
@@ -190,8 +174,8 @@ def process_modes(pair_ratios: Sequence[float]) -> tuple[float, float] | None:
 
 
 def resolvable_lines(table: NoiseTable, policy: ABPolicy, *, pairs: int) -> list[str]:
-    """Before the first pair: per measured check, the change ``pairs`` pairs can resolve if the
-    check's spread is the measured one, the least resolvable first (defaults' tolerances)."""
+    """Per measured check, the change ``pairs`` pairs can resolve at its measured spread, least first."""
+
     families = op_family_sizes((key, metric) for (key, metric), n in table.checks.items() if n.spread == "pairs")
     rows: list[tuple[float, str]] = []
     for (key, metric), noise in table.checks.items():

@@ -70,33 +70,24 @@ class ABConfig:
     """One ``perfbudget ab`` run.
 
     Attributes:
-        root: the repository root: the head side is this checkout's working tree.
+        root: the repository root; the head side is its working tree.
         base: the base commit-ish.
         merge_base: measure ``git merge-base HEAD base`` instead of ``base``.
-        min_pairs: pairs a statistical check is compared in before it may be decided,
-            whatever its CI (>= 1; 2 cancels a side's advantage of starting first).
-        max_pairs: most process pairs started, invalid ones and their replacements
-            included; checks still straddling then are inconclusive.
-        max_minutes: wall-clock bound: no pair is started that would likely end past it,
-            and a pair running past it is stopped.
-        out: the merged results file (default ``<root>/.perfbudget/ab/results.json``).
-        pytest_args: what both sides pass to pytest (tests to select, options).
-        burst_ms: burst length for the sides (``None``: ``PERFBUDGET_TURNS_BURST_MS``, else the
-            instrument's default; :class:`perfbudget.settings.Settings`).
-        cpus: CPUs both sides are pinned to: ``None`` the default (:func:`default_cpus`), ``()`` not
-            pinned (e.g. when the measured code needs several host threads), ``"halves"`` each side
-            its own half of the CPUs (``pairs.placement``), or a list for both.
+        min_pairs: pairs a check is compared in before it may be decided (>= 1; 2 cancels
+            a side's advantage of starting first).
+        max_pairs: most pairs started, invalid ones and re-runs included.
+        max_minutes: no pair starts that would likely end past it; one running past it is stopped.
+        out: the merged results file (default ``<workdir>/results.json``).
+        pytest_args: what both sides pass to pytest.
+        burst_ms: the sides' burst length (``None``: :class:`perfbudget.settings.Settings`'s).
+        cpus: ``None`` :func:`default_cpus`, ``()`` not pinned, ``"halves"`` each side its
+            own half (``pairs.placement``), or the CPUs of both.
         policy: the A/B decision settings.
-        strict: an inconclusive check fails the run (``perfbudget ab --perf-strict``; also when
-            ``--perf-strict`` is among the pytest args or the ini file sets ``perfbudget_strict``).
-        allow_missing_base: a base that cannot run is judged as "not compared" against the
-            stored budgets (``--allow-missing-base``); otherwise it is an error.
-        precision: the half-width each statistical check's within-pair ratio samples to
-            (``--precision``; see :attr:`perfbudget.verdict.judge.ABSide.precision`); ``None`` or 0: one fixed
-            sample set per check and side.
-        instructions: both sides run under callgrind (``perfbudget ab --instructions``), one
-            pair, so their ``perf.instructions`` counts are compared (select those tests, e.g.
-            ``-m instructions``).
+        strict: an inconclusive check fails the run (also ``--perf-strict`` in the pytest args or ini).
+        allow_missing_base: a base that cannot run is judged "not compared" instead of an error.
+        precision: the half-width each check's within-pair ratio samples to (``None`` or 0: one
+            fixed sample set; :attr:`perfbudget.verdict.judge.ABSide.precision`).
+        instructions: both sides run under callgrind, one pair, comparing ``perf.instructions``.
     """
 
     root: Path
@@ -142,8 +133,7 @@ class ABConfig:
 
     @property
     def workdir(self) -> Path:
-        """The run's folder: its base worktree, shims, pairs and results. Instruction counts keep
-        their own, so that they can run alongside a timing run of the same checkout."""
+        """The run's folder; instruction counts keep their own, to run beside a timing run."""
         return self.root / AB_DIR / "instructions" if self.instructions else self.root / AB_DIR
 
     @property
@@ -159,24 +149,21 @@ class ABRun:
     path: Path
     """Where ``results`` was written."""
     exit_code: ExitCode
-    """0: no check failed or errored (inconclusive ones included, unless ``strict``); 1: a
-    check failed or errored, a check was inconclusive under ``strict``, the head's pytest
-    failed, the base could not run (without ``allow_missing_base``), or no pair was valid;
-    2: usage error."""
+    """0: no check failed (inconclusive unless ``strict``); 1: the run fails
+    (:func:`~perfbudget.verdict.judge.ab_run_fails`); 2: usage error."""
     comparison: Comparison
     pairs: tuple[PairRun, ...]
     problems: tuple[str, ...] = ()
     """What went wrong with the sides, one readable paragraph each."""
     stopped: StopReason = StopReason.MAX_PAIRS
-    """Why no further pair ran: ``decided``, ``max pairs``, ``time``, ``base unavailable``, ``head failed``."""
+    """Why no further pair ran."""
     invalid: tuple[int, ...] = ()
     """Numbers of the pairs not used because they lost turn-taking."""
 
 
 def default_cpus(*, gpus: int, instructions: bool = False) -> CpuChoice:
-    """The sides' CPUs when ``--cpus`` is not given: instruction counts do not depend on what else
-    the machine runs (the two callgrind sides run at once, no turn-taking, on every CPU); with
-    ``gpus`` NVIDIA GPUs, each side its own half (the module says why); else one CPU for both."""
+    """The sides' CPUs without ``--cpus``: callgrind sides unpinned (counts ignore the machine's
+    load), each side its own half with ``gpus`` > 0 (``pairs`` says why), else one CPU for both."""
     if instructions:
         return ()
     return HALVES if gpus > 0 else one_cpu()
@@ -196,10 +183,11 @@ def _read(path: Path) -> tuple[Results | None, str]:
 
 
 def run_ab(config: ABConfig, *, command: SideCommand | None = None, say: Callable[[str], None] = _say) -> ABRun:
-    """Run the lockstep A/B comparison ``config`` asks for and write its merged results; ``command`` is one
-    side's argv (default: pytest with ``--perf-collect``), ``say`` takes progress lines (default: stderr).
+    """Run ``config``'s A/B comparison and write its merged results; ``command`` is one side's argv
+    (default: pytest with ``--perf-collect``), ``say`` takes progress lines (default: stderr).
 
     Raises:
+
         UsageError: the base is not a commit here, or the root is not a git checkout.
     """
     t0 = time.monotonic()
@@ -291,9 +279,7 @@ def _base_and_head(config: ABConfig, root: Path, say: Callable[[str], None]) -> 
 
 
 def _settings(config: ABConfig, root: Path) -> Settings:
-    """The run's settings, resolved once as the sides' pytest would (its args' options and -o overrides
-    too); both sides get the burst length, the lease and the allocator, and the results keep them (a
-    calibration holds for a burst length)."""
+    """The run's settings, resolved once as the sides' pytest would (args and -o overrides too)."""
     try:
         cli = {**pytest_cli(config.pytest_args), "burst_ms": config.burst_ms}
         if config.strict:
@@ -325,9 +311,8 @@ def _run_info(config: ABConfig, plan: _Plan, comparison: Comparison, *, base: Ba
 
 
 def _exit_code(comparison: Comparison, runs: Sequence[PairRun], *, failed: bool, strict: bool) -> ExitCode:
-    """What the run exits with: a usage error when the head's first pytest said so and nothing was
-    recorded, else a failure when the verdict fails the run (:func:`~perfbudget.verdict.judge.ab_run_fails`;
-    ``failed``: the head's pytest failed, the base could not run, the selection was cut)."""
+    """Usage error when the head's first pytest said so and nothing was recorded, else
+    :func:`~perfbudget.verdict.judge.ab_run_fails` (``failed``: a side or the selection failed)."""
     first_head = runs[0].sides["head"].returncode if runs else None
     if first_head == 4 and not comparison.records:
         return ExitCode.USAGE  # pytest's own usage error: the pytest args are wrong
@@ -338,13 +323,7 @@ def _exit_code(comparison: Comparison, runs: Sequence[PairRun], *, failed: bool,
 
 @dataclass(kw_only=True)
 class _Plan:
-    """Which pair runs next, and when none does: the state of :func:`run_ab`'s loop.
-
-    Each pair's outcome (:meth:`took`) either stops the run with a :class:`StopReason`, asks
-    for an invalid pair to be run once more (same first side), or names the tests that still
-    hold undecided checks for the next pair; :meth:`next_pair` also stops at ``--max-pairs``
-    and where another pair would end past ``--max-minutes``.
-    """
+    """Which pair runs next, and when none does: the state of :func:`run_ab`'s loop."""
 
     config: ABConfig
     budgets_dir: Path
@@ -354,7 +333,7 @@ class _Plan:
     operators_file: Path
     say: Callable[[str], None]
     stable_machine: str = ""
-    """The run's stable-machine declaration (for :func:`~perfbudget.ab.merge.compare_pairs`)."""
+
     runs: list[PairRun] = field(default_factory=list)
     records: list[PairRecords] = field(default_factory=list)
     """The valid pairs only."""
@@ -422,8 +401,8 @@ class _Plan:
         _pin_operators(self.operators_file, self.records)
         if pair.refused:
             self.problems.append(f"pair {index}: its GPU timing checks were not compared: {pair.refused}")
-        if self.budgets is None:
-            self.budgets = _budgets(self.budgets_dir, pair.head)
+        if self.budgets is None:  # the folder the head's pytest used
+            self.budgets = load_dir(pair.head.meta.budgets_dir or self.budgets_dir)
             _say_noise(self.policy, pair.head, self.say, pairs=config.max_pairs)
         if run.timed_out:
             self.problems.extend(_unreached(self.records[-1], config.max_minutes))
@@ -462,14 +441,8 @@ def _pairs_left(config: ABConfig, runs: Sequence[PairRun], deadline: float) -> i
 
 
 def _with_noise(config: ABConfig, budgets_dir: Path, say: Callable[[str], None], *, burst_ms: float) -> ABPolicy:
-    """The policy with the measured noise of ``<budgets_dir>/noise`` (unless the policy brings its
-    own). A noise file measured in turns of another length than ``burst_ms`` is set aside, and said:
-    its checks start from the flat prior. Each check finds its file by the identity of the device it
-    timed (:meth:`ABPolicy.prior_for`): a GPU's for a CUDA check, the host CPU's for a CPU one.
-
-    Raises:
-        UsageError: a noise file that cannot be read (naming it, the key and the value).
-    """
+    """The policy with the measured noise of ``<budgets_dir>/noise`` unless it brings its own (a file
+    measured in turns of another length than ``burst_ms`` set aside, and said); ``UsageError`` if unreadable."""
     if config.policy.noise or config.instructions:
         return config.policy
     try:
@@ -488,8 +461,7 @@ def _with_noise(config: ABConfig, budgets_dir: Path, say: Callable[[str], None],
 
 
 def _say_noise(policy: ABPolicy, head: Results, say: Callable[[str], None], *, pairs: int) -> None:
-    """Once the first pair names the devices its statistical checks timed: per device identity, the
-    change each measured check can resolve, or that its checks start from the flat prior."""
+    """Per device the first pair's checks timed: the change each can resolve, or the flat prior."""
     identities = dict.fromkeys(r.device.identity for r in head.records
                                if r.kind in STATISTICAL_KINDS and r.device is not None and r.device.identity)
     for identity in identities:
@@ -503,11 +475,7 @@ def _say_noise(policy: ABPolicy, head: Results, say: Callable[[str], None], *, p
 
 
 def _under_callgrind(command: SideCommand, out: Path, env: dict[str, str]) -> tuple[SideCommand, dict[str, str]]:
-    """Each side's pytest run under callgrind, its dumps in ``out`` (one per process).
-
-    Raises:
-        UsageError: valgrind is not installed.
-    """
+    """Each side's pytest run under callgrind, its dumps in ``out``; ``UsageError`` without valgrind."""
     valgrind = shutil.which("valgrind", path=env.get("PATH"))
     if valgrind is None:
         raise UsageError(f"--instructions: {INSTALL_HINT}")
@@ -523,8 +491,7 @@ def _under_callgrind(command: SideCommand, out: Path, env: dict[str, str]) -> tu
 
 
 def _pin_operators(path: Path, pairs: Sequence[PairRecords]) -> None:
-    """Name, per test and key, every operator either side recorded in the valid pairs so far:
-    the sides of the later pairs record exactly those (their run spec names the file)."""
+    """Write, per test and key, every operator either side recorded so far: later pairs record those."""
     ops: dict[str, dict[str, set[str]]] = {}
     for pair in pairs:
         for side in (pair.head, pair.base):
@@ -571,8 +538,8 @@ def _pair_records(run: PairRun) -> tuple[PairRecords, list[str]]:
 
 
 def _selection_cut(runs: Sequence[PairRun], max_minutes: float) -> str:
-    """Why the run did not measure its whole selection, or "": the first pair runs every selected test, and a head
-    stopped there at the time limit leaves the tests it did not reach measured by no pair, which no check says."""
+    """Why the run did not measure its whole selection (pair 1's head stopped at the time limit), or ""."""
+
     if not runs or not runs[0].timed_out or runs[0].sides["head"].returncode is not None:
         return ""
     return (f"pair 1's head was stopped at --max-minutes {max_minutes:g} before it ran every selected test: those it "
@@ -594,7 +561,3 @@ def _unreached(pair: PairRecords, max_minutes: float) -> list[str]:
                        f"{', '.join(missed[:8])}{' ...' if len(missed) > 8 else ''}")
     return out
 
-
-def _budgets(budgets_dir: Path, head: Results) -> BudgetSet:
-    """The head's budgets: the folder its pytest run used, else ``budgets_dir``."""
-    return load_dir(head.meta.budgets_dir or budgets_dir)

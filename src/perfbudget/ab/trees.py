@@ -82,14 +82,12 @@ def prepare_base(root: Path, ref: str, *, merge_base: bool = False, path: Path |
     Args:
         root: the repository root (this checkout).
         ref: any commit-ish (``origin/main``, a SHA).
-        merge_base: use ``git merge-base HEAD ref`` instead of ``ref`` itself (what a pull
-            request changes is measured against the commit it branched from).
-        path: where the worktree goes (default ``<root>/.perfbudget/ab/base``); two runs at
-            once (timing and instruction counts) each use their own.
+        merge_base: use ``git merge-base HEAD ref`` instead of ``ref`` itself.
+        path: where the worktree goes (default ``<root>/.perfbudget/ab/base``).
 
     Raises:
-        GitError: ``ref`` is not a commit here, the worktree cannot be made, or ``path`` or the
-            lock beside it would be reached through a symbolic link (:func:`_real_folders`).
+        GitError: ``ref`` is not a commit here, the worktree cannot be made, or ``path`` or its
+            lock would be reached through a symbolic link.
     """
     try:
         commit = git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", cwd=root)
@@ -104,8 +102,8 @@ def prepare_base(root: Path, ref: str, *, merge_base: bool = False, path: Path |
         _real_folders(root, folder)
     if worktrees_lock.is_symlink():
         raise GitError(f"{worktrees_lock}: a symbolic link (to {os.readlink(worktrees_lock)}); remove it")
-    # One run at a time changes the repository's worktree list (git's own files are not safe
-    # against two `worktree add/remove/prune` at once).
+    # git's own files are not safe against two `worktree add/remove/prune` at once.
+
     with lock(worktrees_lock):
         # Refresh: a worktree left by an earlier run may hold another commit or build outputs.
         if path.exists():
@@ -120,15 +118,9 @@ def prepare_base(root: Path, ref: str, *, merge_base: bool = False, path: Path |
 
 
 def _real_folders(root: Path, path: Path) -> None:
-    """Raise unless every part of ``path`` below ``root`` that exists is a real folder (no symbolic
-    link) and ``path`` resolves inside ``root``.
-
-    A pull request can commit ``.perfbudget`` (or ``.perfbudget/ab``) as a link: the base
-    worktree's clean-up would then delete the folder it leads to, outside the repository.
-
-    Raises:
-        GitError: naming the part and where it leads.
-    """
+    """Raise ``GitError`` (naming the part) unless every existing part of ``path`` below ``root`` is a
+    real folder and ``path`` resolves inside ``root``."""
+    # A pull request can commit `.perfbudget` as a link: the worktree's clean-up would delete its target.
     try:
         parts = Path(os.path.abspath(path)).relative_to(os.path.abspath(root)).parts
     except ValueError:
@@ -158,9 +150,8 @@ def instrument_dir(root: Path) -> Path:
 
 
 def build_shim(shim: Path, *, tree: Path, instrument: Path) -> Path:
-    """(Re)create ``shim``: ``perfbudget`` -> ``instrument``; every other top-level package or
-    module of ``tree/src`` -> that side's own copy. Returns ``shim``.
-    """
+    """(Re)create ``shim``: ``perfbudget`` -> ``instrument``, every other package of ``tree/src`` -> its own."""
+
     if shim.is_symlink() or shim.is_file():
         shim.unlink()
     elif shim.exists():

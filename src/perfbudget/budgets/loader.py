@@ -36,8 +36,8 @@ _COLLECTION_TAGS = (f"{_Y}map", f"{_Y}seq")
 _SCALAR_TAGS = tuple(f"{_Y}{t}" for t in ("str", "int", "float", "bool", "null", "timestamp"))
 #: Deepest nesting a budget file may have (a real one is 6 levels deep).
 MAX_DEPTH = 32
-#: Most values a file may expand to, aliases included: a few aliases can otherwise
-#: expand to billions of values ("billion laughs").
+#: Most values a file may expand to, aliases included (else "billion laughs").
+
 MAX_NODES = 100_000
 #: Largest file the budgets folder may hold that perfbudget reads (a real one is a few KiB).
 MAX_FILE_BYTES = 1 << 20
@@ -48,13 +48,10 @@ def _short_tag(tag: str | None) -> str:
 
 
 class _Doc:
-    """YAML parsed into plain Python with the line of every key path.
+    """YAML parsed into plain Python with the line of every key path; raises :class:`BudgetError`.
 
-    Composes the node tree with ``yaml.SafeLoader`` and builds values ourselves: tags
-    other than plain maps, lists and scalars are refused before anything is constructed,
-    duplicate keys are caught (``yaml.safe_load`` silently keeps the last), and recursive
-    aliases, alias bombs and deep nesting end in an error instead of an exception.
-    Every problem is raised as a :class:`BudgetError` naming the file and line.
+    Values are built from ``yaml.SafeLoader``'s nodes here so that other tags are refused before
+    construction, duplicate keys caught (``safe_load`` keeps the last), and alias bombs bounded.
     """
 
     def __init__(self, text: str, path: Path) -> None:
@@ -73,8 +70,7 @@ class _Doc:
             msg = " ".join(str(p) for p in (exc.context, exc.problem) if p)
             raise BudgetError(f"invalid YAML: {msg}", path=path, line=line) from None
         except yaml.reader.ReaderError as exc:
-            # Raised for characters YAML forbids (NUL, most control characters); it carries
-            # an offset, not a mark.
+            # Characters YAML forbids (NUL, control characters): an offset, not a mark.
             line = text.count("\n", 0, exc.position) + 1 if isinstance(exc.position, int) else None
             char = f"#x{exc.character:04x}" if isinstance(exc.character, int) else repr(exc.character)
             raise BudgetError(f"invalid YAML: {exc.reason} (character {char})",
@@ -204,11 +200,8 @@ class _Validator:
 
     @staticmethod
     def _selector_field(name: str, want: Any) -> str:
-        """Why ``name: want`` is not a usable selector field, or ``""``.
-
-        A value of the wrong type is an error, never a selector that matches nothing:
-        ``model: 123`` would otherwise select no machine and silently budget nothing.
-        """
+        """Why ``name: want`` is not a usable selector field, or ``""``."""
+        # A wrong type must not become a selector that matches nothing and silently budgets nothing.
         if name not in SELECTOR_FIELDS:
             return f"unknown device field{_suggest(name, SELECTOR_FIELDS)}"
         if name == "type":
@@ -278,14 +271,13 @@ class _Validator:
         if value < 0:
             self.err("expected a non-negative number", (*kp, "value"), value)
             return None
-        tol = raw.get("tolerance", tolerance_for(parsed.metric).value)
-        if not _finite(tol) or not 0.0 <= tol <= 1.0:
-            self.err("expected a number in [0, 1]", (*kp, "tolerance"), tol)
-            return None
-        ab_tol = raw.get("ab_tolerance")
-        if ab_tol is not None and (not _finite(ab_tol) or not 0.0 <= ab_tol <= 1.0):
-            self.err("expected a number in [0, 1]", (*kp, "ab_tolerance"), ab_tol)
-            return None
+        tol, ab_tol = raw.get("tolerance", tolerance_for(parsed.metric).value), raw.get("ab_tolerance")
+        for name, v in (("tolerance", tol), ("ab_tolerance", 0.0 if ab_tol is None else ab_tol)):
+            if not _finite(v) or not 0.0 <= v <= 1.0:
+
+                self.err("expected a number in [0, 1]", (*kp, name), v)
+                return None
+
         note = raw.get("note")
         if note is not None and not isinstance(note, str):
             self.err("expected a string", (*kp, "note"), note)
@@ -348,11 +340,10 @@ def parse_text(text: str, path: str | Path) -> BudgetFile:
 
 
 def read_text(path: str | Path, root: str | Path) -> str:
-    """The text of ``path``, a file the budgets folder ``root`` holds, which a pull request may have written.
+    """The text of ``path`` in the budgets folder ``root``, which a pull request may have written.
 
-    Refused unless it is a regular file of at most :data:`MAX_FILE_BYTES`, not a symbolic link,
-    inside ``root``: a link could show another file's text in messages, a FIFO hang the reader
-    and ``/dev/zero`` exhaust its memory.
+    Refused unless a regular file of at most :data:`MAX_FILE_BYTES`, no link, inside ``root``: a
+    link could show another file in messages, a FIFO hang the reader, ``/dev/zero`` fill memory.
 
     Raises:
         BudgetError: naming the file (and the line of a byte that is not UTF-8).
@@ -386,9 +377,8 @@ def read_text(path: str | Path, root: str | Path) -> str:
 
 
 def subfolder(root: str | Path, name: str) -> Path:
-    """``root/name``, a folder the budgets folder ``root`` holds (``noise``), refused when it is a symbolic
-    link or leads out of ``root``: a pull request may commit either, and what is written there would
-    land where ``git status`` does not show it.
+    """``root/name`` (``noise``), refused when a link or outside ``root``: a pull request may commit
+    either, and what is written there would land where ``git status`` does not show it.
 
     Raises:
         BudgetError: naming the folder and where it leads.
@@ -405,13 +395,10 @@ def subfolder(root: str | Path, name: str) -> Path:
 def confined(budgets_dir: Path, *, named: bool, cwd: Path | None = None) -> Path:
     """``budgets_dir``, a command's budgets folder, refused when it leads out of the repository.
 
-    A folder named on the command line (``--budgets-dir``, ``named``) outside the repository is the
-    user's choice, taken as given; one named inside it must stay inside, links followed: a link a
-    pull request committed there (the folder its comment's accept command names) is not the user's
-    choice. One from the ini file or the default (``budgets``) is what a pull request commits, so it
-    must resolve, links followed, inside the repository: the rootdir pytest finds from ``cwd``
-    (:func:`perfbudget.settings.find_ini`, default the working folder), which the ini value is
-    relative to. Else ``perfbudget accept`` could write ``cpu.yaml`` where ``git status`` shows nothing.
+    A folder named on the command line (``named``) outside the repository is the user's choice; any
+    other (named inside it, from the ini file, the default) is what a pull request may commit, so it
+    must resolve inside the rootdir pytest finds from ``cwd``: else ``perfbudget accept`` could write
+    where ``git status`` shows nothing.
 
     Raises:
         BudgetError: naming the ini file and key (or the folder), the value and where it leads.
@@ -446,13 +433,7 @@ def load_file(path: str | Path, root: str | Path | None = None) -> BudgetFile:
 
 @dataclass
 class BudgetSet:
-    """All budget files of a folder, validated once.
-
-    ``resolve`` picks, per (key, metric), the budget of the most specific file
-    whose device selector matches. ``file_errors`` lists every file that could not
-    be loaded, whatever device it selects: a run must fail on them, since a broken
-    file's budgets are unknown on every machine.
-    """
+    """All budget files of a folder, validated once."""
 
     root: Path
     files: list[BudgetFile] = field(default_factory=list)
@@ -461,10 +442,7 @@ class BudgetSet:
 
     @property
     def file_errors(self) -> list[BudgetError]:
-        """Every error that makes a file (or the folder) unusable, for any device, by file and line.
-
-        ``str(e)`` reads ``budgets/cpu.yaml:4: device.model: expected a string; ...``.
-        """
+        """Every error that makes a file (or the folder) unusable, whatever device it selects."""
         return [*self.errors, *(e for f in self.files for e in f.file_errors)]
 
     @property
@@ -485,19 +463,14 @@ class BudgetSet:
         return None
 
     def keyed_by(self, budget: Budget, identity: str) -> bool:
-        """Whether ``budget`` comes from a file whose selector names the machine ``identity``: a stored timing
-        budget gates only there, on a machine declared stable (:func:`perfbudget.judge.stable_identity`)."""
+        """Whether ``budget`` comes from a file whose selector names the machine ``identity``."""
         selector = self.selector_of(budget)
         want = selector.as_dict().get("identity") if selector is not None else None
         return isinstance(want, str) and want.lower() == identity.lower()
 
     def errors_for(self, key: str, info: DeviceInfo | None = None) -> list[BudgetError]:
-        """Errors that make the budgets of ``key`` unknowable.
-
-        Every file-level error counts (a broken file might have held the budget);
-        entry errors only for ``key``. ``info`` narrows entry errors to files
-        selecting that device.
-        """
+        """Errors that make the budgets of ``key`` unknowable: every file error, and ``key``'s entry
+        errors in the files selecting ``info`` (``None``: every file)."""
         out = list(self.file_errors)
         for f in self.files:
             if info is None or f.matches(info):
@@ -527,9 +500,8 @@ class BudgetSet:
         return best
 
     def lookup(self, key: str, metric: str, info: DeviceInfo) -> tuple[Budget | None, str]:
-        """The budget for ``key``/``metric`` on ``info`` (``None``: unbudgeted) and ``""``, or ``None`` and why
-        it cannot be known: ``budget file error: <the first error> (and N more)`` (:meth:`errors_for`, then
-        an ambiguity of :meth:`resolve`)."""
+        """The budget for ``key``/``metric`` on ``info`` (``None``: unbudgeted) and ``""``, or ``None``
+        and why it cannot be known (``budget file error: ...``)."""
         errors = self.errors_for(key, info)
         try:
             budget = self.resolve(key, metric, info)
@@ -552,10 +524,8 @@ class BudgetSet:
 
 
 def load_dir(root: str | Path) -> BudgetSet:
-    """Load every ``*.yaml``/``*.yml`` file under ``root`` (not recursive).
+    """Load every ``*.yaml``/``*.yml`` file in ``root``; a missing folder is an empty set."""
 
-    A missing folder is an empty budget set; a path that is not a folder is an error.
-    """
     root = Path(root)
     bs = BudgetSet(root=root)
     if not root.exists():

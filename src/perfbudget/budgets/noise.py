@@ -40,10 +40,8 @@ class CheckNoise:
 
     Attributes:
         ss: sum of squared deviations (about each run's mean for ``pairs``, about 0 for ``runs``).
-        df: degrees of freedom behind ``ss``.
         runs: results files that contributed.
-        spread: ``pairs`` (per-pair spread within runs: statistical checks) or ``runs`` (one
-            ratio per A/A run: counts).
+        spread: ``pairs`` (within runs: statistical checks) or ``runs`` (one ratio per A/A run: counts).
     """
 
     ss: float
@@ -60,8 +58,7 @@ class CheckNoise:
                           spread=self.spread)
 
     def count_tolerance(self) -> float | None:
-        """The relative tolerance of a count's comparison with its base that an A/A pair exceeds
-        with probability 1 - :data:`COUNT_TOLERANCE_CONFIDENCE`; ``None`` below 2 degrees of freedom."""
+        """A count's tolerance against its base at :data:`COUNT_TOLERANCE_CONFIDENCE` (``None``: df < 2)."""
         if self.spread != "runs" or self.df < 2:
             return None
         half = t_quantile(0.5 + COUNT_TOLERANCE_CONFIDENCE / 2.0, self.df) * self.sd
@@ -88,8 +85,7 @@ class NoiseTable:
 
     @property
     def bursts_ms(self) -> frozenset[float]:
-        """The turn lengths of the A/B runs pooled here (empty where none was recorded): a
-        timing check's spread per pair depends on it (benchmarks/burst-length-cpu.md)."""
+        """The turn lengths pooled here: a check's spread depends on it (benchmarks/burst-length-cpu.md)."""
         return frozenset(float(p["burst_ms"]) for p in self.provenance if p.get("burst_ms") is not None)
 
     @property
@@ -141,11 +137,10 @@ def load_noise(budgets_dir: str | Path) -> dict[str, NoiseTable]:
     """Every noise file of ``budgets_dir``, by identity (none when the folder has no ``noise/``).
 
     Raises:
-        BudgetError: a ``noise`` folder that is a link or leads out of the budgets folder
-            (:func:`~.loader.subfolder`), a file that cannot be read (:func:`~.loader.read_text`: inside
-            the budgets folder, a regular file, no link) or parsed (the budget files' YAML rules), or a bad
-            entry (naming file, line, key, value).
+        BudgetError: a ``noise`` folder or file refused as budget files are, or a bad entry
+            (naming file, line, key, value).
     """
+
     folder = subfolder(budgets_dir, NOISE_DIR)
     tables: dict[str, NoiseTable] = {}
     for path in sorted([*folder.glob("*.yaml"), *folder.glob("*.yml")]) if folder.is_dir() else ():

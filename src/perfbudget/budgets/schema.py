@@ -20,11 +20,8 @@ __all__ = [
 SCHEMA_VERSION = 1
 
 class BudgetError(ValueError):
-    """Bad budget input, naming file, line (when known), key path and value.
+    """Bad budget input: ``budgets/cpu.yaml:12: budgets.enc.step_ms.tolerance: expected ..., got '5%'``."""
 
-    ``str(err)`` reads ``budgets/cpu.yaml:12: budgets.encoder-train.step_ms.tolerance:
-    expected a number in [0, 1], got '5%'``.
-    """
 
     def __init__(
         self,
@@ -65,21 +62,15 @@ class Provenance:
     """Where a budget value came from (written by the updater, read by reviewers).
 
     Attributes:
-        device: device label the value was measured on.
         identity: the measuring machine's identity (``DeviceInfo.identity``), when known.
-        torch: torch version.
         samples: number of samples behind the value.
-        date: ISO date of the measurement.
-        commit: the commit measured: the one passed with ``--perf-commit``, else git's short
-            hash (``-dirty`` for a changed tree), else the CI's (``update.provenance_commit``);
-            ``unknown`` when none named it; ``None`` in files written before it was recorded.
+        commit: the commit measured (``update.provenance_commit``); ``unknown`` when none named
+            it; ``None`` in files written before it was recorded.
         cv: coefficient of variation of the samples (timing noise).
-        noise: relative standard error of the budgeted statistic (from its CI); the
-            updater keeps tolerances at >= 3x this.
+        noise: relative standard error of the budgeted statistic (from its CI).
         threads: torch threads used for CPU timing.
-        ref_ms: median time of the machine-speed reference workload measured beside the
-            value; samples are later normalised to it (``measure.reference``).
-        reason: why a reviewer accepted the value from a run's results (``perfbudget accept``).
+        ref_ms: median time of the machine-speed reference workload beside the value (``measure.reference``).
+        reason: why a reviewer accepted the value (``perfbudget accept``).
     """
 
     device: str | None = None
@@ -107,20 +98,13 @@ class Budget:
     """One budget: a value and a relative tolerance for one metric of one workload key.
 
     Attributes:
-        key: workload key (``encoder-train``).
         metric: full metric name (``op_self_ms[aten::mm]``).
         value: budget value in the metric's unit.
         tolerance: relative tolerance in [0, 1] in the bad direction.
-        ab_tolerance: the tolerance of the head/base ratio in a lockstep A/B run, when it
-            differs from the metric's default. ``tolerance`` may carry a floor for the noise
-            between runs in different processes, which taking turns removes, so A/B does not
-            use it.
-        source: budget file path.
+        ab_tolerance: the head/base ratio's tolerance in an A/B run, when not the metric's default
+            (``tolerance`` may carry a floor for between-process noise, which taking turns removes).
         line: line of the metric in the file, when known.
-        provenance: measurement behind the value, when written by the updater.
-        note: free text kept by the updater: why the value or tolerance is what it is (for a
-            portable budget, the machines its tolerance was derived from or the lever's
-            guarantee it encodes; for a widened one, the runs that measured the floor).
+        note: free text kept by the updater: why the value or tolerance is what it is.
     """
 
     key: str
@@ -136,13 +120,10 @@ class Budget:
 
 @dataclass(kw_only=True)
 class BudgetFile:
-    """A parsed budget file. ``errors`` holds what failed validation.
+    """A parsed budget file; ``errors`` holds what failed validation.
 
-    A file-level error (bad YAML, a duplicate key or a refused tag anywhere in the file,
-    a bad schema, device block or top-level key) makes the file unusable: its budgets
-    are unknown on every device, so the run fails (``BudgetSet.file_errors``). An
-    entry-level error (keypath starting ``budgets.<key>`` in a file that parsed and
-    has a usable device block) only affects tests of that key.
+    An error outside ``budgets.<key>`` (or any error without a usable device block) makes the file's
+    budgets unknown on every device, so the run fails; an entry error affects only that key's tests.
     """
 
     path: Path

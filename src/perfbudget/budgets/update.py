@@ -46,12 +46,9 @@ class Measured:
     """A measured value offered to the updater.
 
     Attributes:
-        key: workload key.
-        metric: full metric name.
         value: the median (statistical kinds) or the worst value (exact kinds).
         samples: number of samples behind ``value``.
         cv: noise of the samples, recorded in provenance for timing kinds.
-        device: the device it was measured on.
         ref_ms: the machine-speed reference time the value is normalised to, if any.
         noise: relative standard error of ``value`` (statistical kinds), from its CI.
     """
@@ -78,10 +75,8 @@ def measured_value(
     confidence: float | None = None,
     ref_ms: float | None = None,
 ) -> Measured:
-    """The :class:`Measured` for a judged value, with its noise (relative standard error)
-    taken from its CI at the CI's own confidence. A noise that is not finite (a CI of +-1e308, a
-    value of 5e-324) is left out: no tolerance follows from it. A value that is not finite is kept,
-    for the updater to refuse by name (:func:`apply_updates`), never dropped unsaid."""
+    """The :class:`Measured` for a judged value, its noise (relative standard error) from its CI;
+    a noise that is not finite is left out, a value that is not finite kept for the updater to refuse."""
     noise = None
     if ci is not None and math.isfinite(value) and value and all(math.isfinite(x) for x in ci):
         z = normal_quantile(0.5 + (confidence or 0.95) / 2)
@@ -115,9 +110,7 @@ class UpdateReport:
 
     def render(self) -> str:
         """Readable text: the diffs, then one line per change, then errors."""
-        lines: list[str] = []
-        for diff in self.diffs.values():
-            lines.append(diff.rstrip("\n"))
+        lines = [diff.rstrip("\n") for diff in self.diffs.values()]
         for c in self.changes:
             if c.action in ("added", "tightened", "loosened"):
                 old = "-" if c.old is None else f"{c.old:.6g}"
@@ -132,10 +125,8 @@ class UpdateReport:
             more = f" and {len(names) - 3} more" if len(names) > 3 else ""
             shown = ", ".join(names[:3]) + more
             lines.append(f"  skipped  {shown}: {why}")
-        for w in self.warnings:
-            lines.append(f"  warning  {w}")
-        for e in self.errors:
-            lines.append(f"    error  {e}")
+        lines += [f"  warning  {w}" for w in self.warnings]
+        lines += [f"    error  {e}" for e in self.errors]
         if not self.diffs and not self.errors:
             lines.append("budgets unchanged")
         return "\n".join(lines)
@@ -158,13 +149,11 @@ def git_commit(cwd: str | Path | None = None) -> str | None:
         return None
 
 
-#: What provenance records when nothing names the commit measured: shown in the file's diff,
-#: where a missing field would pass unnoticed, and never a guess.
+#: What provenance records when nothing names the commit measured (shown in the diff, never a guess).
 UNKNOWN_COMMIT = "unknown"
 
-#: CI systems whose jobs name the commit they checked out: (the variable the CI sets in every
-#: job, the commit variable). The commit is read only where the first says the job runs in that
-#: CI: exported anywhere else, GITHUB_SHA is a claim about some other checkout.
+#: (the variable a CI sets in every job, its commit variable): the commit is read only inside that
+#: CI; exported anywhere else, GITHUB_SHA is a claim about some other checkout.
 CI_COMMIT_VARIABLES: tuple[tuple[str, str], ...] = (("GITHUB_ACTIONS", "GITHUB_SHA"), ("GITLAB_CI", "CI_COMMIT_SHA"))
 
 _COMMIT = re.compile(r"[0-9a-fA-F]{4,40}(-dirty)?")
@@ -184,16 +173,11 @@ def check_commit(text: str) -> str:
 def provenance_commit(
     cwd: str | Path | None = None, *, given: str | None = None, environ: Mapping[str, str] | None = None
 ) -> str | None:
-    """The commit a budget update records as measured, or ``None`` when nothing names it (the
-    updater then records :data:`UNKNOWN_COMMIT`). Asked in this order:
+    """The commit a budget update records as measured, or ``None`` when nothing names it.
 
-    1. ``given``, the commit passed for this run (``pytest --perf-commit SHA``; empty: not
-       given), by whoever copied the tree to a machine without its ``.git``. Passed on purpose,
-       it wins over git: the copy may hold a ``.git`` of its own that is no commit of the
-       project (``scripts/gpu-check.sh`` commits a snapshot for its A/A run, and a machine
-       that keeps files between runs keeps that snapshot for the next update);
-    2. git in ``cwd`` (:func:`git_commit`), the tree itself, with ``-dirty`` for a changed tree;
-    3. the CI's own variable, inside that CI only (:data:`CI_COMMIT_VARIABLES`).
+    Asked in order: ``given`` (``pytest --perf-commit SHA``), which wins over git because a copied
+    tree may hold a ``.git`` of its own (``scripts/gpu-check.sh`` commits a snapshot); git in
+    ``cwd``; the CI's own variable, inside that CI only (:data:`CI_COMMIT_VARIABLES`).
 
     Raises:
         ValueError: ``given`` is not a commit hash (:func:`check_commit`).
@@ -224,12 +208,8 @@ _FILE_STEM = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 
 
 def _new_file(root: Path, stem: str, measured: Measured) -> Path:
-    """``root/<stem>.yaml``, refused unless ``stem`` is one plain segment and the resolved file lies
-    in ``root``: the stem comes from a results file, which a pull request's code may have written.
-
-    Raises:
-        BudgetError: naming the record's key, metric and the stem.
-    """
+    """``root/<stem>.yaml``; ``BudgetError`` unless ``stem`` (from a results file a pull request's code
+    may have written) is one plain segment inside ``root``."""
     path = root / f"{stem}.yaml"
     inside = _FILE_STEM.fullmatch(stem) and ".." not in stem and \
         path.resolve().parent == root.resolve()
@@ -240,14 +220,8 @@ def _new_file(root: Path, stem: str, measured: Measured) -> Path:
 
 
 def _target(measured: Measured, budgets: BudgetSet) -> tuple[Path, dict[str, Any]]:
-    """The file a measured value belongs in, and the device block for a new file.
-
-    An existing budget is updated where it lives. A new portable value (counts, CPU memory)
-    goes into the broad type file (``cpu.yaml``); a numeric result that depends on the kernel
-    path into the ISA-class file (``cpu-isa-avx2.yaml``); anything else (timing) into the file
-    keyed by this machine's identity, never into one keyed by a model name that several
-    machine kinds share.
-    """
+    """The file a measured value belongs in, and the device block for a new file: where its budget
+    lives, else ``cpu.yaml`` (portable), ``cpu-isa-avx2.yaml`` (per ISA) or the identity's file."""
     info = measured.device
     existing = budgets.resolve(measured.key, measured.metric, info)
     if existing is not None:
@@ -279,11 +253,8 @@ def _target(measured: Measured, budgets: BudgetSet) -> tuple[Path, dict[str, Any
 
 
 def _raw_doc(text: str | None, selector: dict[str, Any], path: Path | None = None) -> dict[str, Any]:
-    """The budget file's text as plain data, parsed as the loader parses it (every key a string).
+    """The budget file's text as plain data, parsed as the loader parses it (or ``BudgetError``)."""
 
-    Raises:
-        BudgetError: the text is not YAML the loader accepts (naming ``path``, the line and key).
-    """
     if text is None:
         return {"schema": SCHEMA_VERSION, "device": selector, "budgets": {}}
     data = _Doc(text, path or Path("<budget file>")).data or {}
@@ -313,8 +284,7 @@ NOISE_MULTIPLE = 3
 
 
 def noise_tolerance(default: float, noise: float | None) -> float:
-    """The tolerance for a new budget: the kind's default, widened to 3x the measured noise
-    (rounded up to whole percent, capped at 1); a noise that is not finite widens nothing."""
+    """A new budget's tolerance: ``default`` widened to 3x a finite noise (whole percent, at most 1)."""
     if noise is None or not math.isfinite(noise):
         return default
     return min(1.0, max(default, math.ceil(min(1.0, NOISE_MULTIPLE * noise) * 100) / 100))
@@ -343,8 +313,7 @@ def _decide(entry: Any, m: Measured, allow_loosen: bool) -> tuple[Action, float 
     if new == old:
         return "kept", old, "unchanged"
     if not info.statistical and isinstance(entry, dict) and entry.get("note") and tol > 0 and better:
-        # A value whose tolerance spans several machine kinds (see its note): tightening it to
-        # this machine would fail the others.
+        # Its tolerance spans several machine kinds: tightening it to this one would fail the others.
         return "kept", old, ("derived from several machines (see its note); re-derive it with "
                              "scripts/portable-budgets.py")
     # Skip churn from noise: a statistical budget moves only beyond a third of its tolerance.
@@ -366,34 +335,24 @@ def apply_updates(
     reason: str | None = None,
     trusted: Collection[str] | None = None,
 ) -> UpdateReport:
-    """Write measured values into the budget files they belong to.
-
-    Tightens only, unless ``allow_loosen``. A value whose file is keyed by a machine identity (timing,
-    instruction counts: what depends on the machine) is ``refused`` unless that identity is in
-    ``trusted``: a results file cannot prove where it ran (``None``: the caller vouches for every
-    claim, as a pytest run does for its own machine). Each file is rewritten at most once,
-    under a folder lock, re-read inside the lock so concurrent updaters lose no
-    entry, and replaced atomically. A file with validation errors is not touched, and none
-    is while a file of the folder cannot be read at all.
+    """Write measured values into their budget files, each once, under a folder lock, atomically.
 
     Args:
         measured: values to write.
-        budgets: the loaded budget set (decides targets).
-        allow_loosen: accept worse values.
-        commit: the commit measured (:func:`provenance_commit`); ``None``: unknown, recorded
-            as :data:`UNKNOWN_COMMIT` with a warning in the report.
+        budgets: the loaded budget set (decides targets); none is written while a file cannot be read.
+        allow_loosen: accept worse values (default: tighten only).
+        commit: the commit measured; ``None``: recorded as :data:`UNKNOWN_COMMIT`, with a warning.
         date: ISO date for provenance (default today).
-        reason: why a reviewer accepted the values, recorded in each written entry's provenance.
-        trusted: the machine identities whose files may be written (:func:`perfbudget.measure.machine.
-            trusted_identities`); ``None``: every one.
+        reason: why a reviewer accepted the values, recorded in provenance.
+        trusted: machine identities whose keyed files may be written (a results file cannot prove
+            where it ran); others are ``refused``. ``None``: every one.
 
     Returns:
         The :class:`UpdateReport` (diffs to print, per-entry actions, errors).
     """
     report = UpdateReport()
     if budgets.file_errors:
-        # A file that cannot be read may hold an entry (or a more specific file) that decides where a value
-        # goes: nothing is written until it reads.
+        # A file that cannot be read may decide where a value goes: nothing is written until it reads.
         report.errors.extend(budgets.file_errors)
         return report
     date = date or _dt.date.today().isoformat()
@@ -428,8 +387,7 @@ def apply_updates(
 
 def _by_file(measured: Iterable[Measured], budgets: BudgetSet, report: UpdateReport, *,
              trusted: Collection[str] | None) -> dict[Path, tuple[dict[str, Any], list[Measured]]]:
-    """The values to write, by the file they go to (with its selector); a value with no file, or whose
-    file is keyed by an identity not ``trusted``, goes to ``report`` instead."""
+    """The values to write by file (with its selector); one with no file, or not ``trusted``, is reported."""
     per_file: dict[Path, tuple[dict[str, Any], list[Measured]]] = {}
     for m in measured:
         try:
@@ -496,22 +454,14 @@ def _update_file(
             new_entry.update({k: v for k, v in entry.items() if k in ("tolerance", "note")})
         # A new budget's tolerance covers its own measurement noise (>= 3 standard errors).
         new_entry.setdefault("tolerance", noise_tolerance(tolerance_for(info).value, m.noise))
-        prov: dict[str, Any] = {"device": m.device.label, "torch": m.device.torch, "samples": m.samples,
-                                "date": date}
-        if m.device.identity:
-            prov["identity"] = m.device.identity
-        prov["commit"] = commit or UNKNOWN_COMMIT
-        if info.statistical and m.cv is not None:
-            prov["cv"] = round(m.cv, 4)
-        if m.device.type == "cpu" and m.device.threads:
-            prov["threads"] = m.device.threads
-        if m.ref_ms is not None:
-            prov["ref_ms"] = float(f"{m.ref_ms:.4g}")
-        if info.statistical and m.noise is not None:
-            prov["noise"] = round(m.noise, 4)
-        if reason:
-            prov["reason"] = reason
-        new_entry["provenance"] = prov
+        optional = {"identity": m.device.identity or None, "commit": commit or UNKNOWN_COMMIT,
+                    "cv": round(m.cv, 4) if info.statistical and m.cv is not None else None,
+                    "threads": (m.device.threads or None) if m.device.type == "cpu" else None,
+                    "ref_ms": None if m.ref_ms is None else float(f"{m.ref_ms:.4g}"),
+                    "noise": round(m.noise, 4) if info.statistical and m.noise is not None else None,
+                    "reason": reason or None}
+        new_entry["provenance"] = {"device": m.device.label, "torch": m.device.torch, "samples": m.samples,
+                                   "date": date, **{k: v for k, v in optional.items() if v is not None}}
         entries[m.metric] = new_entry
     written = False
     try:
@@ -522,8 +472,7 @@ def _update_file(
 
 
 def _write(path: Path, old_text: str | None, new_text: str, report: UpdateReport) -> bool:
-    """Replace ``path``'s ``old_text`` with ``new_text`` (checked to read back), reporting its diff;
-    whether ``path`` now holds ``new_text``."""
+    """Replace ``old_text`` with ``new_text`` (checked to read back); whether ``path`` now holds it."""
     if new_text == old_text:
         return True
     check = parse_text(new_text, path)
@@ -546,8 +495,7 @@ def _write(path: Path, old_text: str | None, new_text: str, report: UpdateReport
 
 
 def _keyed_by(path: Path, selector: Mapping[str, Any], budgets: BudgetSet) -> str | None:
-    """The machine identity the budget file at ``path`` is keyed by (``selector``: the device block of
-    a file :func:`_target` would create), or ``None``."""
+    """The identity the file at ``path`` (or a new one with ``selector``) is keyed by, or ``None``."""
     if not selector:
         f = next((f for f in budgets.files if f.path == path), None)
         selector = f.selector.as_dict() if f is not None and f.selector is not None else {}
@@ -564,17 +512,11 @@ def accept_results(
     date: str | None = None,
     trusted: Collection[str] | None = None,
 ) -> UpdateReport:
-    """Accept a reviewed change from a run's own results (a pull request's A/B run): write its
-    values with the reviewer's reason and the results' commit in provenance.
+    """Accept a reviewed change from a run's own results: write its values, worse ones too, with the
+    reviewer's reason and the results' commit in provenance (:func:`apply_updates`, ``trusted``).
 
-    A timing, rate or energy value is written only where a budget file keyed by the identity
-    of the machine that measured it holds it or would take it (a hosted runner is another
-    machine every time: its timing says nothing of a stored budget's machine); it is reported
-    ``skipped`` elsewhere. Every value goes where :func:`apply_updates` files it, ``refused`` in a
-    file keyed by an identity not in ``trusted``: a results file cannot prove where it ran
-    (``None``: the caller vouches for every claim). The
-    ratchet's rules hold (noise within a third of the tolerance is kept; values derived from
-    several machines are kept), with worse values allowed: the reason is the reviewer's licence.
+    A timing value is ``skipped`` unless a file keyed by the measuring machine's identity holds or
+    would take it: a hosted runner is another machine every time.
 
     Raises:
         ValueError: ``reason`` is empty, or ``commit`` is not a commit hash (naming the value).
@@ -616,11 +558,10 @@ def widen_tolerances(
 ) -> UpdateReport:
     """Raise tolerances to measured floors (never lower them), where each budget lives.
 
-    Used with between-run noise measured by repeated A/A runs (``benchmarks/gate_quality.py``):
-    a budget's own update run sees only within-run noise, while a check in another process
-    also meets the spread between processes.
+    Floors come from A/A runs (``benchmarks/gate_quality.py``): an update run sees only within-run noise.
 
     Args:
+
         floors: ``(key, metric) -> minimum tolerance``.
         budgets: the loaded budget set.
         device: the device whose budgets apply.
@@ -648,12 +589,6 @@ def widen_tolerances(
                 entry["note"] = why
                 report.changes.append(Change(path=path, key=key, metric=metric, action="loosened",
                                              old=old, new=round(tol, 2), why="tolerance"))
-            new_text = render_doc(data)
-            if parse_text(new_text, path).errors:
-                report.errors.append(BudgetError("refusing to write an invalid file", path=path))
-                continue
-            atomic_write(path, new_text)
-            report.diffs[path] = "".join(difflib.unified_diff(
-                old_text.splitlines(keepends=True), new_text.splitlines(keepends=True),
-                fromfile=f"a/{path.name}", tofile=f"b/{path.name}"))
+            _write(path, old_text, render_doc(data), report)
     return report
+
