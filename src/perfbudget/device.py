@@ -88,10 +88,8 @@ class DeviceInfo:
 
     @property
     def identity(self) -> str | None:
-        """What makes two machines the same kind for timing, as one slug; ``None`` when unknown.
-
-        CPU ``cpu-intel-xeon-processor-6-207-2-amx``; GPU ``nvidia-h200-sm90-141gib-1980mhz``.
-        """
+        """What makes two machines the same kind for timing, as one slug (``cpu-intel-xeon-processor-6-207-2-amx``,
+        ``nvidia-h200-sm90-141gib-1980mhz``); ``None`` when unknown."""
         if self.type == "cpu":
             if not self.cpuid or not self.isa_class:
                 return None
@@ -138,10 +136,8 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", slug).strip("-") or "unknown"
 
 
-#: Selector fields that are not :class:`DeviceInfo` fields but derived from them.
-_DERIVED_FIELDS: tuple[str, ...] = ("identity",)
-#: Fields a budget file's ``device:`` block may name.
-SELECTOR_FIELDS: tuple[str, ...] = (*(f.name for f in fields(DeviceInfo)), *_DERIVED_FIELDS)
+#: Fields a budget file's ``device:`` block may name: :class:`DeviceInfo`'s and the derived ``identity``.
+SELECTOR_FIELDS: tuple[str, ...] = (*(f.name for f in fields(DeviceInfo)), "identity")
 #: Selector fields compared as integers, exactly; every other field is a string.
 SELECTOR_INT_FIELDS: tuple[str, ...] = ("count", "threads", "memory_gib", "sm_clock_mhz")
 #: String fields compared as version prefixes (``torch: "2.13"`` selects 2.13.0+cpu); the

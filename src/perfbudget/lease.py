@@ -113,10 +113,6 @@ def _scaled(what: str, name: str, units: int, measured_units: int, unit: str) ->
                    how=f"{H200_S[name]:g} s measured at {measured_units} {unit}, x {units}/{measured_units}")
 
 
-def _ops(what: str, name: str) -> Planned:
-    return _scaled(what, f"{name} operators", LEASE_OP_ROUNDS, MEASURED_AT["op rounds"], "rounds")
-
-
 _B, _L = ASSUMED["encoder batch"], ASSUMED["encoder sequence"]
 STEP_MS = PROBE_MS["device busy 64x512"] * _B * _L / (64 * 512)
 """The encoder step's estimated time at :data:`ASSUMED` tokens: the device's work sets it there (busy 81 % of
@@ -179,7 +175,8 @@ _UPDATE = (
             how=f"{H200_S['segmentation set-up'] + H200_S['segmentation step']:g} measured, set-up included, + "
                 f"{LEASE_DEVICE_STEPS + 1} profiled steps at its operator rounds' "
                 f"{H200_S['segmentation operators'] / (2 * MEASURED_AT['op rounds']):.3f} s"),
-    _ops(f"{_S}test_operators[cuda]", "segmentation"),
+    _scaled(f"{_S}test_operators[cuda]", "segmentation operators", LEASE_OP_ROUNDS, MEASURED_AT["op rounds"],
+            "rounds"),
     Planned(what=f"{_S}test_peak_memory_per_phase[cuda]", seconds=H200_S["segmentation memory"], how="measured"),
     Planned(what="perf_tests/test_levers.py::test_bucketing_speedup[cuda]", seconds=8.0, measured=False,
             how=f"an encoder built, {ASSUMED['speedup rounds']} rounds of two epochs of ~3 steps"),

@@ -566,10 +566,9 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 MAX_TEXT = 20_000
 #: The most characters a name (node id, key, metric, device field) may hold.
 MAX_NAME = 1_000
-_METRIC_NAME = re.compile(r"[a-z][a-z0-9_]*(?:\[[^\[\]]+\])?")
 _NAME_PATTERNS = {"device.isa_class": re.compile(r"[a-z0-9_]{1,40}"),
-                  "device.cpuid": re.compile(r"[0-9]{1,6}/[0-9]{1,6}/[0-9]{1,6}"), "metric": _METRIC_NAME,
-                  "unit": UNIT}
+                  "device.cpuid": re.compile(r"[0-9]{1,6}/[0-9]{1,6}/[0-9]{1,6}"),
+                  "metric": re.compile(r"[a-z][a-z0-9_]*(?:\[[^\[\]]+\])?"), "unit": UNIT}
 
 
 def _cut(text: str) -> str:

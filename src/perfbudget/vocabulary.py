@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import sys
+from collections import Counter
 from collections.abc import Iterable, Mapping
 
 __all__ = ["OUTCOMES", "Outcome", "RunMode", "StrEnum", "TestOutcome", "count_outcomes", "tally_text"]
@@ -53,10 +54,7 @@ OUTCOMES: tuple[Outcome, ...] = tuple(Outcome)
 
 def count_outcomes(outcomes: Iterable[str]) -> dict[str, int]:
     """``{outcome: count}`` in the order the outcomes first come (``count_outcomes(r.outcome for r in records)``)."""
-    out: dict[str, int] = {}
-    for o in outcomes:
-        out[o] = out.get(o, 0) + 1
-    return out
+    return dict(Counter(outcomes))
 
 
 def tally_text(counts: Mapping[str, int]) -> str:

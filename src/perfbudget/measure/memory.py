@@ -221,9 +221,6 @@ def _phase_fns(
 ) -> tuple[Callable[[], Any], Callable[[Any], Any], Callable[[], Any] | None]:
     """The three phases; the optimizer phase is ``None`` when there is no optimizer."""
 
-    def default_backward(loss: Any) -> Any:
-        return loss.backward()
-
     def opt_phase() -> None:
         if callable(getattr(optimizer, "step", None)) and callable(
             getattr(optimizer, "zero_grad", None)
@@ -238,7 +235,7 @@ def _phase_fns(
                 f"optimizer must be a torch.optim.Optimizer, a callable or None, got {type(optimizer)}"
             )
 
-    return forward, backward or default_backward, None if optimizer is None else opt_phase
+    return forward, backward or (lambda loss: loss.backward()), None if optimizer is None else opt_phase
 
 
 def training_step(

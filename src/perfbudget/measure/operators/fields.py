@@ -15,9 +15,6 @@ _FIELD_FALLBACKS: dict[str, tuple[str, ...]] = {
     "device_time_total": ("device_time_total", "cuda_time_total"),
     "self_device_memory_usage": ("self_device_memory_usage", "self_cuda_memory_usage"),
     "device_memory_usage": ("device_memory_usage", "cuda_memory_usage"),
-    "self_cpu_time_total": ("self_cpu_time_total",),
-    "cpu_time_total": ("cpu_time_total",),
-    "input_dtypes": ("input_dtypes",),
 }
 
 

@@ -78,15 +78,10 @@ def _flop_counter_attention_mapping() -> dict[Any, Callable[..., int]]:
     ) -> int:
         return attention_flops(q, k, v, backward=True)
 
-    mapping: dict[Any, Callable[..., int]] = {}
-    for name in ("_scaled_dot_product_flash_attention_for_cpu",):
-        packet = getattr(torch.ops.aten, name, None)
-        if packet is not None:
-            mapping[packet] = forward
-        packet_bwd = getattr(torch.ops.aten, name + "_backward", None)
-        if packet_bwd is not None:
-            mapping[packet_bwd] = backward
-    return mapping
+    name = "_scaled_dot_product_flash_attention_for_cpu"
+    found = ((getattr(torch.ops.aten, name, None), forward),
+             (getattr(torch.ops.aten, f"{name}_backward", None), backward))
+    return {packet: formula for packet, formula in found if packet is not None}
 
 
 @dataclass(frozen=True, kw_only=True)

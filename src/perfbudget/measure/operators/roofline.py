@@ -41,11 +41,8 @@ class DevicePeaks:
         return self.flops_per_s.get(dtype, self.flops_per_s["float32"]) / self.bytes_per_s
 
     def classify(self, flops: float, bytes_accessed: float, dtype: str = "float32") -> Roofline:
-        """Roofline class of work with ``flops`` FLOPs over ``bytes_accessed`` bytes.
-
-        Returns:
-            ``"compute"`` at or above the ridge point, ``"memory"`` below it, ``"unknown"`` without bytes.
-        """
+        """Roofline class of ``flops`` FLOPs over ``bytes_accessed`` bytes: ``"compute"`` at or above the ridge
+        point, ``"memory"`` below it, ``"unknown"`` without bytes."""
         if bytes_accessed <= 0:
             return "unknown"
         if flops <= 0:

@@ -95,11 +95,9 @@ def _numel(shape: Sequence[int]) -> int:
 def _event_bytes(
     name: str, shapes: Sequence[Sequence[int]], dtypes: Sequence[str]
 ) -> tuple[float, str]:
-    """Estimated bytes an op call reads and writes, and its main floating dtype.
-
-    The profiler records no outputs: matmul and attention outputs come from the shapes, other ops are
-    charged one output the size of their largest input (exact for elementwise ops).
-    """
+    """Estimated bytes an op call reads and writes, and its main floating dtype."""
+    # No outputs are recorded: matmul and attention outputs come from the shapes; other ops are charged
+    # one the size of their largest input (exact for elementwise ops).
     in_bytes = 0
     largest = 0
     dtype = "float32"
@@ -281,15 +279,13 @@ class OpMove:
 def moved_operators(
     candidates: Iterable[OpMove], *, k: int | None = 5, min_delta: Mapping[str, float] | None = None
 ) -> tuple[OpMove, ...]:
-    """The operators that moved (:meth:`OpMove.moved`), the one rule every report names them by.
+    """The operators that moved (:meth:`OpMove.moved`): failing first, then by largest relative change, then
+    one-sided by size, ties by metric name; the one rule every report names them by.
 
     Args:
         candidates: one :class:`OpMove` per operator metric compared.
         k: how many to keep (``None``: all).
         min_delta: per family, the least absolute change that counts (noise on tiny operators).
-
-    Returns:
-        Failing first, then by largest relative change, then one-sided by size; ties by metric name.
     """
     floors = min_delta or {}
     out = [m for m in candidates if m.moved(floors.get(m.family, 0.0))]
@@ -310,14 +306,11 @@ class OpDiff:
     """New summed operator self time per step, in ms."""
 
     def moved(self, *, min_rel: float = 0.10, min_step_share: float = 0.01) -> tuple[OpChange, ...]:
-        """Operators that moved: exact changes always, time beyond both ``min_rel`` and ``min_step_share``.
+        """Operators that moved, largest self-time change first: exact changes always, time beyond both bounds.
 
         Args:
             min_rel: least relative self-time change (0.10 = 10 %).
             min_step_share: least change as a fraction of the base step's self time.
-
-        Returns:
-            The moved operators, largest absolute self-time change first.
         """
         names = {m.op for m in self.moves(min_rel=min_rel, min_step_share=min_step_share, k=None)}
         return tuple(c for c in self.changes if c.name in names)
