@@ -35,17 +35,9 @@ def environment(mode: str) -> dict[str, str]:
 
 
 def settle(mode: str) -> str:
-    """Settle this process's allocator (``mode="settled"``) and say what is in effect.
-
-    glibc's thresholds are set with ``mallopt`` (a no-op where they came from the environment);
-    torch's alignment is asked for through its variable when torch has not been imported yet, and
-    read back otherwise, so the answer is what the process does, not what was asked.
-
-    Returns:
-        ``as-is``, ``settled``, or ``settled`` followed by what could not be settled
-        (``settled; glibc: not glibc``, ``...; torch: blocks unaligned (torch loaded first)``): recorded
-        in how a session measured, so two sides that differ are not compared.
-    """
+    """Settle this process's allocator (``mode="settled"``) and say what is in effect, read back
+    where possible: ``as-is``, ``settled``, or ``settled`` followed by what could not be settled
+    (``settled; glibc: not glibc``), recorded so two sides that differ are not compared."""
     if _check(mode) == "as-is":
         return "as-is"
     missing: list[str] = []

@@ -28,9 +28,8 @@ __all__ = [
 ]
 
 CacheState = Literal["cold", "warm"]
-"""Inductor's FX-graph cache during a compile: ``cold`` when inductor generated code (a cache
-miss or a graph the cache cannot hold), ``warm`` when every graph came from the cache (or no
-inductor graph was compiled at all, e.g. backend ``eager``)."""
+"""Inductor's FX-graph cache during a compile: ``cold`` when inductor generated code, ``warm`` when
+every graph came from the cache (or none was compiled, e.g. backend ``eager``)."""
 
 
 def _first_line(text: str) -> str:
@@ -39,11 +38,7 @@ def _first_line(text: str) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class CompileCounters:
-    """A snapshot (or the difference of two) of ``torch._dynamo.utils.counters``.
-
-    Counters are process-global; compare snapshots taken around the code of interest, or
-    call :func:`reset_compiler` first.
-    """
+    """A snapshot (or the difference of two) of the process-global ``torch._dynamo.utils.counters``."""
 
     frames_total: int = 0
     """Frames dynamo converted (``counters["frames"]["total"]``): grows on every compile and recompile."""
@@ -69,14 +64,12 @@ class CompileCounters:
 
     @property
     def recompiles(self) -> int:
-        """Frames compiled again, read as growth of ``frames_total`` (dynamo has no recompile
-        counter). Meaningful on a difference of snapshots taken after warm-up."""
+        """Growth of ``frames_total`` (dynamo has no recompile counter), read after warm-up."""
         return self.frames_total
 
     @property
     def cache(self) -> CacheState:
-        """Whether inductor compiled cold or warm, read on a difference of snapshots taken around
-        the compile: ``cold`` if any graph missed (or bypassed) the FX-graph cache."""
+        """``cold`` if any graph missed or bypassed the FX-graph cache (read around a compile)."""
         return "cold" if self.fx_cache_misses > 0 or self.fx_cache_bypasses > 0 else "warm"
 
     def __sub__(self, other: CompileCounters) -> CompileCounters:
@@ -151,16 +144,8 @@ class GraphBreakReport:
 
 
 def explain_graph_breaks(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> GraphBreakReport:
-    """Run ``fn(*args, **kwargs)`` under ``torch._dynamo.explain`` and list its graph breaks.
-
-    Args:
-        fn: the function or module to trace (not a ``torch.compile`` wrapper).
-        *args: positional inputs.
-        **kwargs: keyword inputs.
-
-    Returns:
-        ``GraphBreakReport`` with the reasons and user-code locations.
-    """
+    """Run ``fn(*args, **kwargs)`` under ``torch._dynamo.explain`` and list its graph breaks with
+    their user-code locations; ``fn`` is a function or module, not a ``torch.compile`` wrapper."""
     import torch._dynamo
 
     ex = torch._dynamo.explain(fn)(*args, **kwargs)
@@ -206,22 +191,17 @@ def warm_until_stable(
     max_rounds: int = 4,
     sync: Callable[[], Any] | None = None,
 ) -> WarmupReport:
-    """Call a compiled function with every shape class until dynamo's counters stop changing.
-
-    With ``dynamic=None`` the second distinct shape triggers a dynamic recompile, so a
-    single warm-up call is not enough: each round calls ``fn`` once per entry of ``inputs``
-    and the warm-up ends with the first round that compiles nothing.
+    """Call a compiled function with every shape class, round after round, until a round compiles
+    nothing (with ``dynamic=None`` the second distinct shape recompiles).
 
     Args:
         fn: the compiled callable (e.g. ``torch.compile(model)``).
         inputs: one argument tuple per shape class.
         max_rounds: give up after this many rounds (``stable`` is then False).
-        sync: called after every call before reading the clock (``torch.cuda.synchronize``
-            for GPU work).
+        sync: called after every call before reading the clock (``torch.cuda.synchronize`` for GPU).
 
     Returns:
-        ``WarmupReport``; ``compile_s`` is the time of the rounds that compiled minus the same
-        number of stable rounds; ``cache`` says whether inductor's FX-graph cache was cold.
+        ``WarmupReport``; ``compile_s`` is the compiling rounds' time minus as many stable rounds'.
     """
     if not inputs:
         raise ValueError("inputs must hold at least one argument tuple (one per shape class)")
@@ -281,18 +261,11 @@ class RecompileWatch:
 def no_recompiles(*, stance: bool = True) -> Iterator[RecompileWatch]:
     """Fail on any recompile inside the block.
 
-    Two guards: ``torch.compiler.set_stance("fail_on_recompile")`` (torch >= 2.6) makes the
-    recompiling call raise at once, and the counters are compared at exit, which also
-    catches what the stance does not (older torch, frames compiled for the first time).
+    ``set_stance("fail_on_recompile")`` (torch >= 2.6) raises at once; the counters, compared at
+    exit, also catch older torch and frames compiled for the first time.
 
-    Args:
-        stance: also apply the ``fail_on_recompile`` stance.
-
-    Yields:
-        ``RecompileWatch`` whose ``delta()`` shows the growth so far.
-
-    Raises:
-        RecompileError: on a recompile, naming the counter growth.
+    Yields a ``RecompileWatch`` (``delta()``: the growth so far); raises ``RecompileError`` naming
+    the counter growth. ``stance``: also apply the ``fail_on_recompile`` stance.
     """
     import torch
 
@@ -319,17 +292,11 @@ def no_recompiles(*, stance: bool = True) -> Iterator[RecompileWatch]:
 
 
 def inductor_dirs(root: str | os.PathLike[str], *, keep_tmpdir: bool = False) -> None:
-    """Keep inductor's cache and its precompiled headers (under TMPDIR) in ``root``.
+    """Keep inductor's cache and its precompiled headers in ``root`` (call before the first compile),
+    so a second run starts warm. A ``TORCHINDUCTOR_CACHE_DIR`` already set is kept; headers go to
+    ``tempfile.gettempdir()`` whatever it says, so TMPDIR moves too unless ``keep_tmpdir``.
 
-    A second run then starts warm (``WarmupReport.cache == "warm"``). Call it before the first
-    compile. Headers go to ``tempfile.gettempdir()`` whatever ``TORCHINDUCTOR_CACHE_DIR`` says,
-    so TMPDIR moves too, unless ``keep_tmpdir`` (the plugin passes ``PERFBUDGET_KEEP_TMPDIR``);
-    a ``TORCHINDUCTOR_CACHE_DIR`` already set is kept.
-
-    Args:
-        root: a project-local, ignored folder (e.g. ``.perfbudget``); ``inductor/`` and ``tmp/``
-            are created in it.
-        keep_tmpdir: leave TMPDIR as it is.
+    ``root``: a project-local, ignored folder (``.perfbudget``) that gets ``inductor/`` and ``tmp/``.
     """
     base = Path(root)
     cache = base / "inductor"

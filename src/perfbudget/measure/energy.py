@@ -39,8 +39,7 @@ class EnergySamples:
     samples_per_window: tuple[int, ...]
     source: Literal["nvml", "rapl"]
     domain: str
-    """What the counter covers, e.g. ``"GPU 2 (cuda:0), NVIDIA H200"`` or ``"package-0"``.
-    RAPL packages include every process on the socket."""
+    """What the counter covers: ``"GPU 2 (cuda:0), NVIDIA H200"``, ``"package-0"`` (the whole socket)."""
 
     def summary(self, confidence: float = 0.95) -> stats.Summary:
         """Median J/sample, CI of the median, IQR, CV over the windows."""
@@ -67,11 +66,7 @@ _TOP_ZONE = re.compile(r"^intel-rapl:\d+$")
 
 
 def rapl_domains(root: str | os.PathLike[str] = RAPL_ROOT) -> list[RaplDomain] | Unmeasurable:
-    """Readable RAPL package counters under ``root`` (``/sys/class/powercap``).
-
-    Returns:
-        The domains, or ``Unmeasurable`` saying what is missing or unreadable.
-    """
+    """Readable RAPL package counters under ``root``, or ``Unmeasurable`` saying what is missing."""
     base = Path(root)
     if not base.is_dir():
         return Unmeasurable(reason=f"no RAPL: {base} does not exist (VM or non-Linux host)")
@@ -125,8 +120,7 @@ class _Counter:
 def _nvml_counter(
     device_index: int | None, module: Any, stack: ExitStack
 ) -> tuple[_Counter, str] | Unmeasurable:
-    """The energy counter of CUDA device ``device_index``'s GPU; its NVML session stays open
-    (closed by ``stack``) for every read of the measurement."""
+    """The energy counter of CUDA device ``device_index``'s GPU; ``stack`` closes its NVML session."""
     opened = nvml.open_session(module)
     if isinstance(opened, Unmeasurable):
         return Unmeasurable(reason=f"no NVML energy counter: {opened.reason}")
@@ -173,23 +167,17 @@ def energy_per_sample(
 ) -> EnergySamples | Unmeasurable:
     """Joules per sample from an energy counter read around windows of at least ``min_window_s``.
 
-    Each window calls ``step`` until ``min_window_s`` has passed, then divides the counter's
-    increase by the samples processed. NVML's counter refreshes every 10-100 ms, so windows
-    shorter than ~1 s are dominated by its granularity; RAPL counters wrap (at
-    ``max_energy_range_uj``, minutes of full load), which is undone once per window, so windows
-    must stay shorter than that. GPU work is synchronized (``sync``,
-    default :func:`~perfbudget.measure.sync.device_sync` of ``device``) before each counter read.
+    NVML's counter refreshes every 10-100 ms, so windows under ~1 s are mostly its granularity;
+    a RAPL wrap (minutes of full load) is undone once per window, so windows must stay shorter.
 
     Args:
         step: processes ``samples_per_call`` samples per call.
         samples_per_call: samples (e.g. batch size or tokens) per call.
-        device: ``"cuda"`` reads NVML's total-energy counter of the GPU behind CUDA device
-            ``device_index``; ``"cpu"`` reads RAPL package counters.
+        device: ``"cuda"``: NVML's counter of CUDA device ``device_index`` (``None``: current);
+            ``"cpu"``: RAPL package counters.
         windows: number of windows (energy is a statistics kind: one value per window).
         min_window_s: least window length in seconds.
-        device_index: CUDA device index as torch numbers it (``None``: the current device);
-            the NVML device is found from it (see ``measure.nvml.NvmlSession.gpu``).
-        sync: waits for queued device work.
+        sync: waits for queued device work before each counter read (default: ``device``'s).
         nvml_module: a ``pynvml``-compatible module (tests inject a fake one).
         rapl_root: powercap directory.
 

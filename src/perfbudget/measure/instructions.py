@@ -75,17 +75,15 @@ class InstructionCount:
     dump: Path | None = None
     """The callgrind dump holding exactly the measured calls (None for the hardware counter)."""
     history_dependent: int = 0
-    """Of ``total``, the instructions of functions whose work depends on the process's history more
-    than on the step (:func:`history_dependent`), left out of ``per_step``. Always 0 for the
-    hardware counter, which cannot tell functions apart."""
+    """Of ``total``, the instructions of :func:`history_dependent` functions, left out of ``per_step``
+    (always 0 for the hardware counter, which cannot tell functions apart)."""
     parsed: CallgrindDump | None = field(default=None, repr=False, compare=False)
     """``dump`` as read when it was counted (its functions), so no caller reads it again."""
 
 
-# CALLGRIND_START_INSTRUMENTATION lets the process run with --instr-atstart=no: everything before
-# the first measurement (importing torch, collecting tests, fixtures) runs without callgrind's
-# instrumentation, several times faster. torch._C only exposes TOGGLE_COLLECT (and a dump), so the
-# start/stop requests come from this tiny library, built at first use from valgrind's own header.
+# CALLGRIND_START_INSTRUMENTATION lets everything before the first measurement run uninstrumented
+# (--instr-atstart=no), several times faster. torch._C only exposes TOGGLE_COLLECT (and a dump), so
+# the start/stop requests come from this tiny library, built at first use from valgrind's header.
 _HELPER_SOURCE = r"""
 #include <valgrind/callgrind.h>
 int perfbudget_running_on_valgrind(void) { return RUNNING_ON_VALGRIND; }
@@ -101,11 +99,8 @@ _helper_cache: dict[Path, ctypes.CDLL | Unmeasurable] = {}
 
 
 def build_helper(cache_dir: Path | None = None) -> ctypes.CDLL | Unmeasurable:
-    """The callgrind client-request helper, compiled once per source version with ``$CC`` (default ``gcc``).
-
-    Returns the loaded library, or Unmeasurable naming what is missing (a C compiler, ``valgrind/callgrind.h``).
-    Loading it outside valgrind is harmless: the requests are no-ops there.
-    """
+    """The callgrind client-request helper (no-ops outside valgrind), compiled once per source
+    version with ``$CC`` (default ``gcc``), or Unmeasurable naming what is missing."""
     folder = cache_dir or Settings.resolve().helper_cache_dir
     digest = hashlib.sha256(_HELPER_SOURCE.encode()).hexdigest()[:12]
     lib = folder / f"callgrind-helper-{digest}-{platform.machine()}.so"
@@ -154,11 +149,8 @@ def _build(lib: Path, digest: str, folder: Path) -> Unmeasurable | None:
 
 @functools.cache
 def running_under_valgrind() -> bool:
-    """Whether this process runs on valgrind's synthetic CPU (any tool); asked once per process.
-
-    The session asks it before every perf test (a process under callgrind takes no timing lock):
-    on a machine without ``valgrind/callgrind.h`` each uncached ask would run the compiler again.
-    """
+    """Whether this process runs on valgrind's synthetic CPU (any tool)."""
+    # Cached: asked before every perf test, and without valgrind/callgrind.h each ask would compile.
     helper = build_helper()
     if not isinstance(helper, Unmeasurable):
         return bool(helper.perfbudget_running_on_valgrind())
@@ -207,11 +199,7 @@ class HardwareCounter:
 
 
 def open_hardware_counter() -> HardwareCounter | Unmeasurable:
-    """Open the retired-instructions counter for this thread (user space), or say why it cannot be opened.
-
-    Virtual machines without a virtual PMU answer ENOENT; ``kernel.perf_event_paranoid`` > 2 (or a
-    container's seccomp policy) answers EACCES/EPERM.
-    """
+    """Open the retired-instructions counter for this thread (user space), or say why not."""
     number = _PERF_EVENT_OPEN.get(platform.machine())
     if number is None or platform.system() != "Linux":
         return Unmeasurable(reason=f"perf_event_open: not supported on {platform.system()} {platform.machine()}")
@@ -254,9 +242,8 @@ _calibrated: list[Path] = []
 
 
 def _calibrate_callgrind() -> None:
-    """The first pass through the requests costs more (the interpreter specialises this module's
-    calls, ctypes sets up its call path): spent once on an empty step, in a dump that is deleted,
-    so the first real measurement counts like every later one. Called before the step's warm-up."""
+    """Spend the costlier first pass through the requests (specialising, ctypes set-up) once on an
+    empty step, in a deleted dump, so the first real measurement counts like every later one."""
     if not _calibrated:
         _calibrated.append(_dump_base())
         first = _count_callgrind(lambda: None, 1, "calibration")
@@ -317,21 +304,15 @@ def instructions(step: Callable[[], object], *, steps: int = 20, warmup: int = 1
     Args:
         step: the work of one step, warm already or warmed by ``warmup``; run on this thread.
         steps: calls counted; the result is per call.
-        warmup: calls made first and not counted: first calls allocate and pick kernels, and the
-            interpreter specialises a function's bytecode only after several calls (CPython 3.11
-            quickens a function on its 8th), which would otherwise land in the counted calls.
-        counter: ``"callgrind"`` (this process runs under ``valgrind --tool=callgrind --collect-atstart=no``,
-            e.g. through ``perfbudget instructions``), ``"hardware"`` (the CPU's instructions counter
-            through ``perf_event_open``), or ``"auto"``: callgrind under valgrind, else the hardware counter.
+        warmup: calls made first and not counted: first calls allocate and pick kernels, and
+            CPython quickens a function only on its 8th call (3.11).
+        counter: ``"callgrind"`` (under ``valgrind --tool=callgrind --collect-atstart=no``, e.g.
+            ``perfbudget instructions``), ``"hardware"`` (``perf_event_open``), or ``"auto"``:
+            callgrind under valgrind, else the hardware counter.
         label: written into the callgrind dump's trigger line, to tell dumps apart.
 
     Returns:
-        An InstructionCount naming its counter, or Unmeasurable with the reason and the fix
-        (how to run under callgrind, or how to install valgrind).
-
-    Only the counted calls are collected: set-up, fixtures and warm-up before the call, and
-    whatever runs after it, are not. The garbage collector is paused during the counted calls
-    (a collection would land in whichever call crosses its threshold).
+        An InstructionCount naming its counter, or Unmeasurable with the reason and the fix.
     """
     if steps < 1 or warmup < 0:
         raise ValueError(f"steps must be >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
@@ -353,6 +334,7 @@ def instructions(step: Callable[[], object], *, steps: int = 20, warmup: int = 1
     if hardware is None:
         _calibrate_callgrind()
     _run(step, warmup)
+    # A collection would land in whichever counted call crosses its threshold.
     enabled = gc.isenabled()
     gc.collect()
     gc.disable()
@@ -365,14 +347,11 @@ def instructions(step: Callable[[], object], *, steps: int = 20, warmup: int = 1
             gc.enable()
 
 
-# The same step, counted in processes with different histories (another test selection before
-# it, another instrument version, another count earlier in the process), moves by up to 0.7 %,
-# and all of the movement sits in these functions (benchmarks/instructions-history-cpu.md):
-# the memory allocators, whose free lists, bins and consolidations depend on every allocation
-# the process made before, and CPython's dictionary and type-attribute lookups, whose probe
-# lengths depend on hash collisions and on the type cache's contents. PyTorch's instruction-count
-# benchmarks strip the dictionary lookups for the same reason (``FunctionCounts.denoise``).
-# The rest of the step repeats to a few hundredths of a percent across those histories.
+# The same step counted in processes with different histories moves by up to 0.7 %, all of it in
+# these functions (benchmarks/instructions-history-cpu.md): allocators, whose free lists depend on
+# every earlier allocation, and CPython's dict and type-attribute lookups, whose probes depend on
+# collisions and the type cache (PyTorch's ``FunctionCounts.denoise`` strips them too). The rest
+# repeats to a few hundredths of a percent.
 _GLIBC_MALLOC: Final = frozenset({
     "malloc", "free", "calloc", "realloc", "cfree", "memalign", "posix_memalign", "aligned_alloc", "valloc",
     "pvalloc", "__libc_malloc", "__libc_free", "__libc_calloc", "__libc_realloc", "__libc_memalign",
@@ -402,8 +381,7 @@ def history_dependent(function: str) -> bool:
     """Whether a callgrind function (``name [object file]``) is one whose instructions depend on
     the process's history: a memory allocator's, or a CPython dictionary or type-attribute lookup.
 
-    Matched by name within its library (glibc, CPython) or by library (a preloaded jemalloc,
-    tcmalloc or mimalloc), so a user's own function of the same name is not left out.
+    Matched by name within glibc or CPython, or by library (jemalloc, tcmalloc, mimalloc).
     """
     name, _, obj = function.rpartition(" [")
     if not _:
@@ -429,10 +407,8 @@ class FunctionCost:
     inclusive_ir: int
     """Self plus every call it made (recursion levels merged, so an inner call is not counted twice)."""
     straddles: bool = False
-    """A measuring frame: on the stack when collection switched on or off (callgrind charges it
-    remainders of calls from outside the dump, so its inclusive count, < 0 or > the total, means
-    nothing), or enclosing nearly everything counted (the loop that calls the step), which says
-    nothing about where the instructions went."""
+    """A measuring frame, whose inclusive count means nothing: on the stack when collection switched
+    (charged remainders from outside the dump: < 0 or > the total), or enclosing nearly all of it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -590,8 +566,7 @@ def moved_functions(before: InstructionCount | CallgrindDump | str | Path,
                     after: InstructionCount | CallgrindDump | str | Path, k: int = 10) -> list[FunctionMove]:
     """The ``k`` functions whose inclusive Ir moved most (by absolute change per step) from ``before`` to ``after``.
 
-    Counts are per step when given InstructionCounts (their ``steps``), per dump otherwise.
-    Functions that straddle either dump (the measuring frames) are left out.
+    Per step for InstructionCounts, per dump otherwise; the measuring frames are left out.
     """
     (a, a_steps), (b, b_steps) = _as_dump(before), _as_dump(after)
     straddling = {n for d in (a, b) for n, f in d.functions.items() if f.straddles}

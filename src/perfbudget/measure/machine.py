@@ -43,15 +43,8 @@ def _nvml_max_sm_clock() -> int | None:
 
 
 def describe(type: DeviceType = "cpu", *, threads: int | None = 1) -> DeviceInfo:
-    """Describe this machine's ``cpu`` or ``cuda`` device.
-
-    Args:
-        type: which device the measurements run on.
-        threads: torch threads the timers pin (recorded for ``cpu``).
-
-    Raises:
-        RuntimeError: ``type="cuda"`` on a machine without CUDA.
-    """
+    """Describe this machine's ``cpu`` or ``cuda`` device (``threads``: those the timers pin, recorded
+    for ``cpu``); ``RuntimeError`` for ``cuda`` on a machine without CUDA."""
     import torch
 
     try:
@@ -107,9 +100,8 @@ def describe(type: DeviceType = "cpu", *, threads: int | None = 1) -> DeviceInfo
 def trusted_identities(claimed: Mapping[str, DeviceType], *, trust_claims: bool, out: TextIO) -> frozenset[str]:
     """Of the machine identities results claim (``identity -> device type``), those whose timing and noise
     may be written (``perfbudget accept``, ``calibrate``), each printed to ``out`` with its grounds: every
-    claim under ``trust_claims`` (``--trust-identity``), else only this machine's own (``perfbudget show
-    --identity``) where the results claim it, since a results file cannot prove where it ran (anyone can
-    write an identity into one) but results this runner's own job produced carry its identity."""
+    claim under ``trust_claims`` (``--trust-identity``), else only this machine's own where claimed."""
+    # A results file cannot prove where it ran; what this runner's own job produced carries its identity.
     if trust_claims:
         trusted, how = frozenset(claimed), "--trust-identity: the results' claim"
     else:

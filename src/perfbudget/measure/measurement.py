@@ -29,12 +29,8 @@ class Explanation:
 
 @dataclass(frozen=True, kw_only=True)
 class Measurement:
-    """The samples of one metric, and what the judge may ask of them later.
-
-    The judge reads ``samples`` (with ``reference``) first; for extra rounds and
-    confirmation it calls :meth:`more`; a failing verdict calls :meth:`explain`, so a
-    passing run pays nothing for its explanation.
-    """
+    """The samples of one metric, and what the judge may ask of them later: :meth:`more` for extra
+    rounds, :meth:`explain` only on failure, so a passing run pays nothing for its explanation."""
 
     samples: float | Sequence[float]
     """One value (exact kinds) or the first raw samples (statistical kinds)."""
@@ -55,11 +51,8 @@ class Measurement:
         return self.fresh is not None
 
     def more(self) -> Batch:
-        """A fresh batch: samples, or ``(samples, reference)`` when ``reference`` is set.
-
-        Raises:
-            RuntimeError: the measurement cannot be taken again, or no longer can.
-        """
+        """A fresh batch: samples, or ``(samples, reference)`` when ``reference`` is set; ``RuntimeError``
+        when the measurement cannot be taken again, or no longer can."""
         if self.fresh is None:
             raise RuntimeError("this measurement cannot be taken again")
         return self.fresh()
@@ -78,9 +71,8 @@ class Measurement:
 class Passes(Generic[P]):
     """Passes of one measuring routine that several metrics read their samples from.
 
-    The first pass is taken on construction. Every metric's :class:`Measurement` takes its
-    fresh batches from the same fresh passes: the n-th extra batch of each metric reads the
-    n-th fresh pass, which runs only once, when the first metric asks for it.
+    The first pass is taken on construction; the n-th extra batch of every metric reads the n-th
+    fresh pass, run once, when the first metric asks for it.
 
     Args:
         take: runs the routine once; may return :class:`~perfbudget.measure.unmeasurable.Unmeasurable`.
@@ -100,11 +92,7 @@ class Passes(Generic[P]):
 
     @property
     def first(self) -> P:
-        """The first pass.
-
-        Raises:
-            ValueError: it is unmeasurable (check :attr:`unmeasurable` first).
-        """
+        """The first pass; ``ValueError`` when it is unmeasurable (check :attr:`unmeasurable` first)."""
         if isinstance(self._first, Unmeasurable):
             raise ValueError(f"{self._what} is unmeasurable: {self._first.reason}")
         return self._first

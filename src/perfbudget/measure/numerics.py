@@ -44,16 +44,8 @@ def _group(norms: Mapping[str, float], by: GroupBy) -> dict[str, float]:
 
 
 def grad_norms(model: torch.nn.Module, *, by: GroupBy = "layer") -> dict[str, float]:
-    """L2 norms of the gradients currently held by ``model``'s parameters.
-
-    Args:
-        model: parameters without a gradient are skipped.
-        by: ``"layer"`` combines a module's parameters (``sqrt`` of the summed squares),
-            ``"parameter"`` keeps one entry per parameter.
-
-    Returns:
-        ``{name: norm}`` in parameter order; non-finite gradients give ``inf``/``nan``.
-    """
+    """``{name: L2 norm}`` of the gradients ``model``'s parameters hold now, in parameter order
+    (``inf``/``nan`` where non-finite); ``by="layer"`` combines a module's (sqrt of summed squares)."""
     import torch
 
     norms = {
@@ -111,8 +103,7 @@ class GradReport:
 
 
 def _read_step(seen: Sequence[tuple[str, Any, Any, Any]], *, step: int) -> tuple[dict[str, float], list[NonFiniteGrad]]:
-    """One step's gradient norms by parameter (the last accumulation's) and its non-finite gradients,
-    in the order backward produced them."""
+    """One step's gradient norms by parameter (the last accumulation's) and non-finite gradients."""
     norms: dict[str, float] = {}
     flagged: dict[str, tuple[bool, bool]] = {}  # insertion order: backward's
     for name, norm, has_nan, has_inf in seen:
@@ -133,13 +124,9 @@ def check_grads(
     by: GroupBy = "layer",
     stop_at_first: bool = True,
 ) -> GradReport:
-    """Run ``step`` ``steps`` times and watch every gradient as backward produces it.
-
-    A post-accumulate-grad hook on each parameter records the gradient's norm and whether it
-    holds NaN/Inf right after accumulation, so it works whatever the step does with the
-    gradients afterwards (clipping, ``zero_grad``). Values are read once per step (one device
-    sync per step on GPU). Gradients from a ``GradScaler``-scaled loss are seen *scaled*:
-    overflow there is expected and handled by the scaler (see :func:`count_scaler_skips`).
+    """Run ``step`` ``steps`` times and watch every gradient right after accumulation (a hook), so
+    clipping or ``zero_grad`` later in the step do not hide it; one device sync per step.
+    A ``GradScaler``'s gradients are seen *scaled*: see :func:`count_scaler_skips` for its overflow.
 
     Args:
         step: one training step (forward, backward, optimizer).
@@ -147,9 +134,6 @@ def check_grads(
         steps: steps to run.
         by: group norms by ``"layer"`` or ``"parameter"``.
         stop_at_first: stop after the first step with a non-finite gradient.
-
-    Returns:
-        ``GradReport`` naming the first bad parameter and step.
     """
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps!r}")
@@ -200,20 +184,9 @@ class ScalerReport:
 
 
 def count_scaler_skips(step: Callable[[], Any], scaler: Any, *, steps: int = 1) -> ScalerReport:
-    """Run ``step`` (which must call ``scaler.step`` and ``scaler.update``) and count skips.
-
-    ``GradScaler.update`` multiplies the scale by ``backoff_factor`` (< 1) exactly when the
-    step found Inf/NaN gradients and skipped ``optimizer.step``; the scale never decreases
-    otherwise. So a decrease across a step is a skipped step.
-
-    Args:
-        step: one training step using ``scaler``.
-        scaler: a ``torch.amp.GradScaler`` (a disabled scaler never skips).
-        steps: steps to run.
-
-    Returns:
-        ``ScalerReport``.
-    """
+    """Run ``step`` ``steps`` times (it must call ``scaler.step`` and ``scaler.update``; a disabled
+    ``torch.amp.GradScaler`` never skips) and count skipped steps: ``update`` lowers the scale
+    (by ``backoff_factor`` < 1) exactly when it skipped ``optimizer.step`` for Inf/NaN."""
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps!r}")
     enabled = bool(scaler.is_enabled())
@@ -281,16 +254,8 @@ def _rel(a: float, ref: float) -> float:
 def loss_drift(
     losses: Sequence[float], reference: Sequence[float], *, rtol: float = 0.01
 ) -> LossDrift:
-    """Compare a run's per-step losses with a reference run's (e.g. fp32 vs mixed precision).
-
-    Args:
-        losses: losses of the run under test, one per step.
-        reference: losses of the reference run, same steps and data.
-        rtol: relative tolerance per step.
-
-    Returns:
-        ``LossDrift``.
-    """
+    """Compare a run's per-step ``losses`` with a ``reference`` run's on the same steps and data (e.g.
+    mixed precision vs fp32), ``rtol`` the relative tolerance per step."""
     if len(losses) != len(reference):
         raise ValueError(
             f"losses and reference must have the same length, got {len(losses)} and {len(reference)}"
@@ -324,20 +289,9 @@ def compare_to_reference(
     steps: int,
     rtol: float = 0.01,
 ) -> LossDrift:
-    """Run a reference (e.g. fp32) and a candidate training loop and compare their losses.
-
-    Both callables return the step's loss and must start from the same weights and see the
-    same data (separate model copies, same seed).
-
-    Args:
-        step: the candidate step (e.g. under autocast).
-        reference_step: the fp32 reference step.
-        steps: steps per run.
-        rtol: relative tolerance per step.
-
-    Returns:
-        ``LossDrift`` of the candidate against the reference.
-    """
+    """Run ``reference_step`` (e.g. fp32) and ``step`` (e.g. autocast) ``steps`` times each and
+    compare their losses (:func:`loss_drift`). Both return the loss and must start from the same
+    weights and data (separate model copies, same seed)."""
     ref = record_losses(reference_step, steps=steps)
     got = record_losses(step, steps=steps)
     return loss_drift(got, ref, rtol=rtol)

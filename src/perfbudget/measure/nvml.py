@@ -64,30 +64,19 @@ def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-def _optional(nv: Any, fn: Callable[[], Any]) -> Any:
+def _optional(nv: Any, fn: Callable[..., Any], *args: Any) -> Any:
     """Call an NVML getter; ``None`` when this device does not support it."""
     try:
-        return fn()
+        return fn(*args)
     except (nv.NVMLError, AttributeError):
         # AttributeError: an older nvidia-ml-py without this getter.
         return None
 
 
-def _call_optional(nv: Any, fn: Callable[..., Any], *args: Any) -> Any:
-    return _optional(nv, lambda: fn(*args))
-
-
 def visible_gpus(cuda_visible_devices: str | None, device_count: int) -> list[str]:
-    """The GPUs this process may use, as ``CUDA_VISIBLE_DEVICES`` entries.
-
-    Args:
-        cuda_visible_devices: the variable's value, or ``None`` when unset.
-        device_count: GPUs the driver reports (used when the variable is unset).
-
-    Returns:
-        Indices or UUIDs (``["0", "1"]``, ``["GPU-8f…", "MIG-…"]``); empty for none. As CUDA
-        does, entries after an invalid one (``-1``, an empty entry) are ignored.
-    """
+    """The GPUs this process may use, as ``CUDA_VISIBLE_DEVICES`` entries: indices or UUIDs
+    (``["0", "1"]``, ``["GPU-8f…", "MIG-…"]``), all ``device_count`` GPUs when the variable is unset
+    (``None``). As CUDA does, entries after an invalid one (``-1``, an empty entry) are ignored."""
     if cuda_visible_devices is None:
         return [str(i) for i in range(max(device_count, 0))]
     out = []
@@ -101,8 +90,7 @@ def visible_gpus(cuda_visible_devices: str | None, device_count: int) -> list[st
 
 @dataclass(frozen=True, kw_only=True)
 class NvmlGpu:
-    """The NVML device behind one CUDA device: NVML numbers GPUs in PCI bus order over the whole
-    machine, CUDA numbers only the visible ones (``CUDA_VISIBLE_DEVICES=2``: ``cuda:0`` is NVML GPU 2)."""
+    """The NVML device behind one CUDA device (``CUDA_VISIBLE_DEVICES=2``: ``cuda:0`` is NVML GPU 2)."""
 
     cuda_index: int
     """The CUDA device index, as torch numbers it in this process."""
@@ -175,9 +163,8 @@ def _pci_bus_id(props: Any) -> str | None:
 
 
 class NvmlSession:
-    """NVML initialised once for a group of reads (:func:`open_session`), closed by :meth:`close`.
-
-    Every method answers a value or :class:`Unmeasurable`; NVML errors never escape."""
+    """NVML initialised once for a group of reads (:func:`open_session`), closed by :meth:`close`;
+    every method answers a value or :class:`Unmeasurable`, NVML errors never escape."""
 
     def __init__(self, nv: Any) -> None:
         self.nv = nv
@@ -214,17 +201,11 @@ class NvmlSession:
         return self._guard(lambda: _text(self.nv.nvmlSystemGetDriverVersion()))
 
     def gpu(self, device_index: int | None = None) -> NvmlGpu | Unmeasurable:
-        """The NVML device of CUDA device ``device_index`` (``None``: torch's current device).
+        """The NVML device of CUDA device ``device_index`` (``None``: torch's current device), or
+        :class:`Unmeasurable` saying why it has none; ``ValueError`` for a negative index.
 
         Matched by torch's UUID or PCI bus id of the device, else by the ``CUDA_VISIBLE_DEVICES``
-        entry at that index (which assumes CUDA numbers GPUs in PCI bus order, as
-        ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` makes sure).
-
-        Returns:
-            :class:`NvmlGpu`, or :class:`Unmeasurable` naming the index and why it has no GPU.
-
-        Raises:
-            ValueError: a negative ``device_index``.
+        entry at that index (assuming PCI bus order, as ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` ensures).
         """
         cuda_index = _current_cuda_index() if device_index is None else device_index
         if cuda_index < 0:
@@ -247,7 +228,7 @@ class NvmlSession:
     def _lookup(self, getter: str, key: str) -> Any:
         """A handle from an NVML lookup by key; ``None`` when not found (or no such getter)."""
         fn = getattr(self.nv, getter, None)
-        return None if fn is None else _call_optional(self.nv, fn, key)
+        return None if fn is None else _optional(self.nv, fn, key)
 
     def _from_visible_devices(self, cuda_index: int) -> NvmlGpu | Unmeasurable:
         nv = self.nv
@@ -318,15 +299,9 @@ class NvmlSession:
 
 
 def open_session(module: Any = None) -> NvmlSession | Unmeasurable:
-    """Initialise NVML: the one place perfbudget does.
-
-    Args:
-        module: a ``pynvml``-compatible module (default: :data:`NVML_MODULE` or ``pynvml``).
-
-    Returns:
-        An open :class:`NvmlSession` (close it, or use ``with``), or :class:`Unmeasurable`
-        (nvidia-ml-py not installed, no driver).
-    """
+    """Initialise NVML (the one place perfbudget does) through ``module`` (default:
+    :data:`NVML_MODULE` or ``pynvml``): an open :class:`NvmlSession` (close it, or use ``with``),
+    or :class:`Unmeasurable` (nvidia-ml-py not installed, no driver)."""
     nv = module if module is not None else NVML_MODULE
     if nv is None:
         try:
@@ -434,15 +409,15 @@ def _clock_reasons_mask(nv: Any, handle: Any) -> int | None:
         fn = getattr(nv, getter, None)
         if fn is None:
             continue
-        value = _call_optional(nv, fn, handle)
+        value = _optional(nv, fn, handle)
         if value is not None:
             return int(value)
     return None
 
 
 def _processes(nv: Any, handle: Any) -> tuple[GpuProcess, ...] | None:
-    """The processes on the GPU; ``None`` when NVML could not list the compute ones (no permission, an old
-    library): then nobody can say the GPU is not shared. A GPU without graphics may not list graphics ones."""
+    """The processes on the GPU; ``None`` when NVML could not list the compute ones (then nobody can
+    say the GPU is not shared). A GPU without graphics may not list graphics ones."""
     out: list[GpuProcess] = []
     kinds: tuple[tuple[str, Literal["compute", "graphics"]], ...] = (
         ("nvmlDeviceGetComputeRunningProcesses", "compute"),
@@ -450,7 +425,7 @@ def _processes(nv: Any, handle: Any) -> tuple[GpuProcess, ...] | None:
     )
     for getter, kind in kinds:
         fn = getattr(nv, getter, None)
-        procs = None if fn is None else _call_optional(nv, fn, handle)
+        procs = None if fn is None else _optional(nv, fn, handle)
         if procs is None:
             if kind == "compute":
                 return None
@@ -529,29 +504,20 @@ def _gpu_info(nv: Any, gpu: NvmlGpu) -> GpuInfo:
 
 
 def gpu_info(device_index: int | None = None, *, module: Any = None) -> GpuInfo | Unmeasurable:
-    """VRAM, power, energy counter, clocks, clock reasons, processes and versions of a CUDA device's GPU.
+    """VRAM, power, energy counter, clocks, clock reasons, processes and versions of a CUDA device's GPU,
+    or ``Unmeasurable`` with the reason (no driver, no such device...).
 
     Args:
-        device_index: CUDA device index as torch numbers it (``None``: the current device);
-            never an NVML index (see :meth:`NvmlSession.gpu`).
+        device_index: CUDA device index as torch numbers it (``None``: the current device), never
+            NVML's (see :meth:`NvmlSession.gpu`).
         module: a ``pynvml``-compatible module (default: :data:`NVML_MODULE` or ``pynvml``).
-
-    Returns:
-        ``GpuInfo``, or ``Unmeasurable`` with the reason (no driver, no such device...).
     """
     return _on_gpu(device_index, module, lambda s, gpu: s.info(gpu))
 
 
 def total_energy_mj(device_index: int | None = None, *, module: Any = None) -> int | Unmeasurable:
-    """A CUDA device's total energy counter in mJ since the driver loaded (refreshed each 10-100 ms).
-
-    Args:
-        device_index: CUDA device index (``None``: the current device).
-        module: a ``pynvml``-compatible module.
-
-    Returns:
-        The counter, or ``Unmeasurable`` (no NVML, or a GPU older than Volta).
-    """
+    """CUDA device ``device_index``'s (``None``: current) total energy counter in mJ since the driver
+    loaded (refreshed each 10-100 ms), or ``Unmeasurable`` (no NVML, a GPU older than Volta)."""
     return _on_gpu(device_index, module, lambda s, gpu: s.total_energy_mj(gpu))
 
 
@@ -565,16 +531,10 @@ def _power_w(nv: Any, h: Any, instant: bool) -> float:
 
 
 def power_w(device_index: int | None = None, *, instant: bool = True, module: Any = None) -> float | Unmeasurable:
-    """Board power of a CUDA device's GPU in watts.
+    """Board power in watts of CUDA device ``device_index``'s (``None``: current) GPU, or ``Unmeasurable``.
 
-    Args:
-        device_index: CUDA device index (``None``: the current device).
-        instant: read the instantaneous field (``NVML_FI_DEV_POWER_INSTANT``) where the
-            driver has it; ``nvmlDeviceGetPowerUsage`` is a ~1 s average on GA100 and later.
-        module: a ``pynvml``-compatible module.
-
-    Returns:
-        Watts, or ``Unmeasurable``.
+    ``instant`` reads ``NVML_FI_DEV_POWER_INSTANT`` where the driver has it;
+    ``nvmlDeviceGetPowerUsage`` is a ~1 s average on GA100 and later.
     """
     return _on_gpu(device_index, module, lambda s, gpu: s.power_w(gpu, instant=instant))
 
@@ -604,17 +564,11 @@ def gpu_preflight(
     """Check that no other process uses the GPU and that its clocks are not throttled.
 
     Args:
-        device_index: CUDA device index (``None``: the current device). Under
-            ``CUDA_VISIBLE_DEVICES`` this is the visible device's GPU, not NVML's GPU of that number.
-        own_pids: PIDs that belong to this run (default: this process). Inside a container,
-            NVML may report host PIDs: add them here if the run's own process is listed.
-        holds_context: whether this process has a CUDA context on the GPU (default: asks
-            torch, if imported). If it has one but is not listed under its own PID, one listed PID
-            this ``/proc`` does not have (a container's host PID) is taken to be it, and said so.
+        device_index: as in :func:`gpu_info`.
+        own_pids: PIDs that belong to this run (default: this process; in a container, maybe host PIDs).
+        holds_context: whether this process has a CUDA context on the GPU (default: asks torch); if
+            so and its PID is not listed, one PID this ``/proc`` lacks (a host PID) is taken to be it.
         module: a ``pynvml``-compatible module.
-
-    Returns:
-        ``GpuPreflight`` (``ok`` False with the problems), or ``Unmeasurable``.
     """
     info = gpu_info(device_index, module=module)
     if isinstance(info, Unmeasurable):
@@ -728,19 +682,11 @@ def gpm_metrics(
     metrics: Sequence[str] = ("sm_occupancy", "sm_util", "tensor_util"),
     module: Any = None,
 ) -> GpmMetrics | Unmeasurable:
-    """Sample GPM metrics around ``run()``: SM occupancy, SM utilisation, tensor utilisation.
+    """Whole-device GPM averages (:data:`GPM_METRICS` names) over ``run()``, or ``Unmeasurable``
+    (no NVML, a GPU before Hopper, MIG...).
 
-    Values are whole-device averages over the window: ``run`` should be alone on the GPU, last a
-    second or more, and synchronize before returning.
-
-    Args:
-        run: the workload; ``None`` samples whatever the device does for 0.1 s.
-        device_index: CUDA device index (``None``: the current device).
-        metrics: names from :data:`GPM_METRICS`.
-        module: a ``pynvml``-compatible module.
-
-    Returns:
-        ``GpmMetrics``, or ``Unmeasurable`` (no NVML, a GPU before Hopper, MIG...).
+    ``run`` (``None``: 0.1 s of whatever the device does) should be alone on the GPU, last a second
+    or more and synchronize before returning. ``device_index`` as in :func:`gpu_info`.
     """
     unknown = [m for m in metrics if m not in GPM_METRICS]
     if unknown:
@@ -759,13 +705,12 @@ class ClockSample:
     sm_mhz: float
     mem_mhz: float
     reasons: int | None
-    """The clock-event reasons bitmask at that moment (:data:`GPU_IDLE` set: no work); ``None``: NVML could
-    not read it, so whether the GPU had work is unknown."""
+    """The clock-event reasons bitmask (:data:`GPU_IDLE` set: no work); ``None``: unread, so unknown."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class GpuClocks:
-    """The clocks a GPU ran at while it worked: median and mean over the busy samples of a window."""
+    """Median and mean clocks over the busy samples of a window."""
 
     busy: int
     """Samples kept: the GPU had work (no :data:`GPU_IDLE` bit)."""
@@ -814,17 +759,11 @@ def read_clocks(session: NvmlSession, gpu: NvmlGpu) -> ClockSample | Unmeasurabl
 
 
 class ClockSampler:
-    """Read a GPU's clocks every ``interval_s`` in a background thread, each sample filed under the
-    label ``label()`` gives at that moment (``None``: not kept), e.g. the A/B side holding the machine.
+    """Read CUDA device ``cuda_index``'s clocks every ``interval_s`` in a background thread, each
+    sample filed under what ``label()`` says then (``None``: not kept), e.g. the A/B side running.
 
     The GPU is found through ``CUDA_VISIBLE_DEVICES``, without starting CUDA (its context would be
     one more process on the GPU). Without NVML or that GPU it samples nothing (:attr:`unavailable`).
-
-    Args:
-        label: who the GPU works for right now.
-        interval_s: seconds between samples.
-        cuda_index: the CUDA device the measured processes use.
-        module: a ``pynvml``-compatible module (default: :data:`NVML_MODULE` or ``pynvml``).
     """
 
     def __init__(self, label: Callable[[], str | None], *, interval_s: float = 0.05, cuda_index: int = 0,

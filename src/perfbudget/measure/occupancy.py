@@ -137,9 +137,8 @@ class TheoreticalOccupancy:
     """``active_blocks_per_sm * warps_per_block``."""
     warps_per_block: int
     limiter: Limiter
-    """What caps the occupancy: the resource with the lowest block cap (first in the order
-    warps, registers, shared_memory, blocks on ties), or ``"grid"`` when the grid has fewer
-    blocks than the resources allow on all SMs together."""
+    """The resource with the lowest block cap (ties: warps, registers, shared_memory, blocks), or
+    ``"grid"`` when the grid has fewer blocks than the resources allow on all SMs together."""
     blocks_limit: Mapping[str, int]
     """Resident-block cap imposed by each resource (and ``"grid"``: ``ceil(grid / SMs)``)."""
     arch: str
@@ -213,9 +212,6 @@ def theoretical_occupancy(
         smem_per_sm_bytes: shared-memory carve-out per SM; default the arch's largest.
         grid_blocks: blocks of the launch's grid (x * y * z); ``None``: a grid large enough.
         num_sms: SMs of the GPU; required with ``grid_blocks``.
-
-    Returns:
-        ``TheoreticalOccupancy``.
 
     Raises:
         ValueError: the configuration cannot launch (too many threads, registers or shared
@@ -322,14 +318,8 @@ def _int_or_none(v: Any) -> int | None:
 
 
 def kernel_records(trace: str | os.PathLike[str] | Mapping[str, Any] | Any) -> list[KernelRecord]:
-    """GPU kernel launches of a chrome trace (``cat`` "kernel", any case; complete events).
-
-    Args:
-        trace: path, dict or profiler object (see :func:`load_trace`).
-
-    Returns:
-        One ``KernelRecord`` per kernel event, in trace order.
-    """
+    """One ``KernelRecord`` per kernel launch of a chrome trace (``cat`` "kernel", any case; complete
+    events), in trace order; ``trace`` as :func:`load_trace` takes it."""
     data = load_trace(trace)
     out = []
     for ev in data.get("traceEvents", []):
@@ -359,10 +349,9 @@ def kernel_records(trace: str | os.PathLike[str] | Mapping[str, Any] | Any) -> l
     return out
 
 
-# deviceProperties key -> GpuArch field. kineto writes the CUDA-only ones (regsPerMultiprocessor,
-# sharedMemPerBlockOptin, sharedMemPerMultiprocessor) from cudaDeviceProp. "sharedMemPerBlock"
-# is deliberately not read: it is the 48 KB a block gets without opting in, the limit that makes
-# kineto's own estimate read 0 for kernels that opt into more.
+# deviceProperties key -> GpuArch field, as kineto writes them from cudaDeviceProp. Not
+# "sharedMemPerBlock": the 48 KB a block gets without opting in, which makes kineto's own estimate
+# read 0 for kernels that opt into more.
 _DEVICE_FIELDS: Mapping[str, str] = {
     "regsPerMultiprocessor": "registers_per_sm",
     "regsPerBlock": "max_registers_per_block",
@@ -401,13 +390,8 @@ def _positive_int(entry: Mapping[str, Any], key: str, device: Any) -> int | None
 def trace_devices(
     trace: str | os.PathLike[str] | Mapping[str, Any] | Any,
 ) -> dict[int, TraceDevice]:
-    """The trace's GPUs by device id, with the limits occupancy is computed against.
-
-    Args:
-        trace: path, dict or profiler object (see :func:`load_trace`).
-
-    Returns:
-        Device id -> ``TraceDevice``; empty when the trace has no ``deviceProperties``.
+    """The trace's GPUs by device id (empty without ``deviceProperties``), with the limits occupancy
+    is computed against; ``trace`` as :func:`load_trace` takes it.
 
     Raises:
         ValueError: a device property is not a positive integer.
@@ -426,28 +410,19 @@ def trace_devices(
         num_sms = _positive_int(entry, "numSms", dev)
         major = _int_or_none(entry.get("computeMajor"))
         minor = _int_or_none(entry.get("computeMinor"))
-
-        def unknown(
-            why: str, dev: int = dev, name: str = name, num_sms: int | None = num_sms
-        ) -> TraceDevice:
-            return TraceDevice(
-                device_id=dev, name=name, arch=None, num_sms=num_sms, unknown_reason=why
-            )
-
+        base: GpuArch | str
         if "maxSharedMemoryPerMultiProcessor" in entry:
             # kineto writes this key for ROCm devices only; an MI200 reports "compute capability"
             # 9.0 (gfx90a) and must not be judged with H100 limits.
-            out[dev] = unknown(f"device {dev} ({name!r}) is not a CUDA GPU")
-            continue
-        if major is None or minor is None:
-            out[dev] = unknown(f"device {dev} ({name!r}) has no compute capability in the trace")
-            continue
-        try:
-            base = arch_for_capability(major, minor)
-        except KeyError:
-            out[dev] = unknown(
-                f"no occupancy limits for sm_{major}{minor} (device {dev}, {name!r})"
-            )
+            base = f"device {dev} ({name!r}) is not a CUDA GPU"
+        elif major is None or minor is None:
+            base = f"device {dev} ({name!r}) has no compute capability in the trace"
+        else:
+            key = f"sm_{major}{minor}"
+            base = ARCHS.get(key) or f"no occupancy limits for {key} (device {dev}, {name!r})"
+        if isinstance(base, str):
+            out[dev] = TraceDevice(device_id=dev, name=name, arch=None, num_sms=num_sms,
+                                   unknown_reason=base)
             continue
         given = {field: _positive_int(entry, key, dev) for key, field in _DEVICE_FIELDS.items()}
         overrides: dict[str, Any] = {f: v for f, v in given.items() if v is not None}
@@ -584,19 +559,15 @@ def achieved_occupancy(
 ) -> AchievedOccupancy:
     """Duration-weighted SM occupancy of a profiler trace's kernels, from launch parameters.
 
-    Each kernel's is :func:`theoretical_occupancy` of its launch against the limits of the GPU it
-    ran on (:func:`trace_devices`). Kineto's own estimate is only a cross-check: it assumes the
-    48 KB default shared-memory limit, so a kernel that opts into more (cuBLAS GEMMs, flash
-    attention on Hopper) reads 0. Kernels lacking a resource are left out and counted in ``left_out``.
+    Each kernel's is :func:`theoretical_occupancy` on the GPU it ran on (:func:`trace_devices`);
+    those lacking a resource are counted in ``left_out``. Kineto's own estimate is only a cross-check:
+    it assumes a 48 KB shared-memory limit, so kernels that opt into more (cuBLAS GEMMs) read 0.
 
     Args:
         trace: path, dict, profiler object, or already-parsed ``KernelRecord``s.
         arch: limits for kernels whose device the trace does not describe (a ``GpuArch`` or
             a key of :data:`ARCHS`); always needed for ``KernelRecord`` input.
         num_sms: the GPU's SM count for those kernels (the grid's cap needs it).
-
-    Returns:
-        ``AchievedOccupancy``.
     """
     if (
         isinstance(trace, Sequence)
@@ -649,9 +620,8 @@ def _kineto_estimate(
 ) -> tuple[float | None, float, Literal["percent", "fraction"]]:
     """(duration-weighted mean 0-1, weighted time in us, scale) of the trace's own estimates.
 
-    Only numbers in 0-100 count (kineto writes -100 where its calculation fails). Kineto writes
-    integer percent; valid values all <= 1 with a fractional one are read as fractions (0-1), as
-    some third-party writers produce."""
+    Only 0-100 counts (kineto writes -100 on failure); valid values all <= 1 with a fractional one
+    are fractions, as some third-party writers produce (kineto writes integer percent)."""
     valid = [
         k
         for k in records
@@ -682,15 +652,13 @@ _LAUNCHES = frozenset({"cuda_runtime", "cuda_driver", "runtime", "driver"})
 
 @dataclass(frozen=True, kw_only=True)
 class StepDeviceTime:
-    """Device busy time of a profiled step (``ProfilerStep#N``), as Holistic Trace Analysis counts it.
-
-    Kernels, copies and fills on every stream are work, device-side annotations are not; ``busy_ms``
-    (the metric, ``step_device_ms``) counts overlapping streams once, ``summed_ms`` each time."""
+    """Device busy time of a profiled step (``ProfilerStep#N``), as Holistic Trace Analysis counts it:
+    kernels, copies and fills on every stream are work, device-side annotations are not."""
 
     step: str
     """The profiler's step name (``ProfilerStep#3``)."""
     busy_ms: float
-    """Union of the step's device intervals across streams, ms."""
+    """Union of the step's device intervals across streams, ms (the metric ``step_device_ms``)."""
     summed_ms: float
     """Summed duration of the step's device events, ms (overlaps counted each time)."""
     kernels: int
@@ -711,18 +679,11 @@ def _union_us(intervals: list[tuple[float, float]]) -> float:
 
 
 def step_device_times(trace: str | os.PathLike[str] | Mapping[str, Any] | Any) -> list[StepDeviceTime]:
-    """Device busy time of each profiled step of a chrome trace (CPU and CUDA activity).
+    """One :class:`StepDeviceTime` per ``ProfilerStep#N`` range of a chrome trace, in time order.
 
     A device event belongs to the step whose range holds the host call that launched it (by
-    correlation id; device work lags its launch), else by its own start; events outside every step
-    are dropped.
-
-    Args:
-        trace: path, dict or profiler object (see :func:`load_trace`).
-
-    Returns:
-        One :class:`StepDeviceTime` per ``ProfilerStep#N`` range, in time order; empty when the
-        trace has none.
+    correlation id; device work lags its launch), else its own start; others are dropped.
+    ``trace`` as :func:`load_trace` takes it.
     """
     events = [ev for ev in load_trace(trace).get("traceEvents", []) if ev.get("ph", "X") == "X"]
     steps: dict[str, tuple[float, float]] = {}
@@ -826,17 +787,10 @@ def _parse_resource_usage(text: str, kernel_name: str) -> tuple[int, int] | None
 
 
 def triton_kernel_resources(kernel: Any) -> TritonKernelResources:
-    """Registers, shared memory and warps of a compiled Triton kernel.
+    """Registers, shared memory and warps of a ``triton.compiler.CompiledKernel``.
 
-    Without a GPU (a kernel compiled for an explicit ``GPUTarget``) registers are read from the
-    cubin with Triton's bundled ``cuobjdump``; on a GPU the kernel carries ``n_regs``.
-
-    Args:
-        kernel: a ``triton.compiler.CompiledKernel`` (e.g. ``jit_fn.warmup(...)`` or
-            ``triton.compile(...)``).
-
-    Returns:
-        ``TritonKernelResources``.
+    On a GPU the kernel carries ``n_regs``; without one (an explicit ``GPUTarget``) registers are
+    read from the cubin with Triton's bundled ``cuobjdump``.
     """
     md = kernel.metadata
     name = str(getattr(kernel, "name", getattr(md, "name", "")))
@@ -850,7 +804,6 @@ def triton_kernel_resources(kernel: Any) -> TritonKernelResources:
         source = "driver"
     else:
         regs = None
-        cubin = None
         try:
             cubin = kernel.asm["cubin"]
         except (KeyError, TypeError, AttributeError):
@@ -874,15 +827,8 @@ def triton_kernel_resources(kernel: Any) -> TritonKernelResources:
 def triton_occupancy(
     kernel: Any | TritonKernelResources, *, arch: GpuArch | str | None = None
 ) -> TheoreticalOccupancy | None:
-    """Theoretical occupancy of a compiled Triton kernel from its metadata.
-
-    Args:
-        kernel: a ``CompiledKernel`` or its :class:`TritonKernelResources`.
-        arch: limits to use; default the kernel's compile target.
-
-    Returns:
-        ``TheoreticalOccupancy``, or ``None`` when the register count is unavailable.
-    """
+    """Theoretical occupancy of a ``CompiledKernel`` (or its :class:`TritonKernelResources`) under
+    ``arch`` (default its compile target); ``None`` when the register count is unavailable."""
     res = kernel if isinstance(kernel, TritonKernelResources) else triton_kernel_resources(kernel)
     if res.registers_per_thread is None:
         return None

@@ -53,13 +53,9 @@ def padding_stats(
         lengths_per_batch: for each batch, the true length of every sequence in it.
         padded_len_per_batch: for each batch, the length it was padded to.
 
-    Returns:
-        ``PaddingStats``.
-
     Raises:
         ValueError: batch counts differ, a length is negative, or a sequence is longer than
-            its batch's padded length (it would have been truncated, which must not pass
-            silently).
+            its batch's padded length (a truncation must not pass silently).
     """
     lengths = [list(b) for b in lengths_per_batch]
     padded = list(padded_len_per_batch)
@@ -88,14 +84,7 @@ def padding_rate(
     """Padded-away tokens / total padded tokens over all batches, 0-1.
 
     Example: batches ``[[3, 5], [2]]`` padded to ``[5, 4]`` compute ``2*5 + 1*4 = 14`` tokens
-    of which ``10`` are real: rate ``4/14``.
-
-    Args:
-        lengths_per_batch: for each batch, the true length of every sequence in it.
-        padded_len_per_batch: for each batch, the length it was padded to.
-
-    Returns:
-        The padding rate (0 when there are no tokens).
+    of which ``10`` are real: rate ``4/14`` (0 without tokens). Arguments as :func:`padding_stats`.
     """
     return padding_stats(lengths_per_batch, padded_len_per_batch).rate
 
@@ -106,17 +95,8 @@ def padding_rate_by_width(
     """Padding rate of the batches padded to each width (one width per bucket when bucketed).
 
     Example: batches ``[[3, 5], [2], [4]]`` padded to ``[5, 4, 4]``: width 5 holds 8 real of
-    10 tokens (rate ``0.2``), width 4 holds 6 real of 8 (rate ``0.25``).
-
-    Args:
-        lengths_per_batch: for each batch, the true length of every sequence in it.
-        padded_len_per_batch: for each batch, the length it was padded to.
-
-    Returns:
-        ``{padded width: padding rate}``, widths ascending.
-
-    Raises:
-        ValueError: as :func:`padding_stats`.
+    10 tokens (rate ``0.2``), width 4 holds 6 real of 8 (rate ``0.25``). Arguments and errors as
+    :func:`padding_stats`; returns ``{padded width: padding rate}``, widths ascending.
     """
     lengths = [list(b) for b in lengths_per_batch]
     padded = list(padded_len_per_batch)
@@ -132,14 +112,8 @@ def padding_rate_by_width(
 
 
 def padding_rate_from_mask(mask: Any) -> float:
-    """Padding rate of an attention mask (``[batch, seq]``, non-zero/True = real token).
-
-    Args:
-        mask: a torch tensor, numpy array or nested sequence.
-
-    Returns:
-        Share of zero entries.
-    """
+    """Share of zero entries of an attention mask (``[batch, seq]``, non-zero/True = real token):
+    a torch tensor, numpy array or nested sequence."""
     if hasattr(mask, "numel") and hasattr(mask, "count_nonzero"):  # torch.Tensor
         total = int(mask.numel())
         real = int(mask.count_nonzero())
@@ -153,18 +127,8 @@ def padding_rate_from_mask(mask: Any) -> float:
 
 
 def sorted_batching_padding_rate(lengths: Sequence[int], batch_size: int) -> float:
-    """Padding rate of batching the lengths in sorted order, each batch padded to its maximum.
-
-    The reference lower bound for a bucketing sampler with fixed batch size: sorting puts
-    similar lengths together (it gives up shuffling, which a real sampler keeps).
-
-    Args:
-        lengths: sequence lengths of the dataset (or a sample of it).
-        batch_size: sequences per batch (the last batch may be smaller).
-
-    Returns:
-        The padding rate.
-    """
+    """Padding rate of batching ``lengths`` in sorted order, ``batch_size`` a batch (the last may be
+    smaller), each padded to its maximum: the lower bound for a bucketing sampler of that batch size."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
     xs = sorted(lengths)

@@ -18,15 +18,8 @@ _held: list[mmap.mmap] = []  # the pages stay taken for the life of the process
 
 
 def shift(*, max_mib: int = MAX_SHIFT_MIB, rng: random.Random | None = None) -> int:
-    """Take and touch a random number of pages, kept until the process ends.
-
-    Args:
-        max_mib: the largest shift, in MiB.
-        rng: the source of the draw (default: the operating system's entropy).
-
-    Returns:
-        The number of pages taken (0 is a possible draw).
-    """
+    """Take and touch a random number of pages (up to ``max_mib`` MiB, drawn from ``rng``, default the
+    OS's entropy), kept until the process ends; returns how many (0 is a possible draw)."""
     pages = (rng or random.SystemRandom()).randrange(0, max_mib * (1 << 20) // PAGE + 1)
     if pages:
         buf = mmap.mmap(-1, pages * PAGE)

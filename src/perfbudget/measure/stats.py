@@ -68,11 +68,8 @@ def cv(samples: Sequence[float]) -> float:
 
 
 def _binom_cdfs(n: int, p: float) -> list[float]:
-    """``[P(X <= k) for k in 0..n]`` for ``X ~ Binomial(n, p)``, in O(n).
-
-    The pmf is built in log space (``lgamma``) so that large ``n`` neither underflows
-    (0.5**1100 is 0.0 in floats) nor costs big-integer arithmetic.
-    """
+    """``[P(X <= k) for k in 0..n]`` for ``X ~ Binomial(n, p)``, in O(n)."""
+    # In log space: large n neither underflows (0.5**1100 is 0.0) nor costs big-integer arithmetic.
     if p <= 0.0 or p >= 1.0:
         return [1.0] * (n + 1) if p <= 0.0 else [0.0] * n + [1.0]
     lp, lq = math.log(p), math.log1p(-p)
@@ -88,15 +85,10 @@ def _binom_cdfs(n: int, p: float) -> list[float]:
 def quantile_ci(
     samples: Sequence[float], q: float, confidence: float = 0.95
 ) -> tuple[float, float, float]:
-    """Distribution-free confidence interval of the ``q`` quantile from order statistics.
+    """Distribution-free confidence interval ``(low, high, coverage)`` of the ``q`` quantile.
 
-    The interval [x_(l), x_(u)] (1-based ranks) covers the true quantile with
-    probability ``P(l <= B < u)`` where ``B ~ Binomial(n, q)``; ranks are chosen
-    symmetrically in probability so that coverage is at least ``confidence``.
-
-    Returns:
-        ``(low, high, coverage)``. With too few samples to reach ``confidence``
-        the full range is returned with the coverage it actually has.
+    Order statistics [x_(l), x_(u)] cover it with probability ``P(l <= B < u)``, ``B ~ Binomial(n, q)``,
+    ranks chosen symmetrically for at least ``confidence``; too few samples give the full range.
     """
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
@@ -165,10 +157,8 @@ def summarize(samples: Sequence[float], confidence: float = 0.95) -> Summary:
 
 @functools.lru_cache(maxsize=256)
 def t_quantile(p: float, df: float) -> float:
-    """The ``p`` quantile of Student's t with ``df`` degrees of freedom (``df`` > 0, real).
-
-    Bisection on the CDF, ``1 - I_x(df/2, 1/2) / 2`` with ``x = df / (df + t^2)``.
-    """
+    """The ``p`` quantile of Student's t with real ``df`` > 0 degrees of freedom, by bisection on
+    the CDF ``1 - I_x(df/2, 1/2) / 2`` with ``x = df / (df + t^2)``."""
     if not 0.0 < p < 1.0:
         raise ValueError(f"p must be in (0, 1), got {p!r}")
     if not df > 0:
@@ -277,19 +267,11 @@ def normal_quantile(p: float) -> float:
 
 
 def pooled_sd(ss: float, n: int, *, prior_sd: float, prior_df: float, prior_test: float) -> tuple[float, float, bool]:
-    """The sd of ``n`` values pooled with a prior sd worth ``prior_df`` degrees of freedom.
+    """``(sd, df, prior_set_aside)`` of ``n`` values (``ss``: sum of squared deviations) pooled with a
+    prior sd worth ``prior_df`` degrees of freedom (scaled inverse-chi^2 posterior).
 
-    ``ss`` is the values' sum of squared deviations from their mean, ``(n - 1) * s^2``; the pooled
-    variance is ``(prior_df * prior_sd^2 + ss) / (prior_df + n - 1)`` (the posterior under a scaled
-    inverse-chi^2 prior). The prior is set aside, and the plain sd with ``n - 1`` degrees of freedom
-    returned, when the values' spread is less likely than ``prior_test`` under it (``ss / prior_sd^2``
-    beyond the chi^2(n - 1) quantile ``1 - prior_test``).
-
-    Returns:
-        ``(sd, df, prior_set_aside)``.
-
-    Raises:
-        ValueError: one value and no prior (``prior_df + n - 1 <= 0``).
+    The prior is set aside, for the plain sd, when the values' spread is less likely than
+    ``prior_test`` under it; ``ValueError`` for one value and no prior.
     """
     df = prior_df + n - 1
     if df <= 0:

@@ -14,18 +14,8 @@ def _no_sync() -> None:
 
 
 def device_sync(device: DeviceType) -> Callable[[], None]:
-    """The function that waits for ``device``'s queued work.
-
-    Args:
-        device: ``"cuda"`` (``torch.cuda.synchronize`` of the current device) or ``"cpu"``
-            (a no-op).
-
-    Returns:
-        A zero-argument callable.
-
-    Raises:
-        ValueError: any other device name.
-    """
+    """The function that waits for ``device``'s queued work: ``torch.cuda.synchronize`` for ``"cuda"``,
+    a no-op for ``"cpu"``; ``ValueError`` for any other name."""
     if device == "cuda":
         import torch
 

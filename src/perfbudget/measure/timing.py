@@ -68,11 +68,7 @@ class Samples:
 
 @contextmanager
 def pinned_threads(threads: int | None) -> Iterator[None]:
-    """Set ``torch.set_num_threads(threads)`` for the block and restore the previous value.
-
-    Args:
-        threads: intra-op thread count; ``None`` leaves the setting alone.
-    """
+    """Set ``torch.set_num_threads(threads)`` for the block (``None``: leave it) and restore it after."""
     if threads is None:
         yield
         return
@@ -91,13 +87,8 @@ def pinned_threads(threads: int | None) -> Iterator[None]:
 class Bursts:
     """Cuts a measurement into bursts that alternate with the other side of a lockstep A/B run.
 
-    Timers call :meth:`tick` between timed calls: once a burst has lasted
-    :func:`~perfbudget.measure.turns.burst_ms`, the machine goes to the other process and comes
-    back, and ``rewarm`` runs once untimed (the other side left the caches cold). A no-op outside
-    an A/B run.
-
-    Args:
-        rewarm: one untimed call made after every hand-over (``None``: none).
+    :meth:`tick`, between timed calls, hands over after :func:`~perfbudget.measure.turns.burst_ms`;
+    back, ``rewarm`` (if any) runs once untimed (the caches went cold). A no-op outside A/B.
     """
 
     def __init__(self, rewarm: Callable[[], Any] | None = None) -> None:
@@ -155,31 +146,23 @@ def bench(
     """Time ``fn()`` repeatedly and return every per-call time.
 
     Warm-up and measurement are time budgets with floors on the call counts, as in
-    ``triton.testing.do_bench``: a process's first calls run ~1.5x slower and are discarded.
-    On CPU each call is timed with ``time.perf_counter`` (GPU work is *not* waited for); on
-    CUDA a 5-call estimate turns the budgets into call counts and each call is bracketed by
-    CUDA events, synchronized once after the loop so host overhead between calls is not timed.
+    ``triton.testing.do_bench``. CPU calls are timed by ``time.perf_counter`` (GPU work is *not*
+    waited for); CUDA calls by events, their counts from a 5-call estimate.
 
     Args:
         fn: zero-argument callable; set-up belongs outside it (in its closure).
         warmup_ms: warm-up time budget in milliseconds.
         min_samples: least number of timed calls, whatever the budget.
-        max_ms: measurement time budget in milliseconds; exceeded only to reach
-            ``min_samples``.
-        threads: torch intra-op threads during the run, restored afterwards; ``None``
-            leaves them alone. One thread is the stable setting on small CPUs.
+        max_ms: measurement time budget in milliseconds; exceeded only to reach ``min_samples``.
+        threads: torch intra-op threads during the run (``None``: unchanged; 1 is stable on small CPUs).
         device: ``"cpu"`` or ``"cuda"``.
         min_warmup_calls: least number of discarded warm-up calls.
-        max_samples: cap on the number of timed calls (protects against sub-microsecond
-            functions filling memory).
+        max_samples: cap on timed calls (sub-microsecond functions would fill memory).
         flush_l2: CUDA only, zero a 256 MB buffer before every timed call (cold-cache numbers).
-        cuda_graph: CUDA only, time replays of a CUDA graph of several calls (``fn`` must be
-            graph-capturable): no launch overhead for tiny ops.
-        min_sample_ms: CPU only: time batches of calls lasting at least this long, the calls per
-            batch found by timing after warm-up (:func:`calls_per_sample`); each sample is a
-            batch's time per call. A microsecond call timed alone is mostly the clock's overhead.
-        setup: CPU only: called untimed before every call (fresh inputs for a call that consumes
-            them); excludes batching.
+        cuda_graph: CUDA only, time replays of a CUDA graph of several calls (no launch overhead).
+        min_sample_ms: CPU only: each sample is the per-call time of a batch lasting at least this
+            long (:func:`calls_per_sample`); a microsecond call alone times mostly the clock.
+        setup: CPU only: called untimed before every call (fresh inputs); excludes batching.
 
     Returns:
         ``Samples`` with the raw per-call times in milliseconds.
@@ -201,9 +184,7 @@ def bench(
     with pinned_threads(threads):
         if device == "cpu":
             return _bench_cpu(fn, min_sample_ms=min_sample_ms, setup=setup, **common)  # type: ignore[arg-type]
-        if cuda_graph:
-            return _bench_cuda_graph(fn, **common)  # type: ignore[arg-type]
-        return _bench_cuda(fn, flush_l2=flush_l2, **common)  # type: ignore[arg-type]
+        return _bench_cuda(fn, flush_l2=flush_l2, cuda_graph=cuda_graph, **common)  # type: ignore[arg-type]
 
 
 def _check_budgets(device: str, *, warmup_ms: float, min_samples: int, max_ms: float, max_samples: int) -> None:
@@ -275,10 +256,9 @@ def _repeat(fn: Callable[[], Any], calls: int) -> Callable[[], None]:
 
 def calls_per_sample(fn: Callable[[], Any], min_sample_ms: float, *, clock: Callable[[], float] = time.perf_counter,
                      max_calls: int = 10_000_000) -> int:
-    """Calls of ``fn`` that together last at least ``min_sample_ms``, found by timing batches.
+    """Calls of ``fn`` that together last at least ``min_sample_ms`` (or ``max_calls``).
 
-    As pytest-benchmark calibrates its rounds: a batch too short is scaled up by the measured
-    shortfall (at least doubled) and timed again, until one lasts long enough or reaches ``max_calls``.
+    As pytest-benchmark calibrates rounds: a short batch grows by its shortfall, at least doubled.
     """
     calls = 1
     while True:
@@ -325,135 +305,81 @@ def _bench_cuda(
     min_warmup_calls: int,
     max_samples: int,
     flush_l2: bool,
+    cuda_graph: bool,
 ) -> Samples:
     import torch
 
     if not torch.cuda.is_available():
-        raise RuntimeError("bench(device='cuda') needs CUDA; torch.cuda.is_available() is False")
+        asked = "cuda_graph=True" if cuda_graph else "device='cuda'"
+        raise RuntimeError(f"bench({asked}) needs CUDA; torch.cuda.is_available() is False")
     cache = torch.empty(_L2_FLUSH_BYTES, dtype=torch.int8, device="cuda") if flush_l2 else None
-
-    fn()
-    torch.cuda.synchronize()
-    start = torch.cuda.Event(enable_timing=True)
-    end = torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        if cache is not None:
-            cache.zero_()
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    estimate_ms = start.elapsed_time(end) / 5
-    n_warmup, n_repeat = _counts_from_estimate(
-        estimate_ms,
-        warmup_ms=warmup_ms,
-        min_samples=min_samples,
-        max_ms=max_ms,
-        min_warmup_calls=min_warmup_calls,
-        max_samples=max_samples,
-    )
-    for _ in range(n_warmup):
-        fn()
-    # As on CPU: a collection triggered by warm-up garbage would land in some timed call (a
-    # host-bound step's events span the host's work too).
-    gc.collect()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_repeat)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_repeat)]
-    bursts = Bursts(rewarm=fn)
-    per_burst = _calls_per_burst(estimate_ms, bursts)
-    for i in range(n_repeat):
-        if cache is not None:
-            cache.zero_()
-        starts[i].record()
-        fn()
-        ends[i].record()
-        if (i + 1) % per_burst == 0 and i + 1 < n_repeat:
-            # The other side must find the GPU idle: drain this burst before handing over.
-            torch.cuda.synchronize()
-            bursts.handover()
-    # One synchronize per burst: per-call syncs would time host overhead too.
-    torch.cuda.synchronize()
-    samples = tuple(float(s.elapsed_time(e)) for s, e in zip(starts, ends, strict=True))
-    return Samples(
-        samples_ms=samples,
-        warmup_calls=1 + 5 + n_warmup,
-        threads=threads,
-        device="cuda",
-        timer="cuda_event",
-        l2_flushed=flush_l2,
-    )
-
-
-def _bench_cuda_graph(
-    fn: Callable[[], Any],
-    *,
-    warmup_ms: float,
-    min_samples: int,
-    max_ms: float,
-    threads: int | None,
-    min_warmup_calls: int,
-    max_samples: int,
-) -> Samples:
-    import torch
-
-    if not torch.cuda.is_available():
-        raise RuntimeError("bench(cuda_graph=True) needs CUDA; torch.cuda.is_available() is False")
-    stream = torch.cuda.Stream()
-    # The side stream must see the inputs the current stream is still writing (torch's own
-    # CUDA-graph recipe waits the same way before warming on a side stream).
-    stream.wait_stream(torch.cuda.current_stream())
-    # Capture must happen on a side stream, after the callable ran there at least once.
+    stream = torch.cuda.current_stream()
+    if cuda_graph:
+        # Capture must happen on a side stream, after the callable ran there at least once; the
+        # side stream must see the inputs the current stream is still writing (torch's own
+        # CUDA-graph recipe waits the same way before warming on a side stream).
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         fn()
+        torch.cuda.synchronize()
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(5):
+            if cache is not None:
+                cache.zero_()
             fn()
         end.record()
         torch.cuda.synchronize()
-        estimate_ms = max(start.elapsed_time(end) / 5, 1e-6)
-        # Enough calls per replay that one replay lasts ~1 ms: launch cost is amortized.
-        calls_per_replay = max(1, min(1000, math.ceil(1.0 / estimate_ms)))
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(calls_per_replay):
-                fn()
-        torch.cuda.synchronize()
-        replay_ms = estimate_ms * calls_per_replay
+        per_call_ms = start.elapsed_time(end) / 5
+        call, calls = _captured(fn, per_call_ms) if cuda_graph else (fn, 1)
         n_warmup, n_repeat = _counts_from_estimate(
-            replay_ms,
-            warmup_ms=warmup_ms,
-            min_samples=min_samples,
-            max_ms=max_ms,
-            min_warmup_calls=min_warmup_calls,
-            max_samples=max_samples,
-        )
+            per_call_ms * calls, warmup_ms=warmup_ms, min_samples=min_samples, max_ms=max_ms,
+            min_warmup_calls=min_warmup_calls, max_samples=max_samples)
         for _ in range(n_warmup):
-            graph.replay()
+            call()
+        # As on CPU: a collection triggered by warm-up garbage would land in some timed call (a
+        # host-bound step's events span the host's work too).
+        gc.collect()
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_repeat)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_repeat)]
-        bursts = Bursts(rewarm=graph.replay)
-        per_burst = _calls_per_burst(replay_ms, bursts)
+        bursts = Bursts(rewarm=call)
+        per_burst = _calls_per_burst(per_call_ms * calls, bursts)
         for i in range(n_repeat):
+            if cache is not None:
+                cache.zero_()
             starts[i].record()
-            graph.replay()
+            call()
             ends[i].record()
             if (i + 1) % per_burst == 0 and i + 1 < n_repeat:
+                # The other side must find the GPU idle: drain this burst before handing over.
                 torch.cuda.synchronize()
                 bursts.handover()
+        # One synchronize per burst: per-call syncs would time host overhead too.
         torch.cuda.synchronize()
-    samples = tuple(
-        float(s.elapsed_time(e)) / calls_per_replay for s, e in zip(starts, ends, strict=True)
-    )
     return Samples(
-        samples_ms=samples,
-        warmup_calls=6 + n_warmup * calls_per_replay,
+        samples_ms=tuple(float(s.elapsed_time(e)) / calls for s, e in zip(starts, ends, strict=True)),
+        warmup_calls=6 + n_warmup * calls,
         threads=threads,
         device="cuda",
-        timer="cuda_graph",
-        calls_per_sample=calls_per_replay,
+        timer="cuda_graph" if cuda_graph else "cuda_event",
+        l2_flushed=flush_l2,
+        calls_per_sample=calls,
     )
+
+
+def _captured(fn: Callable[[], Any], per_call_ms: float) -> tuple[Callable[[], Any], int]:
+    """The replay of a CUDA graph of ``fn`` calls lasting ~1 ms (launch cost amortized), and their count."""
+    import torch
+
+    calls = max(1, min(1000, math.ceil(1.0 / max(per_call_ms, 1e-6))))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    torch.cuda.synchronize()
+    return graph.replay, calls
 
 
 def bench_paired(
@@ -470,18 +396,12 @@ def bench_paired(
 ) -> tuple[Samples, Samples]:
     """Time ``fn`` and a fixed reference ``ref`` alternately: ``fn, ref, fn, ref, ...``.
 
-    Shared machines drift (host contention, frequency): on small cloud VMs the same step
-    moves by several percent over seconds. A reference measured right next to every sample drifts
-    with it, so ``fn_i / ref_i`` cancels the machine's speed of the moment while keeping
-    ``fn``'s own changes (see ``PerfRecorder.time(reference=...)``).
-
-    CUDA calls are synchronised after each call (host clock): meant for step-sized work
-    (milliseconds); use :func:`bench` with CUDA events for small kernels.
+    ``fn_i / ref_i`` cancels the machine's drifting speed (``PerfRecorder.time(reference=...)``).
+    CUDA calls are synchronised after each (host clock): for step-sized work, not small kernels.
 
     Args:
         fn: the code under test.
-        ref: a fixed reference workload of similar character (same device, similar mix of
-            Python dispatch and kernels), e.g. :func:`perfbudget.measure.reference.reference_step`.
+        ref: a fixed workload of similar character, e.g. :func:`~perfbudget.measure.reference.reference_step`.
         warmup_ms, min_samples, max_ms, threads, device, max_samples, min_warmup_calls: as
             in :func:`bench`; the time budgets cover both callables.
 
@@ -552,18 +472,10 @@ class StreamTiming:
 
 
 def time_stream(start: Callable[[], Iterable[Any]], *, device: Device = "cpu") -> StreamTiming:
-    """Time one streamed request: ``start()`` returns an iterable that yields each item.
+    """Time one streamed request: ``start()`` begins it and returns its items (e.g. tokens).
 
-    The clock starts before ``start()`` is called (so set-up such as moving the prompt to
-    the device counts) and is read after synchronising the device at every item, so each
-    time point covers the work, not just its launch.
-
-    Args:
-        start: begins the request and returns its items (e.g. a generator of tokens).
-        device: ``"cuda"`` synchronises before every clock read.
-
-    Returns:
-        A :class:`StreamTiming`. Raises ``ValueError`` when the request yields nothing.
+    The clock starts before ``start()`` (its set-up counts) and is read at every item after
+    synchronising ``device``; ``ValueError`` when the request yields nothing.
     """
     sync = device_sync(device)
     clock = time.perf_counter
@@ -587,18 +499,8 @@ def time_streams(
     threads: int | None = 1,
     reference: Callable[[], Any] | None = None,
 ) -> list[StreamTiming]:
-    """Time requests one after another (:func:`time_stream`), each followed by ``reference``.
-
-    Args:
-        starts: one callable per request.
-        device: as in :func:`time_stream`.
-        threads: torch threads during the run (``None``: unchanged).
-        reference: the machine-speed reference workload, timed after every request so
-            each latency carries its moment's machine speed.
-
-    Returns:
-        One :class:`StreamTiming` per request, in order.
-    """
+    """One :class:`StreamTiming` per request of ``starts``, timed in turn (:func:`time_stream`) with
+    ``threads`` torch threads, each followed by the machine-speed ``reference`` (its moment's speed)."""
     sync = device_sync(device)
     out: list[StreamTiming] = []
     bursts = Bursts()

@@ -52,10 +52,8 @@ _stopped = False
 
 
 def active() -> bool:
-    """Whether this process takes turns: it runs under ``perfbudget ab`` and has not stopped.
-
-    False outside an A/B run, after :func:`leave`, once the other side has left, and in a
-    forked child of the process that joined.
+    """Whether this process takes turns: it runs under ``perfbudget ab``, has not stopped (left,
+    alone) and is not a forked child of the process that joined.
 
     Raises:
         ValueError: the run spec cannot be read (naming the file, key and value).
@@ -71,12 +69,10 @@ def burst_ms() -> float:
 
 
 def join() -> None:
-    """Connect to the coordinator and block until this process holds the machine.
+    """Connect to the coordinator and block until this process holds the machine (idempotent).
 
-    Idempotent, and a no-op outside an A/B run. Call it before the first measurement, after set-up
-    work: the coordinator's first grant waits until both sides have joined, so the two sides'
-    starts, collections and first set-ups run at the same time while neither measures (the plugin
-    joins at a side's first test call).
+    Call it after set-up, before the first measurement: the first grant waits for both sides, so
+    their starts and set-ups overlap while neither measures. A no-op outside an A/B run.
     """
     with _lock:
         if active() and _client is None:
@@ -84,11 +80,7 @@ def join() -> None:
 
 
 def pass_turn() -> None:
-    """Hand the machine to the other side and block until it is handed back.
-
-    Called by the timers at every burst boundary. Joins first when :func:`join` was not
-    called; a no-op outside an A/B run or once turn-taking stopped.
-    """
+    """Hand the machine to the other side and block until it is handed back (joins first if needed)."""
     if not active():
         return
     with _lock:
@@ -106,11 +98,7 @@ def pass_turn() -> None:
 
 
 def leave() -> None:
-    """Give up the turn for good: the other side runs freely from now on.
-
-    Registered with ``atexit`` by :func:`join`; closing the socket (the process dying)
-    has the same effect on the coordinator.
-    """
+    """Give up the turn for good: the other side runs freely from now on (``atexit`` after :func:`join`)."""
     global _client, _stopped
     with _lock:
         client = _client

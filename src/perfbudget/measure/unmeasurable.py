@@ -9,11 +9,8 @@ __all__ = ["Unmeasurable"]
 
 @dataclass(frozen=True, kw_only=True)
 class Unmeasurable:
-    """A measurement (or the device state it needs) is not available on this machine.
-
-    Returned in place of a value by NVML, energy and GPM readers; falsy, so
-    ``if not got: skip(got.reason)`` reads naturally.
-    """
+    """A measurement (or the device state it needs) is not available on this machine; returned in place
+    of a value, and falsy, so ``if not got: skip(got.reason)`` reads naturally."""
 
     reason: str
     """Why, in one sentence that names what is missing (no RAPL, no NVML, a GPU before Hopper...)."""
