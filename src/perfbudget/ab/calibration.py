@@ -50,8 +50,8 @@ def calibrate(results: Iterable[tuple[str, Results]], *, date: str | None = None
             except UnknownMetricError:
                 continue
             noise: CheckNoise | None = None
-            # Every pair, the one set aside as outlying too: the prior is the spread of pairs as they come,
-            # and it is applied to runs of 2-3 pairs, where none is set aside.
+            # Set-aside pairs too: the prior serves runs of 2-3 pairs, where none is set aside.
+
             every = [*r.vs_base.pair_ratios, *(p.ratio for p in r.vs_base.set_aside)]
             ratios = [x for x in every if x > 0 and math.isfinite(x)]
             if metric.statistical and len(ratios) >= 2:

@@ -220,8 +220,8 @@ class Coordinator:
         except OSError:
             return
         sock.setblocking(True)
-        conn = _Conn(sock=sock)
-        self._sel.register(sock, selectors.EVENT_READ, conn)
+        self._sel.register(sock, selectors.EVENT_READ, _Conn(sock=sock))
+
 
     def _read(self, conn: _Conn) -> None:
         try:

@@ -44,8 +44,8 @@ _KILLED_S = 5.0
 STOP_GRACE_S = 5.0
 #: Seconds an interrupted side has to end its session and write what it finished.
 INTERRUPT_GRACE_S = 10.0
-#: What stopping a pair at its time limit may take, a side that ignores its interrupt killed too:
-#: the driver starts it this much before the limit.
+#: What stopping a pair may take, a side that ignores its interrupt killed too (started this early).
+
 STOP_S = STOP_GRACE_S + INTERRUPT_GRACE_S + _KILL_GRACE_S + _KILLED_S
 
 #: ``--cpus halves``: each side pinned to its own half of the CPUs (the default on a GPU machine).

@@ -146,8 +146,7 @@ def outlying_pair(pair_ratios: Sequence[float], *, floor_sd: float) -> tuple[int
                f"{math.exp(robust_sds(i)[1]):.3g}, outside their {OUTLIER_COVERAGE:.0%} prediction interval")
 
 
-#: Least distance between two clusters of pair ratios to call them two modes (a ratio of 1.1): nearer
-#: clusters are a spread the interval already carries.
+#: Least gap between two modes of pair ratios (1.1): nearer clusters are a spread the interval carries.
 MODES_MIN_GAP = math.log(1.1)
 #: ... and in multiples of the larger cluster's robust spread (its ln ratios' median absolute deviation).
 MODES_GAP_MADS = 4.0
@@ -156,8 +155,8 @@ MODES_GAP_MADS = 4.0
 def process_modes(pair_ratios: Sequence[float]) -> tuple[float, float] | None:
     """The medians ``(low, high)`` of two clusters of at least 2 pairs each, split at the widest gap
     of at least :data:`MODES_MIN_GAP` and :data:`MODES_GAP_MADS` MADs; ``None`` when none."""
-    # Whole processes run some code at one of two speeds (the allocator's state): the interval alone says
-    # only "inconclusive".
+    # Whole processes run some code at one of two speeds (the allocator's state): the CI only says inconclusive.
+
     if len(pair_ratios) < 4 or min(pair_ratios) <= 0:
         return None
     ys = sorted(math.log(r) for r in pair_ratios)

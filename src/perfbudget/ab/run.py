@@ -372,7 +372,8 @@ class _Plan:
         """Take in one pair's outcome."""
         config, index = self.config, run.index
         pair, side_problems = _pair_records(run)
-        run = replace(run, ran=_nodeids(pair.head))
+        run = replace(run, ran=() if pair.head is None else tuple(dict.fromkeys(
+            r.nodeid for r in pair.head.records if r.nodeid)))  # the tests it holds checks for, in order
         self.runs.append(run)
         self.say(f"perfbudget ab: pair {index} took {run.wall_s:.0f} s "
                  f"(turns: base {run.turns.grants('base')}, head {run.turns.grants('head')})")
@@ -502,10 +503,6 @@ def _pin_operators(path: Path, pairs: Sequence[PairRecords]) -> None:
     data = {n: {k: sorted(v) for k, v in keys.items()} for n, keys in ops.items()}
     atomic_write(path, json.dumps(data, indent=1, sort_keys=True))
 
-
-def _nodeids(results: Results | None) -> tuple[str, ...]:
-    """The tests ``results`` holds checks for, in its order."""
-    return () if results is None else tuple(dict.fromkeys(r.nodeid for r in results.records if r.nodeid))
 
 
 def _tests_of(comparison: Comparison) -> tuple[str, ...]:

@@ -393,14 +393,11 @@ def subfolder(root: str | Path, name: str) -> Path:
 
 
 def confined(budgets_dir: Path, *, named: bool, cwd: Path | None = None) -> Path:
-    """``budgets_dir``, a command's budgets folder, refused when it leads out of the repository.
-
-    A folder named on the command line (``named``) outside the repository is the user's choice; any
-    other (named inside it, from the ini file, the default) is what a pull request may commit, so it
-    must resolve inside the rootdir pytest finds from ``cwd``: else ``perfbudget accept`` could write
-    where ``git status`` shows nothing.
+    """``budgets_dir``, refused when it leads out of the repository (the rootdir pytest finds from
+    ``cwd``), unless ``named`` on the command line outside it: a pull request may commit any other.
 
     Raises:
+
         BudgetError: naming the ini file and key (or the folder), the value and where it leads.
         ValueError: the ini file cannot be read (naming it).
     """
