@@ -61,6 +61,7 @@ from perfbudget.fileio import atomic_write, lock
 from perfbudget.metrics import parse_name
 from perfbudget.settings import for_folder
 from perfbudget.verdict.judge import decide
+from perfbudget.verdict.rule import tolerance_for
 
 SAFETY = 2.0
 """Multiple of the observed cross-machine spread a tolerance covers (see the module doc)."""
@@ -131,7 +132,7 @@ def spread(values: Iterable[float]) -> float:
 
 def derive_tolerance(metric: str, values: Iterable[float], safety: float = SAFETY) -> float:
     """``max(kind default, safety x spread)``, rounded up to a whole percent, at most 1."""
-    default = parse_name(metric).metric.default_tolerance
+    default = tolerance_for(parse_name(metric).metric).value
     s = spread(values)
     return min(1.0, max(default, _ceil_percent(safety * s) if math.isfinite(s) else 1.0))
 
@@ -146,7 +147,7 @@ def _note(key: str, metric: str, seen: list[Seen], tol: float, safety: float) ->
     s = spread(s.value for s in seen)
     spread_txt = "identical" if s == 0 else (f"spread {s:.1%}" if math.isfinite(s) else "spread unbounded (a 0)")
     text = (f"{NOTE_PREFIX} {values}; {spread_txt}; tolerance max({info.kind} default "
-            f"{info.default_tolerance:.0%}, {safety:g} x spread) = {tol:.0%} ({NOTE_MARK})")
+            f"{tolerance_for(info).value:.0%}, {safety:g} x spread) = {tol:.0%} ({NOTE_MARK})")
     guarantee = GUARANTEES.get((key, metric))
     return f"lever guarantee: {guarantee}; {text}" if guarantee else text
 

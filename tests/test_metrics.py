@@ -17,6 +17,7 @@ from perfbudget.metrics import (
 from perfbudget.report import common
 from perfbudget.verdict import judge
 from perfbudget.verdict.judge import decide
+from perfbudget.verdict.rule import tolerance_for
 
 
 def test_the_operator_families_are_defined_once() -> None:
@@ -48,12 +49,12 @@ def test_a_gpu_step_gates_on_device_time_and_its_wall_clock_metrics_are_advisory
     assert {n for n, m in METRICS.items() if m.advisory_on} == {"step_ms", "throughput_samples_per_s"}
     assert all(m.advisory_on == ("cuda",) for m in METRICS.values() if m.advisory_on)
     device = METRICS["step_device_ms"]
-    assert (device.unit, device.kind, device.direction, device.default_tolerance) == ("ms", "timing", "lower", 0.02)
+    assert (device.unit, device.kind, device.direction, tolerance_for(device).value) == ("ms", "timing", "lower", 0.02)
     assert DEVICE_TIME_TOLERANCE == 0.02 and not device.advisory_on and not device.paired
     # The new check fails on a bad value: device time 3 % over a 2 % tolerance. The idle share is no
     # metric: it rises when the GPU's work gets faster, so the reports say it and nothing judges it.
     assert "idle_share" not in METRICS
     for metric, budget, samples in (("step_device_ms", 10.0, [10.3 + 0.001 * i for i in range(10)]),):
-        b = Budget(key="k", metric=metric, value=budget, tolerance=METRICS[metric].default_tolerance,
+        b = Budget(key="k", metric=metric, value=budget, tolerance=tolerance_for(METRICS[metric]).value,
                    source="budgets/nvidia-h200.yaml")
         assert decide("k", metric, samples, b).outcome == "fail", metric

@@ -22,6 +22,7 @@ from perfbudget.recorder.core import Timed
 from perfbudget.report import markdown_report, terminal_report
 from perfbudget.report.terminal import gpu_steps
 from perfbudget.verdict.judge import Judge, JudgeConfig, Stored, Update
+from perfbudget.verdict.rule import tolerance_for
 from perfbudget.verdict.text import decision_text
 
 # A machine with an identity, declared stable, so its stored timing budgets gate.
@@ -120,7 +121,7 @@ def test_instruction_counts_are_judged_like_exact_values_with_their_tolerance(tm
     from perfbudget.metrics import lookup
 
     info = lookup("instructions[callgrind]")
-    assert info.kind == "count" and not info.statistical and info.default_tolerance == 0.005
+    assert info.kind == "count" and not info.statistical and tolerance_for(info).value == 0.005
     (tmp_path / "cpu-me.yaml").write_text(
         f"schema: 1\ndevice: {{type: cpu, identity: {ME.identity}}}\nbudgets:\n  k:\n"
         "    instructions[callgrind]: {value: 1000000}\n")

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 
 from perfbudget.budgets.schema import Budget
-from perfbudget.metrics import BYTES_FLOOR_MIB, METRICS
+from perfbudget.metrics import METRICS
 from perfbudget.verdict.judge import decide
 from perfbudget.verdict.ratio import judge_ratios
 from perfbudget.verdict.rule import (
+    BYTES_FLOOR_MIB,
     Limits,
     classify,
     family_confidence,

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 __all__ = [
-    "BYTES_FLOOR_MIB",
     "DEVICE_TIME_TOLERANCE",
     "KINDS",
     "METRICS",
@@ -37,24 +36,6 @@ STATISTICAL_KINDS: tuple[Kind, ...] = ("timing", "rate", "energy")
 #: Relative worsening of a low-precision numeric result that fails its budget: a new kernel path moves
 #: it less, a loss of precision (bf16 statistics, a block leaving fp32) by multiples.
 NUMERIC_TOLERANCE = 0.25
-
-#: Default relative tolerance per kind, used when a budget gives none.
-DEFAULT_TOLERANCE: dict[Kind, float] = {
-    "exact": 0.0,
-    # Step instruction counts repeat within a few hundredths of a percent across processes
-    # (benchmarks/instructions-history-cpu.md); 0.5 % still sees an extra small op per step
-    # (benchmarks/instructions-plants-cpu.md).
-    "count": 0.005,
-    "bytes": 0.02,
-    "timing": 0.05,
-    "rate": 0.05,
-    "energy": 0.10,
-}
-
-#: A bytes budget (in MiB) fails only beyond both ``value x (1 + tolerance)`` and ``value + BYTES_FLOOR_MIB``:
-#: a 0 budget ("holds nothing") would otherwise fail on one kept scalar (512 B, the CUDA allocator's smallest
-#: block); 4 KiB absorbs a few and stays below a test MLP's 32 KiB forward move.
-BYTES_FLOOR_MIB = 4 / 1024
 
 #: Default tolerance of ``step_device_ms``: on an H200 device time repeated within 0.1 % where wall time
 #: read 51.2 to 74.4 ms (docs/gpu-runners.md); 2 % stays clear of that and fails a 5 % slowdown.
@@ -94,10 +75,6 @@ class Metric:
     advisory_on: tuple[str, ...] = ()
     """Device types on which a stored budget of it is only advisory (GPU wall clock follows the host)."""
     doc: str = ""
-
-    @property
-    def default_tolerance(self) -> float:
-        return DEFAULT_TOLERANCE[self.kind] if self.tolerance is None else self.tolerance
 
     def portable_on(self, device_type: str) -> bool:
         """Whether the value holds on any device of ``device_type`` (filed in ``<type>.yaml``)."""

@@ -15,10 +15,18 @@ from ..budgets.schema import Budget, BudgetError
 from ..device import DeviceInfo
 from ..measure import stats
 from ..measure.stats import median, quantile_ci
-from ..metrics import BYTES_FLOOR_MIB, OP_TIMED_FAMILIES, Metric, MetricName, family_of, parse_name
+from ..metrics import OP_TIMED_FAMILIES, Metric, MetricName, family_of, parse_name
 from ..settings import STABLE_MACHINE_ENV, RunSpec
 from ..vocabulary import Outcome, RunMode, TestOutcome
-from .rule import FAMILY_ALPHA, Limits, classify, family_confidence, settle, tolerance_for
+from .rule import (
+    BYTES_FLOOR_MIB,
+    FAMILY_ALPHA,
+    Limits,
+    classify,
+    family_confidence,
+    settle,
+    tolerance_for,
+)
 
 __all__ = ["DEFAULT_AB_PRECISION", "REFERENCE_MISMATCH", "STABLE_MACHINE_ENV", "ABSide", "Decision", "Judge",
            "JudgeConfig", "Judging", "Samples", "Stored", "Update", "Verdict", "VerdictPolicy",

@@ -7,10 +7,11 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from ..fileio import shown_path
-from ..metrics import DEFAULT_TOLERANCE, OP_TIMED_FAMILIES, Direction, Metric, family_of
+from ..metrics import OP_TIMED_FAMILIES, Direction, Kind, Metric, family_of
 
-__all__ = ["EXACT_EPS", "FAMILY_ALPHA", "SERIES_TOLERANCE", "Evidence", "Limits", "State", "Tolerance", "beyond", "changed_by",
-           "classify", "family_confidence", "moved_beyond", "same", "settle", "tolerance_for", "with_evidence"]
+__all__ = ["BYTES_FLOOR_MIB", "DEFAULT_TOLERANCE", "EXACT_EPS", "FAMILY_ALPHA", "SERIES_TOLERANCE",
+           "Evidence", "Limits", "State", "Tolerance", "beyond", "changed_by", "classify",
+           "family_confidence", "moved_beyond", "same", "settle", "tolerance_for", "with_evidence"]
 
 # Every verdict of the instrument is reached here: a stored budget's value or the CI of its median
 # (verdict.judge), a head/base ratio's CI over process pairs (verdict.ratio), a count's change from its
@@ -21,6 +22,24 @@ State = Literal["pass", "stale", "fail", "undecided", "inconclusive", "beyond re
 Evidence = Literal["stored", "pairs", "history"]
 """What an interval rests on: a stored check's sample rounds, an A/B check's process pairs, a history
 series' chained ratios (:func:`settle`)."""
+
+#: Default relative tolerance per kind, used when a budget gives none.
+DEFAULT_TOLERANCE: dict[Kind, float] = {
+    "exact": 0.0,
+    # Step instruction counts repeat within a few hundredths of a percent across processes
+    # (benchmarks/instructions-history-cpu.md); 0.5 % still sees an extra small op per step
+    # (benchmarks/instructions-plants-cpu.md).
+    "count": 0.005,
+    "bytes": 0.02,
+    "timing": 0.05,
+    "rate": 0.05,
+    "energy": 0.10,
+}
+
+#: A bytes budget (in MiB) fails only beyond both ``value x (1 + tolerance)`` and ``value + BYTES_FLOOR_MIB``:
+#: a 0 budget ("holds nothing") would otherwise fail on one kept scalar (512 B, the CUDA allocator's smallest
+#: block); 4 KiB absorbs a few and stays below a test MLP's 32 KiB forward move.
+BYTES_FLOOR_MIB = 4 / 1024
 
 #: Relative slack for exact comparisons of values computed in floating point.
 EXACT_EPS = 1e-9
@@ -42,7 +61,7 @@ class Limits:
     @classmethod
     def around(cls, reference: float, tolerance: float, direction: Direction, *, floor: float = 0.0) -> Limits:
         """``reference x (1 +- tolerance)``; a lower-is-better bad limit at least ``floor`` above the
-        reference (a bytes budget: :data:`~perfbudget.metrics.BYTES_FLOOR_MIB`)."""
+        reference (a bytes budget: :data:`BYTES_FLOOR_MIB`)."""
         if direction == "lower":
             return cls(max(reference * (1 + tolerance), reference + floor), reference * (1 - tolerance), direction)
         return cls(reference * (1 - tolerance), reference * (1 + tolerance), direction)
@@ -197,7 +216,8 @@ def tolerance_for(metric: Metric | None, budget: _BudgetLike | None = None, *,
     if metric is None:
         default = Tolerance(DEFAULT_TOLERANCE["timing"], "default for an unknown metric (timing's)")
         return Tolerance(budget.tolerance, budget) if budget is not None else default
-    default = Tolerance(metric.default_tolerance, f"default for {metric.kind}")
+    value = DEFAULT_TOLERANCE[metric.kind] if metric.tolerance is None else metric.tolerance
+    default = Tolerance(value, f"default for {metric.kind}")
     if against == "base" and metric.statistical:
         if budget is not None and budget.ab_tolerance is not None and from_budgets:
             return Tolerance(budget.ab_tolerance, budget)

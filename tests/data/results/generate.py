@@ -26,6 +26,7 @@ from perfbudget.metrics import parse_name
 from perfbudget.recorder import PerfRecorder
 from perfbudget.results import BaseSide, Record, Results, RunInfo
 from perfbudget.verdict.judge import VerdictPolicy
+from perfbudget.verdict.rule import tolerance_for
 
 HERE = Path(__file__).parent
 CPU = DeviceInfo(type="cpu", model="AMD EPYC 7763 64-Core Processor", count=2, torch="2.13.0+cpu",
@@ -131,7 +132,7 @@ def _vs_base(head: Record, base: Record | None) -> Record:
     if base is None or head.value is None or base.value is None or head.outcome == "unmeasurable":
         return head
     metric = parse_name(head.metric).metric
-    tol = head.budget.tolerance if head.budget else metric.default_tolerance
+    tol = head.budget.tolerance if head.budget else tolerance_for(metric).value
     if metric.statistical and min(len(head.samples), len(base.samples)) >= PAIRS:
         hs, bs = head.samples, base.samples
         cut = [len(hs) * i // PAIRS for i in range(PAIRS + 1)], [len(bs) * i // PAIRS for i in range(PAIRS + 1)]
