@@ -65,8 +65,7 @@ class BudgetSpec:
     uses_perf: bool
     """Whether the test requests the ``perf`` fixture."""
     counted: CountedSteps | None = None
-    """The ``instructions`` marker's steps, when the test has one: its ``perf.step`` is counted,
-    not timed, in a session under callgrind."""
+    """The ``instructions`` marker's steps: ``perf.step`` is counted, not timed, under callgrind."""
 
     @classmethod
     def of(cls, item: pytest.Item) -> BudgetSpec:
@@ -131,12 +130,9 @@ def pytest_configure(config: pytest.Config) -> None:
         "perf test, because compiling leaves the process changed",
     )
     config.addinivalue_line(
-        "markers", "instructions(steps=20, warmup=10): the test counts instructions per step. Its `perf.step` "
-        "(and only that) is counted instead of timed when the session runs under callgrind (`perfbudget "
-        "instructions -- <tests> -m instructions`, `perfbudget ab --base REF --instructions -- <tests> -m "
-        "instructions`): it records instructions[callgrind] under the test's key, `steps` counted calls after "
-        "`warmup` uncounted ones, and no timing; elsewhere it is timed as usual. Select such tests with "
-        "`-m instructions`",
+        "markers", "instructions(steps=20, warmup=10): under callgrind (`perfbudget instructions -- <tests> -m "
+        "instructions`) the test's `perf.step` records instructions[callgrind], `steps` counted calls after "
+        "`warmup` uncounted ones, instead of timing; elsewhere it is timed as usual",
     )
     from .measure import placement, turns
 
@@ -166,11 +162,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
 
 
 class PerfPlugin:
-    """The run's perfbudget hooks and the ``perf`` fixture, over the run's :class:`PerfSession`.
-
-    Registered in ``pytest_configure`` under :data:`PLUGIN_NAME`, unregistered in
-    ``pytest_unconfigure``.
-    """
+    """The run's perfbudget hooks and the ``perf`` fixture, over the run's :class:`PerfSession`."""
 
     def __init__(self, session: PerfSession) -> None:
         self.session = session
@@ -180,15 +172,11 @@ class PerfPlugin:
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
-        """Perf tests: compiling ones last, under the lease the others in the plan's order; one torch
-        thread for the run; inductor's caches kept.
+        """Perf tests: compiling ones last, under the lease in the plan's order; the run's torch threads.
 
-        Compiling leaves the process changed (allocator state, worker threads, a slower eager
-        step), which would shift every eager timing measured after it and make budgets depend
-        on test selection. Warming up (and compiling) at the timing thread count keeps
-        inductor's thread-specialised kernels and dynamo's guards identical to the measured runs.
-        Last of the hooks, after pytest's own reordering around parametrized fixtures, which
-        differs between pytest versions.
+        Compiling leaves the process changed (allocator, threads, a slower eager step), which would
+        shift every later eager timing; compiling at the timing thread count keeps inductor's kernels
+        and dynamo's guards those of the measured runs. trylast: after pytest's own reordering.
         """
         perf_items = [i for i in items if "perf" in getattr(i, "fixturenames", ())]
         self._know_keys(config, perf_items)
@@ -211,8 +199,7 @@ class PerfPlugin:
         self._deselected.extend(i for i in items if "perf" in getattr(i, "fixturenames", ()))
 
     def _know_keys(self, config: pytest.Config, perf_items: list[pytest.Item]) -> None:
-        """The keys of the collected perf tests, where the run collected whole folders (a file or a test
-        named would make every other budget look as if it had no test)."""
+        """The collected perf tests' keys, when the run collected whole folders (else all budgets lack a test)."""
         if not all(Path(config.invocation_params.dir, a.split("::")[0]).is_dir() for a in config.args):
             return
         keys: set[str] = set()
@@ -243,10 +230,7 @@ class PerfPlugin:
 
     @pytest.fixture
     def perf(self, request: pytest.FixtureRequest) -> PerfRecorder:
-        """Measure under the test's budget key: ``perf.step(...)``, ``perf.operators(...)``,
-        ``perf.memory(...)``, ``perf.record("flops", n)`` (see :class:`perfbudget.PerfRecorder`).
-        In a test marked ``instructions``, a session under callgrind counts ``perf.step`` instead
-        of timing it (:class:`perfbudget.recorder.CountedSteps`)."""
+        """Measure under the test's budget key: ``perf.step(...)``, ``perf.memory(...)``, ... (:class:`PerfRecorder`)."""
         ps = self.session
         item = request.node
         spec = item.stash.get(_SPEC, None) or BudgetSpec.of(item)
@@ -278,9 +262,8 @@ class PerfPlugin:
         raised: BaseException | None = None
         ps = self.session
         if ps.judging.takes_turns:
-            # At the first test's call, after its set-up: the two sides' starts, collections and
-            # first set-ups overlap, and nothing is measured before the other side has joined
-            # (GPM, energy and occupancy read the whole device without taking a turn).
+            # After the first set-up: the sides' starts overlap, but nothing is measured before both
+            # have joined (GPM, energy and occupancy read the whole device without taking a turn).
             from .measure import turns
 
             turns.join()
@@ -417,8 +400,7 @@ class PerfPlugin:
 
 
 def _at_test_location(report: pytest.TestReport, item: pytest.Item) -> None:
-    """Point a skip or failure perfbudget raised at the test's definition, as pytest does for a
-    ``skipif`` mark: raised in this module's hooks, its traceback ends here, not in the test."""
+    """Point a skip or failure raised in this module's hooks at the test's definition, as ``skipif`` does."""
     path, lineno = item.reportinfo()[:2]
     if lineno is None:
         return

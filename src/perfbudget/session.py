@@ -66,33 +66,28 @@ _SETTINGS = pytest.StashKey[Settings]()
 _ALLOCATOR = pytest.StashKey[str]()
 
 
+def _resolve(config: pytest.Config, cli: dict[str, object] | None = None) -> Settings:
+    """:meth:`Settings.resolve` over ``cli`` and the ini file; a bad value is a usage error naming its source."""
+    ini = {f.metadata["ini"]: config.getini(f.metadata["ini"]) for f in _INI_FIELDS}
+    try:
+        return Settings.resolve(cli=cli, ini=ini, ini_file=str(config.inipath or "ini"), root=Path(str(config.rootpath)))
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
 def settle_allocator(config: pytest.Config) -> str:
-    """Settle the process's allocator as the run's settings say, once, before the conftests import torch
-    (:func:`perfbudget.measure.allocator.settle`); returns what is in effect."""
+    """Settle the process's allocator once, before the conftests import torch; returns what is in effect."""
     if _ALLOCATOR not in config.stash:
-        ini = {f.metadata["ini"]: config.getini(f.metadata["ini"]) for f in _INI_FIELDS}
-        try:  # the command line is not parsed yet: the allocator has no option of its own
-            mode = Settings.resolve(ini=ini, ini_file=str(config.inipath or "ini"),
-                                    root=Path(str(config.rootpath))).allocator
-        except ValueError as exc:
-            raise pytest.UsageError(str(exc)) from None
-        config.stash[_ALLOCATOR] = allocator.settle(mode)
+        # The command line is not parsed yet: the allocator has no option of its own.
+        config.stash[_ALLOCATOR] = allocator.settle(_resolve(config).allocator)
     return config.stash[_ALLOCATOR]
 
 
 def settings_of(config: pytest.Config) -> Settings:
-    """The run's settings from its command line, environment and ini file (the one rule of
-    :meth:`Settings.resolve`), resolved once per run; a bad value is a usage error naming where it
-    came from."""
+    """The run's settings from its command line, environment and ini file, resolved once per run."""
     if _SETTINGS not in config.stash:
-        ini = {f.metadata["ini"]: config.getini(f.metadata["ini"]) for f in _INI_FIELDS}
-        try:
-            config.stash[_SETTINGS] = Settings.resolve(
-                cli={"budgets_dir": config.getoption("--budgets-dir"),
-                     "strict": config.getoption("--perf-strict") or None},
-                ini=ini, ini_file=str(config.inipath or "ini"), root=Path(str(config.rootpath)))
-        except ValueError as exc:
-            raise pytest.UsageError(str(exc)) from None
+        config.stash[_SETTINGS] = _resolve(config, {"budgets_dir": config.getoption("--budgets-dir"),
+                                                    "strict": config.getoption("--perf-strict") or None})
     return config.stash[_SETTINGS]
 
 
@@ -116,9 +111,7 @@ class PerfSession:
     records: list[Record] = field(default_factory=list)
     errors: list[dict[str, str]] = field(default_factory=list)
     known_keys: set[str] | None = None
-    """The budget keys of every perf test the run collected, deselected ones included, when it collected
-    whole folders (``None``: a file or a test was named, or nothing was collected here): a budgeted key
-    outside it has no test (:meth:`not_measured`)."""
+    """Budget keys of every collected perf test, deselected ones included; ``None`` unless whole folders were run."""
     update_report: UpdateReport | None = None
     allocator: str = "as-is"
     """The allocator as the session found or settled it (:func:`settle_allocator`)."""
@@ -175,17 +168,13 @@ class PerfSession:
         """This device's identity when the machine is declared stable, else ``None``.
 
         Raises:
-            ValueError: the declaration names another identity (the runner's hardware
-                changed, or a setting was copied to another machine kind).
+            ValueError: the declaration names another identity.
         """
         return stable_identity(self.settings.stable_machine, self.device(type))
 
     @property
     def counts_instructions(self) -> bool:
-        """Whether this session runs under callgrind (``perfbudget instructions``, either side of
-        ``perfbudget ab --instructions``): it counts instructions, and a time measured on valgrind's
-        synthetic CPU would mean nothing, so a test marked ``instructions`` counts its
-        ``perf.step`` instead of timing it. Outside valgrind a callgrind count cannot be taken."""
+        """Whether this session runs under callgrind: a test marked ``instructions`` counts its step, not times it."""
         return running_under_valgrind()
 
     def update_command(self, nodeid: str) -> str:
@@ -198,9 +187,7 @@ class PerfSession:
     def exclusive(self, gpu: str | None = None) -> Iterator[None]:
         """Hold the run-wide timing lock: perf tests never overlap, even across xdist workers.
 
-        A GPU test on a worker pinned to ``gpu`` holds the run-wide lock shared and that
-        GPU's lock exclusively, so tests on different GPUs run side by side while CPU
-        timing still runs alone.
+        A GPU test holds it shared and its GPU's lock exclusively: tests on different GPUs run side by side.
         """
         if self.counts_instructions:
             # Under callgrind a test counts instructions, which no other process disturbs: it needs
@@ -240,12 +227,10 @@ class PerfSession:
                            way="callgrind" if self.counts_instructions else "wall")
 
     def checkpoint(self) -> None:
-        """Write the records so far to :attr:`json_path`, marked unfinished (:attr:`perfbudget.results.RunInfo.unfinished`), when any
-        were added since the last write: a run killed mid-way keeps every finished test's records.
+        """Write the records so far to :attr:`json_path`, marked unfinished, when any were added since.
 
-        Called after each test by the process that holds the records (not an xdist worker, whose
-        records reach the controller at its end) and not by an A/B side, whose file the driver
-        reads once the side has ended. :meth:`finish` replaces the file.
+        A killed run keeps every finished test's records. Not on an xdist worker or an A/B side: their
+        records are read once they end. :meth:`finish` replaces the file.
         """
         written = len(self.records) + len(self.errors)
         if self.is_worker or self.judging.takes_turns or written == self._checkpointed:
@@ -283,15 +268,11 @@ class PerfSession:
             )
         return results
 
-
     def not_measured(self) -> list[Record]:
-        """A record for every budget that applies to a key this run measured on a device, but
-        that no test recorded, and for every budget on such a device under a key no collected test has
-        (:meth:`_keys_without_test`): a budget that applies is judged or reported, never dropped.
+        """A record for every budget that applies on a measured device but no test recorded: never dropped.
 
-        Except the budgets this kind of session cannot measure: a session under callgrind
-        (:attr:`counts_instructions`) takes no timing, rate or energy samples worth judging, and
-        any other session no callgrind count; their own sessions report them."""
+        Budgets this kind of session cannot measure are left to their own sessions (:meth:`_measurable_here`).
+        """
         seen: dict[tuple[str, str], Record] = {}
         recorded: set[tuple[str, str, str]] = set()
         for r in self.records:
@@ -326,8 +307,7 @@ class PerfSession:
         return out
 
     def _keys_without_test(self, devices: dict[str, DeviceInfo]) -> list[tuple[str, DeviceInfo, str]]:
-        """``(key, device, why)`` for every key budgeted on a device this run measured that no collected test
-        has (deselected ones included): a misspelt or renamed key would otherwise never be judged."""
+        """``(key, device, why)`` for every key budgeted on a measured device that no collected test has."""
         if self.known_keys is None:
             return []
         known = sorted(self.known_keys)

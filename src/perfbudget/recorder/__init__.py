@@ -38,8 +38,7 @@ class PerfRecorder(Timing, Serving, Operators, Instructions, Memory, Compiling, 
         self.counted_steps = counted_steps
 
     def records(self) -> list[Record]:
-        """Records of every verdict; failing ones carry the operators that moved
-        (:class:`~perfbudget.extras.OperatorMoves`) unless their own explanation named them."""
+        """Records of every verdict; failing ones carry the operators that moved unless already named."""
         moved = self._operator_moves()
         out = []
         for v in self.verdicts:

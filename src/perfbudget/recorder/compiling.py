@@ -19,8 +19,7 @@ class Compiling(RecorderCore):
     METRICS: ClassVar[tuple[str, ...]] = ("graph_breaks", "unique_graphs", "compile_s", "recompiles")
 
     def compile_health(self, report: Any) -> None:
-        """Record a compile warm-up: ``graph_breaks`` (reasons attached), ``unique_graphs``
-        and ``compile_s[cold|warm]`` (one sample per run; caches budgeted apart).
+        """Record ``graph_breaks`` (with reasons), ``unique_graphs`` and ``compile_s[cold|warm]``.
 
         Args:
             report: the :class:`~perfbudget.measure.compile_health.WarmupReport` of
@@ -36,9 +35,7 @@ class Compiling(RecorderCore):
 
     @contextlib.contextmanager
     def no_recompiles(self) -> Iterator[None]:
-        """Measure inside ``torch.compiler.set_stance("fail_on_recompile")`` and record
-        ``recompiles``: a recompile stops the block and is recorded (the check fails
-        against its budget of 0), with the guard that failed as attribution."""
+        """Record ``recompiles`` of the block under ``fail_on_recompile``: one stops it, naming the guard."""
         before = compile_health.read_counters()
         failure: BaseException | None = None
         try:

@@ -46,8 +46,7 @@ class RecorderCore:
         lease: lease-sized work (:mod:`perfbudget.lease`): fewer rounds where a family's default has them.
     """
 
-    #: Base names of the registered metrics (:data:`perfbudget.metrics.METRICS`) this family
-    #: records itself; each registered metric has at most one owner (tests/test_recorder.py).
+    #: Base names of the registered metrics this family records; each has one owner (tests/test_recorder.py).
     METRICS: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, judge: Judge, *, nodeid: str = "", update_command: str = "", threads: int | None = 1,
@@ -60,10 +59,7 @@ class RecorderCore:
         self.verdicts: list[Verdict] = []
         self.extras: dict[str, dict[str, Any]] = {}
         self.failure_step: Callable[[], Any] | None = None
-        """Re-run for failure artifacts (chrome trace, flame graph, memory snapshot) if the
-        test fails; set by :meth:`on_failure`, or by the first timed step."""
-
-    # -- what is being judged ---------------------------------------------------------------
+        """Re-run for failure artifacts if the test fails: :meth:`on_failure`'s, or the first timed step."""
 
     @property
     def key(self) -> str:
@@ -96,8 +92,6 @@ class RecorderCore:
         if self.failure_step is None:
             self.failure_step = step
 
-    # -- the primitive --------------------------------------------------------------------
-
     def record(
         self,
         metric: str,
@@ -114,13 +108,10 @@ class RecorderCore:
         Args:
             metric: registered metric name (``step_ms``, ``op_self_ms[aten::mm]``).
             samples: one value (exact kinds) or raw samples (statistical kinds).
-            more: returns a fresh batch of samples, for extra rounds and confirmation
-                (with ``reference``: a ``(samples, reference)`` pair).
-            reference: machine-speed reference times paired with ``samples`` (see
-                :func:`perfbudget.measure.timing.bench_paired`).
+            more: returns a fresh batch of samples (with ``reference``: a ``(samples, reference)`` pair).
+            reference: machine-speed reference times paired with ``samples``.
             attribution: readable lines explaining the measurement (shown on failure).
-            explain: called only when the verdict fails; returns attribution lines
-                (e.g. which operators moved), so passing runs pay nothing for it.
+            explain: called only when the verdict fails; returns attribution lines.
             extra: JSON-serialisable data kept with the record (see :mod:`perfbudget.extras`).
 
         Returns:
@@ -155,11 +146,8 @@ class RecorderCore:
             self.extras[v.metric] = dict(extra)
         return v
 
-    # -- timing helpers shared by the families ----------------------------------------------
-
     def _allocation(self, v: Verdict, fn: Callable[[], Any]) -> Verdict:
-        """Keep what one call of the warm ``fn`` allocates beside its timing verdict ``v``
-        (:func:`perfbudget.measure.memory.allocation`): an A/B run names a change of it."""
+        """Keep what one call of the warm ``fn`` allocates beside its timing verdict ``v``."""
         if v.outcome not in (Outcome.ERROR, Outcome.UNMEASURABLE):
             got = allocation(fn, device=self._dev, calls=1, threads=self._timing_threads())
             self.extras.setdefault(v.metric, {})[ALLOCATION] = got.to_extra()

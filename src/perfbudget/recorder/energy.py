@@ -19,8 +19,7 @@ class Energy(RecorderCore):
     METRICS: ClassVar[tuple[str, ...]] = ("energy_j_per_sample", "energy_j_per_token")
 
     def energy(self, fn: Callable[[], Any], *, per_call: int, unit: str = "sample", windows: int = 5) -> Verdict:
-        """Record ``energy_j_per_<unit>`` over windows of >= 1 s (NVML on GPUs, RAPL on CPUs);
-        where no counter is readable, the metric is recorded unmeasurable with the reason.
+        """Record ``energy_j_per_<unit>`` over windows of >= 1 s; unmeasurable where no counter reads.
 
         Args:
             fn: processes ``per_call`` units per call (a training step, a few requests).

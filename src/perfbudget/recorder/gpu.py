@@ -20,15 +20,12 @@ from .core import RecorderCore, Timed
 
 __all__ = ["DEVICE_STEPS", "GPM_WINDOWS", "OCC_ROUNDS", "Gpu"]
 
-#: Profiled steps in one pass of a GPU step's device time, one ``step_device_ms`` sample each:
-#: ten give a 95 % interval of the median (2nd to 9th of them), and the device time repeats
-#: within 0.1 % where the wall time does not (docs/gpu-runners.md); under the lease
-#: :data:`~perfbudget.lease.LEASE_DEVICE_STEPS`.
+#: Profiled steps per device-time pass, one ``step_device_ms`` sample each: ten give a 95 %
+#: interval of the median, and the device time repeats within 0.1 % (docs/gpu-runners.md).
 DEVICE_STEPS = 10
-#: Profiled rounds behind ``sm_occupancy`` (one sample each; under the lease
-#: :data:`~perfbudget.lease.LEASE_OCC_ROUNDS`).
+#: Profiled rounds behind ``sm_occupancy``, one sample each.
 OCC_ROUNDS = 5
-#: NVML GPM windows, one sample each (under the lease :data:`~perfbudget.lease.LEASE_GPM_WINDOWS`).
+#: NVML GPM windows, one sample each.
 GPM_WINDOWS = 5
 
 
@@ -40,22 +37,16 @@ class Gpu(RecorderCore):
 
     def _device_time(self, step: Callable[[], Any], wall: Passes[Timed], *,
                      explain: Callable[[], Explanation] | None) -> tuple[Verdict, ...]:
-        """Record a GPU step's device side beside its wall time (``wall``: the unprofiled passes).
+        """Record ``kernel_count`` and ``step_device_ms`` (GPU busy time per step) from a profiled pass.
 
-        ``step_device_ms``: the GPU's busy time per step (kernels, copies and fills, overlapping
-        streams counted once), one sample per step of a separate profiled pass; ``kernel_count``
-        per step. The share of the step the GPU idles, ``1 - busy / wall`` against the unprofiled
-        wall time (the profiled pass's own is inflated), is said in the attribution and by the
-        reports (from ``step_device_ms`` and ``step_ms``), never judged: it moves up when the GPU's
-        work gets faster. A trace with no device work makes ``step_device_ms`` unmeasurable, with the
-        reason.
+        The idle share against the unprofiled ``wall`` is only said, never judged: it grows when the
+        GPU's work gets faster.
         """
         steps = LEASE_DEVICE_STEPS if self.lease else DEVICE_STEPS
         device = Passes(lambda: _device_pass(step, steps=steps, device=self._dev, threads=self._timing_threads()),
                         what="the step's device time")
         if device.unmeasurable is not None:
-            why = device.unmeasurable.reason
-            return (self.unmeasurable("step_device_ms", why),)
+            return (self.unmeasurable("step_device_ms", device.unmeasurable.reason),)
         first = device.first
         busy = statistics.median(s.busy_ms for s in first)
         line = (f"per step: {busy:.3f} ms busy, {statistics.median(s.summed_ms for s in first):.3f} ms summed over "
@@ -66,14 +57,16 @@ class Gpu(RecorderCore):
                                                                   attribution=(line,))))
 
     def occupancy(self, step: Callable[[], Any], *, rounds: int | None = None, steps: int = 2) -> None:
-        """Record ``sm_occupancy``: the duration-weighted
-        occupancy each kernel's launch resources (registers, shared memory, block, grid) allow on
-        the profiled GPU, one sample per profiled round; the kernel time it leaves out (kernels
-        without those resources in the trace) is kept as attribution. Unmeasurable where no
-        kernel's occupancy can be computed (CPU, or a trace without launch resources). Kernels per
-        step are ``kernel_count``, which :meth:`perf.step <perfbudget.recorder.timing.Timing.step>`
-        records on a GPU (one owner: two counts of one key would fail each other). ``rounds``: default
-        :data:`OCC_ROUNDS`, under the lease :data:`~perfbudget.lease.LEASE_OCC_ROUNDS`."""
+        """Record ``sm_occupancy``: the duration-weighted occupancy kernels' launch resources allow.
+
+        Unmeasurable where no kernel carries launch resources (CPU). Kernels per step stay
+        ``kernel_count``'s, recorded by ``perf.step`` (one owner per metric).
+
+        Args:
+            step: one full step.
+            rounds: profiled rounds, one sample each (default :data:`OCC_ROUNDS`; fewer under the lease).
+            steps: steps per profiled round.
+        """
         n = rounds if rounds is not None else LEASE_OCC_ROUNDS if self.lease else OCC_ROUNDS
         passes = Passes(lambda: self._occupancy_pass(step, rounds=n, steps=steps))
         occ, kernels, left_out = passes.first
@@ -86,8 +79,7 @@ class Gpu(RecorderCore):
 
     def _occupancy_pass(self, step: Callable[[], Any], *, rounds: int,
                         steps: int) -> tuple[list[float], int, tuple[str, ...]]:
-        """Occupancy of each profiled round where it could be computed, kernels per step, and
-        the line saying how much kernel time the first such round left out (if any)."""
+        """Occupancy per profiled round where computable, kernels per step, and the left-out line."""
         occ: list[float] = []
         kernels = 0
         left_out: tuple[str, ...] = ()
@@ -104,9 +96,12 @@ class Gpu(RecorderCore):
         return occ, kernels, left_out
 
     def gpm(self, window: Callable[[], Any], *, windows: int | None = None) -> None:
-        """Record NVML GPM's measured ``gpm_sm_occupancy`` and ``tensor_util``, one sample per
-        ``window()`` (which should keep the GPU busy for a second or so and synchronise). ``windows``:
-        default :data:`GPM_WINDOWS`, under the lease :data:`~perfbudget.lease.LEASE_GPM_WINDOWS`."""
+        """Record NVML GPM's ``gpm_sm_occupancy`` and ``tensor_util``, one sample per window.
+
+        Args:
+            window: keeps the GPU busy for a second or so, and synchronises.
+            windows: windows per sample set (default :data:`GPM_WINDOWS`; fewer under the lease).
+        """
         windows = windows if windows is not None else LEASE_GPM_WINDOWS if self.lease else GPM_WINDOWS
         read = {"gpm_sm_occupancy": "sm_occupancy", "tensor_util": "tensor_util"}
         passes = Passes(lambda: _gpm_pass(window, windows=windows, metrics=tuple(read.values())), what="NVML GPM")
@@ -137,8 +132,7 @@ def _gpm_pass(window: Callable[[], Any], *, windows: int, metrics: tuple[str, ..
         got = nvml.gpm_metrics(window, metrics=metrics)
         if isinstance(got, Unmeasurable):
             return got
-        # NVML answers each metric with its own status: one refused makes the pass unmeasurable,
-        # with its name, rather than a KeyError.
+        # NVML answers each metric with its own status: name a refused one rather than a KeyError.
         missing = [k for k in out if k not in got.values_pct]
         if missing:
             return Unmeasurable(reason=f"NVML GPM returned no value for {missing} (got {sorted(got.values_pct)})")

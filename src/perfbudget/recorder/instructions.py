@@ -24,18 +24,15 @@ class Instructions(RecorderCore):
                      counter: Literal["auto", "callgrind", "hardware"] = "auto") -> Verdict:
         """Record ``instructions[callgrind]`` (or ``instructions[hardware]``) per call of ``step``.
 
-        Only the ``steps`` counted calls are counted, after ``warmup`` uncounted ones: set-up,
-        fixtures and warm-up are not. Counted by callgrind when the session runs under it
-        (``perfbudget instructions -- <pytest args>``), else by the CPU's instructions counter
-        where one opens; otherwise the metric is recorded unmeasurable with how to run it.
-        The two counters are different metrics and are never compared with each other. A
-        callgrind count leaves out the instructions of history-dependent functions (the memory
-        allocators, CPython's dictionary and type-attribute lookups: their work depends on what
-        the process did before, and the same step read up to 0.7 % apart in different sessions;
-        :func:`perfbudget.measure.instructions.history_dependent`); the hardware counter cannot
-        tell functions apart and counts everything. A callgrind count keeps its heaviest functions with the record
-        (:class:`~perfbudget.extras.InstructionProfile`, which two records can be compared by
-        function with), and a failure names them.
+        Counted by callgrind when the session runs under it, else by the CPU's counter where one
+        opens, else unmeasurable with how to run it (docs/writing-tests.md). A callgrind count
+        leaves out history-dependent functions and keeps its heaviest functions with the record.
+
+        Args:
+            step: zero-argument callable counted per call.
+            steps: counted calls, after ``warmup`` uncounted ones.
+            warmup: uncounted calls first.
+            counter: ``auto``, ``callgrind`` or ``hardware``.
         """
         got = counting.instructions(step, steps=steps, warmup=warmup, counter=counter)
         if isinstance(got, Unmeasurable):

@@ -29,19 +29,14 @@ class Memory(RecorderCore):
     ) -> dict[str, Verdict]:
         """Record ``peak_allocated_mib[forward|backward|optimizer]`` of one training step.
 
-        Measures the configuration it is given: pass the timed workload's own phases (its
-        precision policy, its batch) so the memory budget describes what is timed. See
-        :func:`perfbudget.measure.memory.peak_by_phase` for what is counted on each device.
+        Pass the timed workload's own phases (precision, batch) so the budget describes what is timed.
 
         Args:
             forward: returns the loss.
             backward: takes the loss (default ``loss.backward()``).
-            optimizer: an optimizer, a zero-argument callable, or ``None``: then no optimizer
-                phase runs and nothing is recorded for it (a budget left for it is reported as
-                not measured, never passed on a 0).
+            optimizer: an optimizer, a zero-argument callable, or ``None`` (no optimizer phase).
             warmup: unmeasured steps first (the first step allocates optimizer state).
-            names: phase renames for the metric argument, e.g. ``{"backward":
-                "backward_and_optimizer"}`` when one callable does both.
+            names: phase renames for the metric argument (``{"backward": "backward_and_optimizer"}``).
         """
         self._fails_with(peaks_of.training_step(forward, backward=backward, optimizer=optimizer))
         peaks = peaks_of.peak_by_phase(forward, backward=backward, optimizer=optimizer, device=self._dev,

@@ -24,7 +24,6 @@ class Numerics(RecorderCore):
         return self._record("nonfinite_grads", Measurement(samples=got.nonfinite_grads, attribution=tuple(got.lines())))
 
     def loss_drift(self, candidate: Callable[[], Any], reference: Callable[[], Any], *, steps: int = 20) -> Verdict:
-        """Record ``loss_drift``: the largest relative loss difference between ``candidate``
-        and ``reference`` steps (e.g. mixed precision vs fp32) on the same data."""
+        """Record ``loss_drift``: the largest relative loss difference of ``candidate`` vs ``reference`` steps."""
         drift = numerics.compare_to_reference(candidate, reference, steps=steps)
         return self._record("loss_drift", Measurement(samples=drift.max_rel))

@@ -21,17 +21,13 @@ from .core import RecorderCore
 
 __all__ = ["NEW_OP_SHARE_CHECK", "NEW_OP_SHARE_UPDATE", "OP_ROUNDS", "OP_ROUND_STEPS", "Operators"]
 
-#: Profiled rounds behind each per-operator sample set (one sample per round, of
-#: :data:`OP_ROUND_STEPS` steps). A round's self times vary ~10 % as a whole whether it profiles
-#: one step or eight, and each profiled step costs ~10x the step (the profiler's events): twice
-#: the rounds of one step each take the time of 16 rounds of two and halve a pair's sampling
-#: variance (benchmarks/op-pairing-cpu.md).
+#: Profiled rounds behind each per-operator sample set, of :data:`OP_ROUND_STEPS` steps each: many
+#: rounds of one step halve a pair's variance at the cost of fewer longer ones (benchmarks/op-pairing-cpu.md).
 OP_ROUNDS = 32
 OP_ROUND_STEPS = 1
 #: Operators above this share of the step get budgets when budgets are written...
 NEW_OP_SHARE_UPDATE = 0.05
-#: ...and a new operator must pass this share before a check run calls it unbudgeted.
-#: The gap keeps an operator hovering at 5 % from flipping between runs.
+#: ...and a new operator must pass this share before a check run calls it unbudgeted (no flipping at 5 %).
 NEW_OP_SHARE_CHECK = 0.07
 #: A failing step is explained by the operators above this share of it, with the budgeted ones.
 _EXPLAIN_MIN_SHARE = 0.02
@@ -53,21 +49,15 @@ class Operators(RecorderCore):
     ) -> Any:
         """Record per-operator self time, share of the step and call counts.
 
-        Operators recorded: every one budgeted for the key (in any per-operator family),
-        plus new ones above a share threshold — lower when writing budgets
-        (:data:`NEW_OP_SHARE_UPDATE`), higher when checking (:data:`NEW_OP_SHARE_CHECK`), so
-        an operator hovering at the threshold does not flip between runs. Self times are
-        normalised by a machine-speed reference timed before each profiled round.
+        Records every operator budgeted for the key, plus new ones above :data:`NEW_OP_SHARE_UPDATE`
+        when writing budgets, :data:`NEW_OP_SHARE_CHECK` when checking.
 
         Args:
             step: one full step.
-            rounds: profiled rounds per sample set (one sample per round; default
-                :data:`OP_ROUNDS`, under the lease :data:`~perfbudget.lease.LEASE_OP_ROUNDS`).
+            rounds: profiled rounds per sample set (default :data:`OP_ROUNDS`; fewer under the lease).
             steps: steps per profiled round.
-            families: which of ``op_self_ms``, ``op_share``, ``op_count`` to record (counts
-                alone are exact and hold on any machine).
-            reference: time the machine-speed reference before each round and normalise
-                self times by it (opt-in, as in :meth:`PerfRecorder.step`).
+            families: which of ``op_self_ms``, ``op_share``, ``op_count`` to record.
+            reference: normalise self times by a machine-speed reference timed before each round.
 
         Returns:
             The first :class:`~perfbudget.measure.operators.OpRounds`.
@@ -94,17 +84,10 @@ class Operators(RecorderCore):
             self._record(f"op_count[{op}]", Measurement(samples=stats.median(passes.first.calls(op))))
 
     def _operator_names(self, first: OpRounds) -> list[str]:
-        """Which operators :meth:`operators` records, heaviest first: every one budgeted for the key
-        (in any per-operator family), plus new ones above the share threshold of this run's mode.
-
-        In the later pairs of a lockstep A/B run the driver names, per test, the operators
-        either side recorded so far (:meth:`perfbudget.verdict.judge.Judging.pinned_operators`); both sides then record exactly
-        those and the budgeted ones, so an operator near the threshold is compared in every
-        pair instead of being listed by one process and not by the other.
-        """
+        """Which operators :meth:`operators` records, heaviest first: the budgeted ones plus new ones."""
         ops = set(self._op_budgets(OP_METRIC_FAMILIES))
         pinned = self.judge.config.judging.pinned_operators(self.nodeid, self.key)
-        if pinned is not None:
+        if pinned is not None:  # an A/B run's sides record the same operators in every pair
             ops |= set(pinned)
         else:
             ops |= set(first.top(NEW_OP_SHARE_UPDATE if self.update else NEW_OP_SHARE_CHECK))
@@ -141,8 +124,7 @@ class Operators(RecorderCore):
         return explain
 
     def _operator_moves(self) -> OperatorMoves:
-        """This test's budgeted per-operator checks, each as the move it made against its budget:
-        what a failing record of the test is explained with when its own explanation named none."""
+        """This test's budgeted per-operator checks as moves against their budgets."""
         out = []
         for v in self.verdicts:
             parsed = op_metric(v.metric)

@@ -14,16 +14,15 @@ from .core import RecorderCore
 
 __all__ = ["SERVE_METRICS", "SERVE_ROUNDS", "ServeRound", "Serving"]
 
-#: Rounds of requests behind each serving sample set. One round of 64 requests left a pair's
-#: median per-request ratio uncertain by 3-5 % (its own sampling, a user's tiny GPT-2:
-#: benchmarks/user-repo-cpu.md), as much as the pairs differed.
+#: Rounds of requests per serving sample set: one round of 64 left a pair's median ratio uncertain
+#: by 3-5 % (benchmarks/user-repo-cpu.md).
 SERVE_ROUNDS = 4
 SERVE_METRICS = ("ttft_ms", "token_ms", "e2e_ms_p50", "e2e_ms_p90", "tokens_per_s")
 
 
 @dataclass(frozen=True, kw_only=True)
 class ServeRound:
-    """Latencies of one sample set of streamed requests (its rounds in order), each paired with its reference time."""
+    """Latencies of one sample set of streamed requests, each paired with its reference time."""
 
     samples: dict[str, tuple[list[float], list[float]]]
     """metric -> (samples, paired machine-speed reference times)."""
@@ -41,18 +40,12 @@ class Serving(RecorderCore):
         reference: Callable[[], Any] | bool | None = None,
         rounds: int | None = None,
     ) -> dict[str, Verdict]:
-        """Record serving latencies of streamed requests: ``ttft_ms``, ``token_ms``,
-        ``e2e_ms_p50``, ``e2e_ms_p90`` and ``tokens_per_s``.
+        """Record ``ttft_ms``, ``token_ms``, ``e2e_ms_p50``, ``e2e_ms_p90`` and ``tokens_per_s``.
 
         Args:
-            requests: returns one round of requests, each a callable that starts the
-                request and returns its tokens as they are produced (a generator). A round
-                should hold >= 64 requests so a p90 has samples above it.
-            reference: as in :meth:`time` (default: none); timed after every request, and
-                every latency is paired with its request's reference time.
-            rounds: rounds of requests per sample set (``requests()`` called once per round);
-                an A/B run pairs each request with itself on the other side, round by round
-                (default: :data:`SERVE_ROUNDS`, under the lease :data:`~perfbudget.lease.LEASE_SERVE_ROUNDS`).
+            requests: returns one round of >= 64 requests, each a callable yielding its tokens.
+            reference: as in :meth:`time`; timed after every request and paired with it.
+            rounds: rounds of requests per sample set (default :data:`SERVE_ROUNDS`; fewer under the lease).
 
         Returns:
             metric -> verdict.

@@ -25,13 +25,7 @@ def _itself(xs: list[float]) -> list[float]:
 @dataclass(frozen=True, kw_only=True)
 class CountedSteps:
     """:meth:`PerfRecorder.step` counts instructions instead of timing: ``steps`` counted calls
-    after ``warmup`` uncounted ones, as :meth:`PerfRecorder.instructions` counts them.
-
-    The pytest plugin sets it for a test marked ``instructions`` (``@pytest.mark.instructions``,
-    or ``@pytest.mark.instructions(steps=..., warmup=...)``) in a session that runs under
-    callgrind (``perfbudget instructions``, ``perfbudget ab --instructions``), where timing
-    would measure valgrind's synthetic CPU.
-    """
+    after ``warmup`` uncounted ones; set for a test marked ``instructions`` under callgrind."""
 
     steps: int = 20
     warmup: int = 10
@@ -44,10 +38,7 @@ class CountedSteps:
 
 
 class Timing(Operators, Instructions, Gpu):
-    """``perf.time``, ``perf.step`` and ``perf.speedup``. A failing step is explained by its
-    operators (:class:`~perfbudget.recorder.operators.Operators`); a counted step is recorded by
-    :class:`~perfbudget.recorder.instructions.Instructions`; a GPU step's device side by
-    :class:`~perfbudget.recorder.gpu.Gpu`."""
+    """``perf.time``, ``perf.step`` and ``perf.speedup``."""
 
     METRICS: ClassVar[tuple[str, ...]] = ("step_ms", "throughput_samples_per_s", "latency_ms", "speedup")
 
@@ -68,10 +59,8 @@ class Timing(Operators, Instructions, Gpu):
         Args:
             metric: a millisecond timing metric (``step_ms``, ``latency_ms[forward]``).
             fn: zero-argument callable, warm or not (the bench warms it up).
-            reference: ``True`` for the device's machine-speed reference
-                (:func:`perfbudget.measure.reference.machine_reference`), or a reference
-                callable, timed alternately with ``fn``; samples are normalised by it.
-                ``None``: plain :func:`~perfbudget.measure.timing.bench`.
+            reference: ``True`` (the machine-speed reference) or a callable timed alternately
+                with ``fn`` to normalise samples; ``None``: plain timing.
             explain: attribution lines computed only on failure (see :meth:`record`).
             bench_kwargs: passed to the bench (``warmup_ms``, ``min_samples``, ``max_ms``...).
         """
@@ -94,31 +83,10 @@ class Timing(Operators, Instructions, Gpu):
     ) -> tuple[Verdict, ...]:
         """Record ``step_ms`` and ``throughput_samples_per_s`` of a warm training/inference step.
 
-        Unprofiled samples (CUDA events on a GPU). A failing step time is explained by
-        profiling the step against the key's ``op_self_ms`` budgets (which operators moved).
-
-        On a GPU the step's wall time follows the host as much as the device (a launch-bound
-        step's GPU idles most of it), so a separate profiled pass also records the device side:
-        ``step_device_ms`` (the GPU's busy time per step, the metric a stored GPU budget gates),
-        and ``kernel_count`` (see :meth:`~perfbudget.recorder.gpu.Gpu._device_time`);
-        stored budgets of ``step_ms`` and ``throughput_samples_per_s`` are advisory there.
-        On a CPU the wall time is the device's time: none of these is recorded.
-
-        Reference normalisation is opt-in (``reference=True``): it absorbs part of a real
-        slowdown along with the machine's drift, while the machines that keep stored budgets
-        (a pinned runner of one SKU) drift little; a drifting machine should use
-        ``perfbudget ab`` instead.
-
-        Instruction counts, opt-in: in a test marked ``instructions`` (``@pytest.mark.instructions``,
-        or ``@pytest.mark.instructions(steps=20, warmup=10)``), a session under callgrind
-        (``perfbudget instructions -- <tests> -m instructions``, ``perfbudget ab --base REF
-        --instructions -- <tests> -m instructions``) counts the step instead of timing it: it records
-        ``instructions[callgrind]`` under the same key, exactly as :meth:`instructions` does
-        (``steps`` counted calls after ``warmup`` uncounted ones), and no timing metric, since a
-        time on valgrind's synthetic CPU means nothing; the session does not report the key's
-        timing budgets as not measured either. Every other session times the marked step as
-        usual. So one test gives a step both channels: time, and the CPU work that decides a
-        change timing cannot resolve (a dropped cache, a few % more Python per step).
+        A failing step time is explained by the operators that moved. On a GPU a profiled pass
+        also records ``kernel_count`` and ``step_device_ms``, which gates there (docs/gpu-runners.md).
+        In a test marked ``instructions`` under callgrind the step is counted, not timed
+        (:class:`CountedSteps`, docs/writing-tests.md).
 
         Args:
             step: one full step (zero-argument callable).
@@ -128,10 +96,8 @@ class Timing(Operators, Instructions, Gpu):
             min_samples, max_ms, warmup_ms: as in :func:`~perfbudget.measure.timing.bench`.
 
         Returns:
-            The ``(step_ms, throughput_samples_per_s)`` verdicts; both read the same timed batches.
-            On a GPU followed by ``kernel_count`` and ``step_device_ms`` (or, when the trace holds
-            no device work, ``step_device_ms`` unmeasurable).
-            When the step is counted instead: the one ``instructions[callgrind]`` verdict.
+            The ``step_ms`` and ``throughput_samples_per_s`` verdicts, on a GPU then ``kernel_count``
+            and ``step_device_ms``; when counted, the one ``instructions[callgrind]`` verdict.
         """
         if samples_per_step < 1:
             raise ValueError(f"samples_per_step must be >= 1, got {samples_per_step!r}")
@@ -162,13 +128,11 @@ class Timing(Operators, Instructions, Gpu):
     ) -> Verdict:
         """Record ``speedup[what]``: time of ``baseline`` / time of ``lever``, interleaved.
 
-        The two run alternately (``baseline, lever, baseline, ...``), so the machine's
-        drift hits both; each round gives one ratio.
+        The two alternate, so the machine's drift hits both; each round gives one ratio.
 
         Args:
             what: the bracket argument (``speedup[bucketing]``).
-            baseline, lever: zero-argument callables doing the same work two ways (e.g. one
-                epoch with static padding and one with length buckets).
+            baseline, lever: zero-argument callables doing the same work two ways.
             rounds: ratios per sample set (one warm-up round runs first).
         """
         if rounds < 2:
