@@ -68,9 +68,6 @@ class InputError(Exception):
     """A problem with the command's input, already naming the file."""
 
 
-# --------------------------------------------------------------------------- helpers
-
-
 def _load(paths: Sequence[str]) -> tuple[Results, list[tuple[str, Results]]]:
     """Load (and merge) results files; duplicated records across files are an input error."""
     parts = []
@@ -107,13 +104,6 @@ def _emit(text: str, output: str | None, out: TextIO) -> None:
         raise InputError(f"{path}: cannot write: {exc.strerror or exc}") from None
 
 
-def _has_regressions(results: Results) -> bool:
-    return bool(regressions(results.records)) or bool(run_problems(results))
-
-
-# --------------------------------------------------------------------------- report / merge
-
-
 def _render(results: Results, fmt: str, args: argparse.Namespace) -> str:
     if fmt == "terminal":
         return terminal_report(results)
@@ -139,9 +129,10 @@ def cmd_report(args: argparse.Namespace, out: TextIO) -> int:
     _emit(text, args.output, out)
     if args.output not in (None, "-"):
         print(f"perfbudget: wrote {fmt} report of {len(results.records)} records to {args.output}", file=sys.stderr)
-    for problem in run_problems(results):
+    problems = run_problems(results)
+    for problem in problems:
         print(f"perfbudget: {', '.join(args.results)}: {plain(problem)}", file=sys.stderr)
-    return ExitCode.FAILED if _has_regressions(results) and not args.exit_zero else ExitCode.OK
+    return ExitCode.FAILED if (regressions(results.records) or problems) and not args.exit_zero else ExitCode.OK
 
 
 def cmd_merge(args: argparse.Namespace, out: TextIO) -> int:
@@ -158,9 +149,6 @@ def cmd_merge(args: argparse.Namespace, out: TextIO) -> int:
     return ExitCode.OK
 
 
-# --------------------------------------------------------------------------- diff
-
-
 def cmd_diff(args: argparse.Namespace, out: TextIO) -> int:
     base, _ = _load([args.base])
     new, _ = _load([args.new])
@@ -173,13 +161,9 @@ def cmd_diff(args: argparse.Namespace, out: TextIO) -> int:
     return ExitCode.FAILED if any(c.status == "worse" for c in changes) else ExitCode.OK
 
 
-# --------------------------------------------------------------------------- show
-
-
 def _settings(args: argparse.Namespace) -> Settings:
-    """The command's settings by the one rule of a pytest run here: its options, the environment,
-    the ini file pytest reads in this folder; the budgets folder as messages show it, inside the
-    repository unless named with --budgets-dir (:func:`~perfbudget.budgets.loader.confined`)."""
+    """The settings a pytest run here would use; the budgets folder inside the repository unless
+    named with --budgets-dir (:func:`~perfbudget.budgets.loader.confined`)."""
     try:
         settings = for_folder(Path.cwd(), cli={"budgets_dir": args.budgets_dir,
                                                "threads": getattr(args, "threads", None)})
@@ -230,9 +214,6 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
     return ExitCode.USAGE if broken else ExitCode.OK
 
 
-# --------------------------------------------------------------------------- update
-
-
 def _not_plain(folder: str, names: list[str]) -> list[str]:
     """The entries of ``folder`` a dry run does not copy: neither a folder, a regular file nor a link."""
     return [n for n in names if not (os.path.islink(p := os.path.join(folder, n)) or os.path.isdir(p)
@@ -241,8 +222,7 @@ def _not_plain(folder: str, names: list[str]) -> list[str]:
 
 def _write_budgets(root: Path, dry_run: bool, write: Callable[[BudgetSet], UpdateReport],
                    out: TextIO) -> int:
-    """Run ``write`` on the budgets at ``root`` (on a copy for a dry run) and print what it did;
-    returns the exit code."""
+    """Run ``write`` on the budgets at ``root`` (a copy for a dry run), print it; the exit code."""
     if dry_run:
         with tempfile.TemporaryDirectory() as tmp:
             copy = Path(tmp) / "budgets"
@@ -262,8 +242,7 @@ def _write_budgets(root: Path, dry_run: bool, write: Callable[[BudgetSet], Updat
 
 
 def _trusted(measured: Sequence[Measured], args: argparse.Namespace, out: TextIO) -> frozenset[str]:
-    """The machine identities whose budget files ``update`` or ``accept`` may write, of those the
-    results claim for values that depend on the machine (timing, instruction counts), said on ``out``."""
+    """The claimed machine identities whose machine-dependent budget files may be written, said on ``out``."""
     from .measure.machine import trusted_identities
 
     claimed = {m.device.identity: m.device.type for m in measured
@@ -323,17 +302,11 @@ def _render_update(report: UpdateReport) -> str:
     return terminal_text(text + (f"\n{kept} value(s) kept (unchanged or within noise)" if kept else ""))
 
 
-# --------------------------------------------------------------------------- instructions
-
-
 def cmd_instructions(args: argparse.Namespace, out: TextIO) -> int:
     pytest_args = list(args.pytest_args)
     if pytest_args and pytest_args[0] == "--":
         pytest_args = pytest_args[1:]
     return run_instructions(pytest_args, args.out).exit_code
-
-
-# --------------------------------------------------------------------------- main
 
 
 _BUDGETS_DIR_HELP = ("budget folder (default: ini perfbudget_budgets_dir of the pytest run here, else budgets; "

@@ -14,15 +14,6 @@ from .report.common import fmt_tolerance, fmt_value, text_table
 __all__ = ["explain_budgets"]
 
 
-def _why_not(selector: Selector, info: DeviceInfo) -> list[str]:
-    """The selector fields this device does not match, each as ``field=want (device has have)``."""
-    out = []
-    for name, want in selector.criteria:
-        if not Selector(((name, want),)).matches(info):
-            out.append(f"{name}={want} (this device: {getattr(info, name)})")
-    return out
-
-
 def explain_budgets(budgets: BudgetSet, info: DeviceInfo, *, key: str | None = None,
                     stable: bool = False) -> tuple[str, bool]:
     """Which budget files apply to ``info`` and why, and which file wins per entry.
@@ -44,18 +35,13 @@ def explain_budgets(budgets: BudgetSet, info: DeviceInfo, *, key: str | None = N
                      f"PERFBUDGET_STABLE_MACHINE={info.identity or '<identity>'}")
     lines.append("")
     lines.append(f"budget files in {budgets.root} ({len(budgets.files)}):")
-    broken = bool(budgets.errors)
-    for e in budgets.errors:
-        lines.append(f"  ERROR {e}")
-    rows = []
-    for f in sorted(budgets.files, key=lambda f: (-(f.selector.specificity if f.selector else -1), f.path.name)):
-        rows.append(_file_row(f, info))
-        broken = broken or bool(f.errors)
-    if rows:
+    broken = bool(budgets.errors) or any(f.errors for f in budgets.files)
+    lines.extend(f"  ERROR {e}" for e in budgets.errors)
+    files = sorted(budgets.files, key=lambda f: (-(f.selector.specificity if f.selector else -1), f.path.name))
+    if files:
+        rows = [_file_row(f, info) for f in files]
         lines.append(text_table(["file", "specificity", "applies", "selector / why"], rows))
-    for f in budgets.files:
-        for e in f.errors:
-            lines.append(f"  error: {e}")
+    lines.extend(f"  error: {e}" for f in budgets.files for e in f.errors)
     matching = budgets.matching(info)
     lines.append("")
     if not matching:
@@ -97,6 +83,8 @@ def _file_row(f: BudgetFile, info: DeviceInfo) -> list[str]:
         return [f.path.name, "-", "ERROR", errs[0].message if errs else "unusable"]
     if f.matches(info):
         return [f.path.name, str(f.selector.specificity), "yes", str(f.selector)]
-    return [f.path.name, str(f.selector.specificity), "no", "; ".join(_why_not(f.selector, info))]
+    why_not = [f"{name}={want} (this device: {getattr(info, name)})" for name, want in f.selector.criteria
+               if not Selector(((name, want),)).matches(info)]
+    return [f.path.name, str(f.selector.specificity), "no", "; ".join(why_not)]
 
 

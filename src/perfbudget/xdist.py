@@ -55,9 +55,8 @@ def worker_output(session: PerfSession) -> str:
 
 
 def pin_worker(session: PerfSession, gpu: str) -> None:
-    """Give this xdist worker its one GPU, before its list of CUDA devices is fixed (see
-    :func:`~perfbudget.pinning.cuda_device_list_fixed`); after that a ``CUDA_VISIBLE_DEVICES``
-    set here would not be honoured, so the worker is left unpinned, with a warning."""
+    """Give this xdist worker its one GPU; once its CUDA devices are fixed
+    (:func:`~perfbudget.pinning.cuda_device_list_fixed`) it is left unpinned, with a warning."""
     fixed = pinning.cuda_device_list_fixed(sys.modules.get("torch"))
     if fixed:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")

@@ -42,8 +42,7 @@ class SeriesAnalysis:
     gaps: list[str] = field(default_factory=list)
     """What was not searched or chained, as notes: each of :attr:`chain_gaps`, values of several machines."""
     chain_gaps: list[Gap] = field(default_factory=list)
-    """A/B: where the chain cannot reach back over unmeasured commits, newest first (the first is where
-    :attr:`links` start)."""
+    """A/B: where the chain stops at unmeasured commits, newest first (:attr:`links` start at the first)."""
 
     @property
     def name(self) -> str:
@@ -59,12 +58,9 @@ class SeriesAnalysis:
 
 
 def analyze(points: Sequence[Point], *, config: ChangeConfig | None = None, confidence: float = 0.95) -> SeriesAnalysis:
-    """Analyse one check's points of one machine and mode (oldest first).
-
-    Values of stored runs are searched for level shifts. For A/B runs, checks with a head/parent
-    interval (timing, rates) are chained, with the per-pair sd pooled over each machine identity's
-    runs (:func:`~perfbudget.history.chain.pooled`), and their drifts searched; their absolute values are not
-    (on a drifting machine they are mostly noise), except for exact checks, which have no interval.
+    """Analyse one check's points of one machine and mode (oldest first): level shifts of stored runs'
+    values; for A/B runs, drifts of the chained head/parent ratios (sd pooled per machine identity), as
+    their absolute values are mostly noise, except for exact checks, which have no interval.
 
     Raises:
         ValueError: points of two series (:func:`~perfbudget.history.store.by_machine`), or none.
@@ -101,8 +97,7 @@ def analyze(points: Sequence[Point], *, config: ChangeConfig | None = None, conf
 
 def analyze_store(store: HistoryStore, *, config: ChangeConfig | None = None, confidence: float = 0.95,
                   names: Sequence[tuple[str, str]] | None = None, machine: str | None = None) -> list[SeriesAnalysis]:
-    """Every check of the store (or those of ``names``), one analysis per machine and mode; with
-    ``machine``, of that machine identity's runs only (its A/B runs chain where they link)."""
+    """Every check of the store (or of ``names``; ``machine``'s runs only), analysed per machine and mode."""
     out = []
     for key, metric in names if names is not None else store.names():
         points = [p for p in store.series(key, metric) if machine is None or p.run.machine == machine]
@@ -142,8 +137,7 @@ class Finding:
 
 
 def first_after(runs: Sequence[Run], commit: str) -> int | None:
-    """Index of the first of ``runs`` (in the history's order) that came after ``commit``: the one after
-    ``commit``'s own last run, else the first whose parent is ``commit``; ``None`` when neither is there."""
+    """Index of the first run after ``commit``'s last run, else of its first child run, else ``None``."""
     own = [i for i, r in enumerate(runs) if r.commit == commit]
     if own:
         return own[-1] + 1
@@ -152,13 +146,9 @@ def first_after(runs: Sequence[Run], commit: str) -> int | None:
 
 def machine_trends(analysis: SeriesAnalysis, window: Sequence[Point], *,
                    confidence: float = 0.95) -> list[tuple[str, list[Point], Trend]]:
-    """The trend of each machine's values among ``window`` (points of ``analysis``, oldest first), for
-    checks of a kind with noise (:data:`~perfbudget.history.trend.TREND_KINDS`; an exact value's
-    changes are its change points): ``(machine, its points, trend)`` for each machine with
-    :data:`~perfbudget.history.trend.MIN_TREND_POINTS` runs or more, all values > 0 and two
-    positions at least. A point's position is its commit's place among the series' commits (all
-    machines), so commits another machine measured count as gaps. Each run's
-    :attr:`~perfbudget.history.store.Check.value_se` weighs it when every run has one."""
+    """``(machine, its points, trend)`` of each machine's values among ``window`` (points of ``analysis``,
+    oldest first), for :data:`~perfbudget.history.trend.TREND_KINDS` and machines with enough runs > 0.
+    Positions count every commit of the series, so commits another machine measured are gaps."""
     if not analysis.points or analysis.points[0].check.kind not in TREND_KINDS:
         return []
     position: dict[str, int] = {}
@@ -183,23 +173,19 @@ def machine_trends(analysis: SeriesAnalysis, window: Sequence[Point], *,
 
 
 CUMULATIVE_CONFIDENCE = 0.99
-"""Two-sided coverage of the cumulative chained ratio ``history check`` judges: one test per check
-and ref, beside the drifts and the trend, so each holds its false alarms near 1 %
-(``benchmarks/history-sim.md``)."""
+"""Two-sided coverage of the cumulative chained ratio ``history check`` judges: false alarms near 1 %
+beside the drifts and the trend (``benchmarks/history-sim.md``)."""
 
 
 def _judged_direction(direction: str, change: float) -> Direction:
-    """The direction a change is judged in: the metric's, else (unknown: either way is worse, as
-    :meth:`SeriesAnalysis.worse`) the one that makes the change's own side the worse."""
+    """The metric's direction, else (unknown) the one that makes the change's own side the worse."""
     if direction in ("lower", "higher"):
         return "lower" if direction == "lower" else "higher"
     return "higher" if change < 0 else "lower"
 
 
 def _after(analysis: SeriesAnalysis, since_date: str, since_commit: str | None) -> Callable[[Run], bool]:
-    """Whether a run of the series came after the ref: in the series' order, after ``since_commit``'s
-    own run or from its child's on (:func:`first_after`); else, or without ``since_commit``, dated after
-    ``since_date``."""
+    """Whether a run came after the ref: by :func:`first_after`, else dated after ``since_date``."""
     pts = analysis.points
     first = first_after([p.run for p in pts], since_commit) if since_commit else None
     later_commits = {p.run.commit for p in pts[first:]} if first is not None else None
@@ -225,61 +211,47 @@ def _unreached(analysis: SeriesAnalysis, after: Callable[[Run], bool], since_com
 
 
 def chain_gaps_since(analysis: SeriesAnalysis, since_date: str, *, since_commit: str | None = None) -> list[str]:
-    """Why the A/B chain of ``analysis`` does not reach back to the ref (``since_commit``, else
-    ``since_date``), one line each (``gap: CHECK: ...``): each gap of
-    :attr:`SeriesAnalysis.chain_gaps` after the ref, or, with none, that the chain starts after
-    it. Empty when the chain reaches back to the ref, or nothing after it is chained. A cumulative
-    change since the ref then covers only the merges after the newest gap."""
+    """Why the A/B chain does not reach back to the ref (``since_commit``, else ``since_date``), one
+    ``gap: CHECK: ...`` line each; empty when it does, or nothing after the ref is chained."""
     return _unreached(analysis, _after(analysis, since_date, since_commit), since_commit)
 
 
 def findings_since(analysis: SeriesAnalysis, since_date: str, *, since_commit: str | None = None,
                    tolerance: float = SERIES_TOLERANCE, confidence: float = 0.95,
                    cumulative_confidence: float = CUMULATIVE_CONFIDENCE) -> tuple[list[Finding], list[str]]:
-    """Regressions after the ``since_commit`` run of the series (else after ``since_date``, UTC, as runs
-    keep dates): level shifts and drifts for the worse, a cumulative chained ratio worse than no
-    change with its whole ``cumulative_confidence`` interval (above 1; below for rates; either way,
-    on the side of its estimate, for a metric of unknown direction) and by more than the tolerance
-    on its estimate (a creep of merges that each passed their A/B run; the runs' per-pair sd pooled
-    per machine identity), and a trend of one machine's values (:func:`machine_trends`, from
-    ``since_commit``'s own run on it when there is one) whose move's interval lies entirely beyond it.
+    """Regressions after the ``since_commit`` run (else after ``since_date``, UTC): level shifts and
+    drifts for the worse, a cumulative chained ratio whose whole interval is worse than no change and
+    whose estimate is beyond the tolerance (a creep of merges that each passed), and a machine's trend
+    (:func:`machine_trends`) whose interval lies entirely beyond it.
 
-    The series' own order decides where the commit is, not its date: commits made within one
-    second (a scripted series, a fast-forward of several) share a date.
+    The series' order places the commit, not its date: commits within one second share a date.
 
     Returns:
-        ``(findings, lines)``: the second is the cumulative change (``cumulative: ...``; ``since X
-        only`` when the chain does not reach back to the ref), the gaps that keep it from reaching
-        back (``gap: ...``, :func:`chain_gaps_since`) and each machine's trend (``trend: ...``)
-        since then, for the report; empty when there is none of them.
+        ``(findings, lines)``: lines of the cumulative change, its gaps and each machine's trend.
     """
     out = []
     base = dict(check=analysis.name, machine=analysis.machine, mode=analysis.mode)
     pts = analysis.points
-    after_run = _after(analysis, since_date, since_commit)
-
-    def after(point: Point) -> bool:
-        return after_run(point.run)
-
+    after = _after(analysis, since_date, since_commit)
     lines: list[str] = []
     for s in analysis.shifts:
-        if after(pts[s.index]) and analysis.worse(s.change):
+        if after(pts[s.index].run) and analysis.worse(s.change):
             out.append(Finding(**base, what="change point", change=s.change, ci=None,  # type: ignore[arg-type]
                                good=pts[s.index - 1].run.commit, bad=pts[s.index].run.commit))
     links = analysis.links
     for d in analysis.drifts:
-        if after(links[d.last].point) and analysis.worse(d.change):
+        if after(links[d.last].point.run) and analysis.worse(d.change):
             out.append(Finding(**base, what="drift", change=d.change, ci=d.ci,  # type: ignore[arg-type]
                                good=links[d.first].parent or links[d.first].commit, bad=links[d.last].commit,
                                merges=d.last - d.first + 1))
-    later = [link for link in links if after(link.point)]
+    later = [link for link in links if after(link.point.run)]
     if later:
         cum = cumulative(later, confidence=cumulative_confidence)
         lo, hi = cum.ci
         direction = _judged_direction(analysis.direction, cum.change)
         limits = Limits.around(1.0, tolerance, direction)
         beyond = settle(lo, hi, limits, evidence="history", estimate=cum.ratio) == "fail"
-        gaps = _unreached(analysis, after_run, since_commit)
+        gaps = _unreached(analysis, after, since_commit)
         ref = since_commit[:12] if since_commit else since_date
         reach = (f" only: the chain does not reach back to {ref} (gap below); the merges before the gap are not in it"
                  if gaps else "")
@@ -290,7 +262,7 @@ def findings_since(analysis: SeriesAnalysis, since_date: str, *, since_commit: s
         if beyond:
             out.append(Finding(**base, what=f"cumulative beyond {fmt_tolerance(tolerance)}", change=cum.change,  # type: ignore[arg-type]
                                ci=cum.ci, good=cum.since, bad=cum.until, merges=cum.merges))
-    window = [p for p in pts if after(p) or (since_commit is not None and p.run.commit == since_commit)]
+    window = [p for p in pts if after(p.run) or (since_commit is not None and p.run.commit == since_commit)]
     for machine, points, trend in machine_trends(analysis, window, confidence=confidence):
         lo, hi = trend.ci
         good = since_commit or points[0].run.parent or points[0].run.commit

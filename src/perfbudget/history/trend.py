@@ -57,14 +57,12 @@ class Trend:
 
     def beyond(self, tolerance: float, direction: str) -> bool:
         """Whether the interval lies entirely beyond ``1 + tolerance`` (``1 - tolerance`` for a rate,
-        ``direction == "higher"``): the rule of the A/B verdict. Not the cumulative chained ratio's,
-        which needs its interval entirely worse than 1 and only its estimate beyond the tolerance
-        (:func:`perfbudget.history.analysis.findings_since`)."""
+        ``direction == "higher"``): the A/B verdict's rule."""
         return classify(*self.ci, Limits.around(1.0, tolerance, "higher" if direction == "higher" else "lower")) == "fail"
 
 
 def _wls(xs: Sequence[float], ys: Sequence[float], ws: Sequence[float]) -> tuple[float, float, float, float]:
-    """Weighted least squares of ``y = a + b x``: ``(a, b, sum w (x - xbar)^2, sum w r^2)``."""
+    """Weighted least squares of ``y = a + b x``: ``(b, xbar, sum w (x - xbar)^2, sum w r^2)``."""
     sw = math.fsum(ws)
     xbar = math.fsum(w * x for w, x in zip(ws, xs, strict=True)) / sw
     ybar = math.fsum(w * y for w, y in zip(ws, ys, strict=True)) / sw
@@ -73,7 +71,7 @@ def _wls(xs: Sequence[float], ys: Sequence[float], ws: Sequence[float]) -> tuple
     b = sxy / sxx
     a = ybar - b * xbar
     rss = math.fsum(w * (y - a - b * x) ** 2 for w, x, y in zip(ws, xs, ys, strict=True))
-    return a, b, sxx, rss
+    return b, xbar, sxx, rss
 
 
 def level_trend(xs: Sequence[float], log_values: Sequence[float], log_se: Sequence[float] | None = None, *,
@@ -83,13 +81,11 @@ def level_trend(xs: Sequence[float], log_values: Sequence[float], log_se: Sequen
     Args:
         xs: each run's commit position (0, 1, 2, ...; gaps where other commits were not measured here).
         log_values: ln(value) of each run.
-        log_se: each run's standard error of ln(value); ``None`` (or any missing) for the plain
-            least-squares interval from the residuals alone.
+        log_se: each run's standard error of ln(value); ``None`` for plain least squares.
         confidence: two-sided coverage of the move's interval.
 
     Raises:
-        ValueError: fewer than 3 runs, lengths that differ, runs all at one position, a value or
-            standard error that is not a finite number (standard errors > 0).
+        ValueError: fewer than 3 runs, unequal lengths, one position, a non-finite value or se <= 0.
     """
     n = len(xs)
     if len(log_values) != n or (log_se is not None and len(log_se) != n):
@@ -106,23 +102,21 @@ def level_trend(xs: Sequence[float], log_values: Sequence[float], log_se: Sequen
     df = n - 2
     span = float(max(xs) - min(xs))
     if log_se is None:
-        _, b, sxx, rss = _wls(xs, log_values, [1.0] * n)
+        b, _, sxx, rss = _wls(xs, log_values, [1.0] * n)
         return Trend(n=n, slope=b, slope_se=math.sqrt(rss / df / sxx), df=df, span=span, tau=0.0,
                      confidence=confidence)
     if not all(math.isfinite(s) and s > 0 for s in log_se):
         raise ValueError(f"level_trend: standard errors must be positive numbers, got {list(log_se)[:3]}")
     # DerSimonian-Laird: tau^2 from the fixed-effect fit's Q against its expectation n - 2.
     w = [1.0 / (s * s) for s in log_se]
-    _, _, _, q_fixed = _wls(xs, log_values, w)
+    _, xbar, sxx, q_fixed = _wls(xs, log_values, w)
     sw = math.fsum(w)
-    xbar = math.fsum(wi * x for wi, x in zip(w, xs, strict=True)) / sw
-    sxx = math.fsum(wi * (x - xbar) ** 2 for wi, x in zip(w, xs, strict=True))
     # trace of (X'WX)^-1 X'W^2 X for the columns (1, x), centred at the weighted mean
     trace = (math.fsum(wi * wi for wi in w) / sw
              + math.fsum(wi * wi * (x - xbar) ** 2 for wi, x in zip(w, xs, strict=True)) / sxx)
     tau2 = max(0.0, (q_fixed - df) / (sw - trace))
     ws = [1.0 / (s * s + tau2) for s in log_se]
-    _, b, sxx_re, rss_re = _wls(xs, log_values, ws)
+    b, _, sxx_re, rss_re = _wls(xs, log_values, ws)
     scale = max(1.0, rss_re / df)  # Knapp-Hartung, never narrower than the runs' own errors
     return Trend(n=n, slope=b, slope_se=math.sqrt(scale / sxx_re), df=df, span=span, tau=math.sqrt(tau2),
                  confidence=confidence)

@@ -38,7 +38,6 @@ __all__ = [
     "devices",
     "failing_tests",
     "finite",
-    "fmt_pct",
     "fmt_ratio",
     "fmt_tolerance",
     "fmt_value",
@@ -62,7 +61,6 @@ __all__ = [
     "ratio_text",
     "record_ci_text",
     "regressions",
-    "same_test",
     "sort_key",
     "summary_line",
     "terminal_text",
@@ -79,9 +77,6 @@ OUTCOME_ORDER: dict[str, int] = {o: i for i, o in enumerate((
     Outcome.NOT_JUDGED, Outcome.ADVISORY, Outcome.UNMEASURABLE, Outcome.PASS))}
 
 
-# --------------------------------------------------------------------------- numbers
-
-
 def finite(x: float | None) -> float | None:
     """``x`` when it is a finite number, else ``None`` (missing, NaN, inf)."""
     return x if x is not None and math.isfinite(x) else None
@@ -93,11 +88,6 @@ def fmt_value(x: float | None, unit: str = "") -> str:
         return "-"
     s = f"{int(x)}" if float(x).is_integer() and abs(x) < 1e9 else f"{x:.4g}"
     return f"{s} {unit}" if unit and unit != "1" else s
-
-
-def fmt_pct(x: float | None, digits: int = 1) -> str:
-    """A fraction as a percentage (``0.052`` -> ``5.2%``), ``-`` when unknown."""
-    return "-" if x is None or not math.isfinite(x) else f"{x:.{digits}%}"
 
 
 def fmt_tolerance(t: float) -> str:
@@ -126,11 +116,8 @@ def _with_coverage(text: str, confidence: float | None) -> str:
 
 
 def cv_text(r: Record) -> str:
-    """The record's noise (coefficient of variation) as a percentage."""
-    return fmt_pct(r.cv)
-
-
-# --------------------------------------------------------------------------- budget and base
+    """The record's noise (coefficient of variation) as a percentage, ``-`` when unknown."""
+    return "-" if r.cv is None or not math.isfinite(r.cv) else f"{r.cv:.1%}"
 
 
 def budget_text(r: Record) -> str:
@@ -183,20 +170,15 @@ BASE_COLUMNS = ("base", "head/base", "ratio CI", "pairs", "detectable")
 
 
 def base_cells(r: Record) -> list[str]:
-    """The :data:`BASE_COLUMNS` cells of a record: base value, head/base, its CI, process pairs and the
-    smallest change the run could resolve (``-`` without base, or for exact checks)."""
+    """The :data:`BASE_COLUMNS` cells of a record (``-`` without base, or for exact checks)."""
     b = r.vs_base
     if b is None:
         return ["-"] * len(BASE_COLUMNS)
-    return [fmt_value(b.value, r.unit), ratio_text(b), ratio_ci_text(b), str(b.pairs), detectable_text(b)]
+    return [fmt_value(b.value, r.unit), ratio_text(b), ratio_ci_text(b), str(b.pairs), detectable_text(b.detectable)]
 
 
-def detectable_text(b: BaseSide) -> str:
+def detectable_text(x: float | None) -> str:
     """``±3.1%``: the minimum detectable effect of an A/B check, ``-`` when not computed."""
-    return _detectable(b.detectable)
-
-
-def _detectable(x: float | None) -> str:
     return "-" if x is None or not math.isfinite(x) else f"±{x:.1%}"
 
 
@@ -210,17 +192,13 @@ def base_text(r: Record) -> str:
         parts.append(f"CI {ratio_ci_text(b)}")
     parts.append(f"{b.pairs} process pair{'s' if b.pairs != 1 else ''}")
     if b.detectable is not None:
-        parts.append(f"could resolve changes beyond {detectable_text(b)}")
+        parts.append(f"could resolve changes beyond {detectable_text(b.detectable)}")
     return ", ".join(parts)
-
-
-# --------------------------------------------------------------------------- what decided
 
 
 @dataclass(frozen=True, kw_only=True)
 class Deciding:
-    """The one comparison that decided a record: head/base where the check was judged against the
-    base commit, else the measured value against its stored budget."""
+    """The one comparison that decided a record: head/base, else the value against its budget."""
 
     against: Literal["base", "budget"]
     change: float | None
@@ -245,9 +223,8 @@ def _beyond_budget(r: Record) -> bool:
 
 
 def deciding(r: Record) -> Deciding | None:
-    """The comparison that decided ``r``: head/base for a statistical check compared with the
-    base, and for an exact one judged against the base within its budget; else against the
-    budget; ``None`` without either."""
+    """What decided ``r``: head/base for a statistical check compared with the base (an exact one
+    when judged against the base within its budget), else its budget; ``None`` without either."""
     b = r.vs_base
     ratio = finite(b.ratio) if b is not None else None
     if b is not None and ratio is not None and (
@@ -274,10 +251,8 @@ _MAX_REASON = 160
 
 
 def deciding_cells(r: Record, *, md: bool = True) -> list[str]:
-    """The :data:`DECIDING_COLUMNS` cells of a record: what it was compared with (``base, 3 pairs``
-    or its budget's file and line), the change, its interval, the smallest change the run could
-    resolve and the tolerance; an undecided record's outcome and reason instead. ``md``: Markdown
-    emphasis and code spans (else plain text)."""
+    """The :data:`DECIDING_COLUMNS` cells of a record, or an undecided record's outcome and reason.
+    ``md``: Markdown emphasis and code spans (else plain text)."""
     d = deciding(r)
     if d is None:
         reason = md_text(r.reason, limit=_MAX_REASON) if md else plain(r.reason)[:_MAX_REASON]
@@ -291,7 +266,7 @@ def deciding_cells(r: Record, *, md: bool = True) -> list[str]:
     budget = r.budget.value if r.budget is not None else None
     if d.against == "budget" and budget is not None:
         change += f" ({fmt_value(r.value, r.unit)} vs {fmt_value(budget, r.unit)})"
-    resolve = _detectable(d.detectable)
+    resolve = detectable_text(d.detectable)
     return [against, change, interval_text(d), resolve, fmt_tolerance(d.tolerance)]
 
 
@@ -300,9 +275,6 @@ def interval_text(d: Deciding) -> str:
     if d.interval is None:
         return "exact"
     return _with_coverage(f"{d.interval[0]:+.1%} to {d.interval[1]:+.1%}", d.confidence)
-
-
-# --------------------------------------------------------------------------- order and grouping
 
 
 def device_label(r: Record) -> str:
@@ -339,12 +311,9 @@ def summary_line(records: Iterable[Record]) -> str:
 
 
 def headline(records: Iterable[Record]) -> tuple[str, str]:
-    """The verdict every report leads with (job summary, comment, HTML): its icon and its words.
-
-    ❌ when a check failed or errored, ❔ when one is inconclusive, ✅ otherwise, ⚠️ without
-    records; the words are :func:`summary_line`'s counts, so no report can call a run clean
-    that another shows with open checks.
-    """
+    """The icon (❌ failed or errored, ❔ inconclusive, ✅ otherwise, ⚠️ no records) and words every
+    report leads with."""
+    # The words are summary_line's counts: no report can call a run clean that another shows open.
     records = list(records)
     seen = {r.outcome for r in records}
     icon = ("⚠️" if not records else "❌" if seen & set(REGRESSION_OUTCOMES)
@@ -358,9 +327,8 @@ def devices(records: Iterable[Record]) -> list[str]:
 
 
 def run_problems(results: Results) -> list[str]:
-    """What the run says went wrong beside its records: a run that did not finish (its file may lack tests), a
-    test whose measuring raised (pytest failed it; its records hold what it measured before). Untrusted text:
-    each renderer escapes it."""
+    """What went wrong beside the records: an unfinished run, a test whose measuring raised.
+    Untrusted text: each renderer escapes it."""
     meta = results.meta
     out = [f"the run did not finish: {meta.unfinished}"] if meta.unfinished else []
     return out + [f"{e.get('nodeid', '?')}: raised while measuring{' on the ' + e['side'] if e.get('side') else ''}: "
@@ -376,15 +344,6 @@ def md_run_problems(results: Results) -> list[str]:
 def regressions(records: Iterable[Record]) -> list[Record]:
     """Records whose outcome makes the run red (fail or error), in report order."""
     return [r for r in ordered(records) if r.outcome in REGRESSION_OUTCOMES]
-
-
-def same_test(records: Sequence[Record], r: Record) -> list[Record]:
-    """The records of ``r``'s test (same node id, key and device)."""
-    label = device_label(r)
-    return [x for x in records if x.nodeid == r.nodeid and x.key == r.key and device_label(x) == label]
-
-
-# --------------------------------------------------------------------------- operators
 
 
 def op_of(metric: str) -> tuple[str, str] | None:
@@ -412,23 +371,15 @@ def move_line(m: OpMove) -> str:
 
 
 def moved_operators(records: Iterable[Record]) -> list[OpMove]:
-    """The operators that moved, as the records carry them (:class:`~perfbudget.extras.OperatorMoves`,
-    made where the verdicts were); each named once, in the order the first record gives."""
-    out: dict[OpMove, None] = {}
-    for r in records:
-        moved = OperatorMoves.from_extra(r.extra)
-        if moved is not None:
-            out.update(dict.fromkeys(moved.moves))
-    return list(out)
+    """The operators that moved (:class:`~perfbudget.extras.OperatorMoves`), each once, in record order."""
+    moved = (m for r in records if (om := OperatorMoves.from_extra(r.extra)) is not None for m in om.moves)
+    return list(dict.fromkeys(moved))
 
 
 def moves_note(records: Iterable[Record]) -> str:
     """How the records' moved operators were found, when not by the test's own checks (first note given)."""
     notes = (m.note for r in records if (m := OperatorMoves.from_extra(r.extra)) is not None and m.note)
     return next(notes, "")
-
-
-# --------------------------------------------------------------------------- failing tests
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -466,12 +417,8 @@ class FailingTest:
     @property
     def artifacts(self) -> dict[str, str]:
         """Failure artifacts (label -> path) of the failing records."""
-        out: dict[str, str] = {}
-        for r in self.bad:
-            art = FailureArtifacts.from_extra(r.extra)
-            if art is not None:
-                out.update(art.paths)
-        return out
+        found = (a.paths for r in self.bad if (a := FailureArtifacts.from_extra(r.extra)) is not None)
+        return {label: path for paths in found for label, path in paths}
 
 
 def failing_tests(records: Iterable[Record]) -> list[FailingTest]:
@@ -486,9 +433,6 @@ def failing_tests(records: Iterable[Record]) -> list[FailingTest]:
             bad.sort(key=lambda r: (op_of(r.metric) is not None, r.outcome != Outcome.ERROR, r.metric))
             out.append(FailingTest(device=dev, nodeid=nodeid, key=key, bad=tuple(bad), records=tuple(group)))
     return out
-
-
-# --------------------------------------------------------------------------- tables
 
 
 def text_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
@@ -521,27 +465,22 @@ _NOT_PLAIN = ("Cc", "Cf", "Zl", "Zp")
 
 def plain(text: Any) -> str:
     """``text`` on one line: control and format characters (newlines, ANSI escapes, right-to-left
-    overrides) and line separators each shown as a space, for a terminal, a JUnit XML file or a
-    Markdown line."""
+    overrides) and line separators each shown as a space."""
     return "".join(" " if unicodedata.category(c) in _NOT_PLAIN else c for c in str(text))
 
 
 def terminal_text(text: Any) -> str:
-    """The one door for text from a file (a budget file, a results file, a history store) into a
-    terminal, as :func:`md_text` is into Markdown: each line :func:`plain`, so no escape sequence
-    sets the window's title or moves the cursor and no carriage return overwrites a line."""
+    """The one door for text from a file into a terminal: each line :func:`plain`, so no escape
+    sequence sets the title or moves the cursor and no carriage return overwrites a line."""
     return "\n".join(map(plain, str(text).split("\n")))
 
 
 def md_text(text: Any, *, code: bool = False, limit: int = MD_MAX_TEXT) -> str:
-    """The one door for text from a results file into Markdown (a comment, a job summary, a diff):
-    inert, on one line (:func:`plain`), cut at ``limit`` characters.
+    """The one door for text from a results file into Markdown: inert, on one line, cut at ``limit``.
 
-    ``code``: a code span whose fence is longer than any backtick run inside it (nothing renders
-    inside a code span). Else prose with Markdown's punctuation, ``<``/``&`` and ``$`` (math)
-    backslash-escaped (no emphasis, link, raw HTML or formula) and ``@`` (a mention), ``#`` and
-    ``GH-`` (a reference to an issue, here or in another repository), ``www``/``://`` (an
-    autolink) broken by a zero-width joiner. Pipes are :func:`md_cell`'s.
+    ``code``: a code span fenced longer than any backtick run inside. Else prose: punctuation,
+    ``<``/``&`` and ``$`` backslash-escaped; mentions, issue references and autolinks broken by a
+    zero-width joiner (:data:`_MD_REFERENCE`). Pipes are :func:`md_cell`'s.
     """
     s = plain(text)
     if len(s) > limit:
@@ -567,9 +506,8 @@ def md_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
 
 
 def md_fit(lines: Iterable[str], room: int, *, size: Callable[[str], int] = len, skip: bool = False) -> list[str]:
-    """The ``lines`` that fit in ``room`` (each measured by ``size``, with its newline), in order: up to
-    the first that does not fit, or (``skip``) every one that does. A ``</details>`` with no
-    ``<details>`` open is left out, and one left open is closed (after ``room``)."""
+    """The ``lines`` that fit in ``room`` (by ``size``, plus a newline each): up to the first that does
+    not, or (``skip``) every one that does; ``<details>`` kept balanced."""
     kept: list[str] = []
     used = depth = 0
     for line in lines:
