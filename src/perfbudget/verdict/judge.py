@@ -42,7 +42,7 @@ class VerdictPolicy:
     Attributes:
         confidence: coverage of the distribution-free CI of the median.
         max_extra_rounds: fresh sample batches taken while the CI straddles the limit.
-        confirm: take one fresh measurement before failing, and fail only if it agrees.
+        confirm: before failing, take one fresh measurement and fail only if it agrees.
     """
 
     confidence: float = 0.95
@@ -63,22 +63,19 @@ class Verdict:
     Attributes:
         key: workload key.
         metric: full metric name.
-        outcome: pass, stale (better than budget by more than its tolerance),
-            fail, unbudgeted, unmeasurable or error.
-        value: measured value: the median for statistical kinds, else the worst value.
+        outcome: the :class:`Outcome`; stale: better than the budget beyond its tolerance.
+        value: the median (statistical kinds) or the worst value.
         ci: distribution-free CI of the median (statistical kinds only).
         n: samples behind ``value`` (all rounds).
         cv: coefficient of variation of the samples.
         budget: the budget, when one applies.
-        limit: the failing limit, budget × (1 ± tolerance) on the bad side (bytes: at least
-            ``BYTES_FLOOR_MIB`` above the budget).
+        limit: the failing limit: budget × (1 ± tolerance) on the bad side (bytes: >= ``BYTES_FLOOR_MIB`` above).
         rounds: sample batches measured (first + extra + confirmation).
         confirmed: for a statistical fail, whether the confirmation agreed.
         reason: one readable sentence.
         samples: raw samples (all rounds, including the confirmation).
         attribution: readable lines explaining where the time went.
-        ref_ms: when samples were normalised by a machine-speed reference, the reference
-            time they are expressed at (each sample x ``ref_ms`` / its paired reference).
+        ref_ms: the machine-speed reference time (ms) normalised samples are expressed at.
         confidence: coverage of ``ci``.
     """
 
@@ -117,10 +114,13 @@ class Verdict:
     def with_(self, **changes: Any) -> Verdict:
         return replace(self, **changes)
 
+    def as_(self, outcome: Outcome, reason: str, **changes: Any) -> Verdict:
+        """This verdict with ``outcome`` for ``reason``."""
+        return replace(self, outcome=outcome, reason=reason, **changes)
+
 
 def _limits(metric: Metric, budget: Budget) -> Limits:
-    """A budget's limits: a bytes budget's bad limit at least :data:`~perfbudget.metrics.BYTES_FLOOR_MIB`
-    above its value (a relative tolerance of a 0 MiB budget would allow no byte)."""
+    # A bytes budget's bad limit is at least BYTES_FLOOR_MIB above it: a tolerance of 0 MiB allows no byte.
     return Limits.around(budget.value, tolerance_for(metric, budget).value, metric.direction,
                          floor=BYTES_FLOOR_MIB if metric.kind == "bytes" else 0.0)
 
@@ -150,8 +150,7 @@ def decide(
         metric: full registered metric name, or the name already parsed.
         samples: one value or raw samples (statistical kinds want >= 30).
         budget: the applicable budget, or ``None`` (unbudgeted).
-        more: returns a fresh batch of samples; used to measure more while the CI
-            straddles the limit, and to confirm before failing.
+        more: returns a fresh batch of samples, for rounds while the CI straddles the limit and to confirm a fail.
         policy: statistical decision settings.
 
     Returns:
@@ -162,75 +161,59 @@ def decide(
     info = name.metric
     xs = [samples] if isinstance(samples, (int, float)) else list(samples)
     base = Verdict(key=key, metric=name.full, outcome=Outcome.ERROR, budget=budget, n=len(xs), name=name)
-    problem = _check_finite(xs)
-    if problem:
+    if problem := _check_finite(xs):
         return base.with_(reason=problem, samples=tuple(x for x in xs if isinstance(x, (int, float))))
     xs = [float(x) for x in xs]
-    if not info.statistical:
-        return _decide_exact(base, info, xs, budget)
-    return _decide_stat(base, info, xs, budget, more, policy)
-
-
-def _decide_exact(base: Verdict, info: Metric, xs: list[float], budget: Budget | None) -> Verdict:
     value = max(xs) if info.direction == "lower" else min(xs)
-    v = base.with_(value=value, samples=tuple(xs), cv=stats.cv(xs) if len(xs) > 1 else None)
+    v = (_summarised(base, xs, info.quantile, policy) if info.statistical else
+         base.with_(value=value, samples=tuple(xs), cv=stats.cv(xs) if len(xs) > 1 else None))
     if budget is None:
-        return v.with_(outcome=Outcome.UNBUDGETED, reason="no budget for this metric on this device")
+        return v.as_(Outcome.UNBUDGETED, "no budget for this metric on this device")
     limits = _limits(info, budget)
     v = v.with_(limit=limits.bad)
+    if info.statistical:
+        return _decide_stat(v, info.quantile, limits, budget, more, policy)
     state = classify(value, value, limits)
     if state == "fail":
-        return v.with_(outcome=Outcome.FAIL, reason=f"{value:g} is worse than the limit {limits.bad:g}")
+        return v.as_(Outcome.FAIL, f"{value:g} is worse than the limit {limits.bad:g}")
     if state == "stale":
-        return v.with_(outcome=Outcome.STALE, reason=f"{value:g} beats the budget {budget.value:g} beyond its tolerance")
-    return v.with_(outcome=Outcome.PASS, reason="within budget")
+        return v.as_(Outcome.STALE, f"{value:g} beats the budget {budget.value:g} beyond its tolerance")
+    return v.as_(Outcome.PASS, "within budget")
 
 
-def _decide_stat(
-    base: Verdict,
-    info: Metric,
-    xs: list[float],
-    budget: Budget | None,
-    more: More | None,
-    policy: VerdictPolicy,
-) -> Verdict:
-    q = info.quantile
-    v = _summarised(base, xs, q, policy)
-    if budget is None:
-        return v.with_(outcome=Outcome.UNBUDGETED, reason="no budget for this metric on this device")
-    limits = _limits(info, budget)
-    v = v.with_(limit=limits.bad)
-    rounds = 1
-    while (state := _state(v, limits, q, policy, final=more is None or rounds > policy.max_extra_rounds)) == "undecided":
+def _decide_stat(v: Verdict, q: float, limits: Limits, budget: Budget, more: More | None,
+                 policy: VerdictPolicy) -> Verdict:
+    while (state := _state(v, limits, q, policy, more)) == "undecided":
         # The CI straddles the limit: measure more, bounded, then settle it (on the point estimate).
         assert more is not None
-        fresh = list(more())
-        problem = _check_finite(fresh)
-        if problem:
-            return v.with_(outcome=Outcome.ERROR, reason=f"extra round: {problem}", rounds=rounds + 1)
-        rounds += 1
-        v = _summarised(v, [*v.samples, *fresh], q, policy).with_(rounds=rounds)
+        fresh = _fresh(more)
+        if isinstance(fresh, str):
+            return v.as_(Outcome.ERROR, f"extra round: {fresh}", rounds=v.rounds + 1)
+        v = _summarised(v, [*v.samples, *fresh], q, policy).with_(rounds=v.rounds + 1)
     assert v.value is not None and v.ci is not None
-    med, (lo, hi), bad = v.value, v.ci, limits.bad
+    med, (lo, hi), bad, rounds = v.value, v.ci, limits.bad, v.rounds
     if state == "fail" and policy.confirm and more is not None:
-        return _confirmed(v.with_(rounds=rounds), limits, more, q, policy)
+        return _confirmed(v, limits, more, q, policy)
     if state == "fail":
-        return v.with_(outcome=Outcome.FAIL, rounds=rounds,
-                       reason=f"median {med:.4g} with CI {lo:.4g}-{hi:.4g} is entirely beyond the limit {bad:.4g}")
+        return v.as_(Outcome.FAIL, f"median {med:.4g} with CI {lo:.4g}-{hi:.4g} is entirely beyond the limit {bad:.4g}")
     if state == "stale":
-        return v.with_(outcome=Outcome.STALE, rounds=rounds,
-                       reason=f"CI {lo:.4g}-{hi:.4g} beats the budget {budget.value:.4g} beyond its tolerance")
+        return v.as_(Outcome.STALE, f"CI {lo:.4g}-{hi:.4g} beats the budget {budget.value:.4g} beyond its tolerance")
     if state == "pass":
-        return v.with_(outcome=Outcome.PASS, rounds=rounds, reason="CI within budget")
+        return v.as_(Outcome.PASS, "CI within budget")
     coverage = stats.quantile_ci(v.samples, q, policy.confidence)[2]
     short = (f"; {len(v.samples)} samples give the interval of the {q:g} quantile only {coverage:.0%} coverage"
              if q != 0.5 and coverage < policy.confidence else "")
     if settle(lo, hi, limits, evidence="stored", estimate=med) == "fail":
-        return v.with_(outcome=Outcome.FAIL, rounds=rounds,
-                       reason=f"CI {lo:.4g}-{hi:.4g} straddles the limit {bad:.4g} after {rounds} round(s); "
-                              f"the median {med:.4g} is beyond it{short}")
-    return v.with_(outcome=Outcome.PASS, rounds=rounds,
-                   reason=f"CI straddles the limit {bad:.4g} after {rounds} round(s); the median {med:.4g} is within it{short}")
+        return v.as_(Outcome.FAIL, f"CI {lo:.4g}-{hi:.4g} straddles the limit {bad:.4g} after {rounds} round(s); "
+                                   f"the median {med:.4g} is beyond it{short}")
+    return v.as_(Outcome.PASS, f"CI straddles the limit {bad:.4g} after {rounds} round(s); "
+                               f"the median {med:.4g} is within it{short}")
+
+
+def _fresh(more: More) -> list[float] | str:
+    """A fresh batch of samples, or what is wrong with it."""
+    fresh = list(more())
+    return _check_finite(fresh) or fresh
 
 
 def _summarised(v: Verdict, xs: list[float], q: float, policy: VerdictPolicy) -> Verdict:
@@ -240,14 +223,14 @@ def _summarised(v: Verdict, xs: list[float], q: float, policy: VerdictPolicy) ->
                    confidence=policy.confidence)
 
 
-def _state(v: Verdict, limits: Limits, q: float, policy: VerdictPolicy, *, final: bool) -> str:
-    """Where the interval of ``v`` lies against ``limits`` (:func:`classify`)."""
+def _state(v: Verdict, limits: Limits, q: float, policy: VerdictPolicy, more: More | None) -> str:
+    """Where the interval of ``v`` lies against ``limits`` (:func:`classify`), final once no round is left."""
     assert v.ci is not None
+    final = more is None or v.rounds > policy.max_extra_rounds
     state = classify(v.ci[0], v.ci[1], limits, final=final)
     if state in ("pass", "stale") and q != 0.5 and stats.quantile_ci(v.samples, q, policy.confidence)[2] < policy.confidence:
         # All samples below the limit say little of a tail quantile when they are few (p90: 10 of them are
-        # all below it 35 % of the time): as a straddle, more samples, then the point estimate. (A median of
-        # few rounds, e.g. the lease's 3, is a choice of its owner, which says so.)
+        # all below it 35 % of the time): as a straddle, more samples, then the point estimate.
         return "inconclusive" if final else "undecided"
     return state
 
@@ -255,10 +238,9 @@ def _state(v: Verdict, limits: Limits, q: float, policy: VerdictPolicy, *, final
 def _confirmed(v: Verdict, limits: Limits, more: More, q: float, policy: VerdictPolicy) -> Verdict:
     """A failure confirmed, or not, by an independent measurement before it fails."""
     assert v.value is not None and v.ci is not None
-    fresh = list(more())
-    problem = _check_finite(fresh)
-    if problem:
-        return v.with_(outcome=Outcome.ERROR, reason=f"confirmation: {problem}", rounds=v.rounds + 1)
+    fresh = _fresh(more)
+    if isinstance(fresh, str):
+        return v.as_(Outcome.ERROR, f"confirmation: {fresh}", rounds=v.rounds + 1)
     fmed = stats.quantile(fresh, q)
     flo, fhi, _ = stats.quantile_ci(fresh, q, policy.confidence)
     all_xs = [*v.samples, *fresh]
@@ -266,40 +248,36 @@ def _confirmed(v: Verdict, limits: Limits, more: More, q: float, policy: Verdict
     (lo, hi), med, bad = v.ci, v.value, limits.bad
     v = v.with_(rounds=v.rounds + 1, samples=tuple(all_xs), n=len(all_xs), cv=stats.cv(all_xs), confirmed=agreed)
     if not agreed:
-        return v.with_(outcome=Outcome.PASS, reason=f"first median {med:.4g} was beyond the limit {bad:.4g} but the "
-                                                    f"confirmation median {fmed:.4g} (CI {flo:.4g}-{fhi:.4g}) was not")
-    return v.with_(outcome=Outcome.FAIL, reason=f"median {med:.4g} with CI {lo:.4g}-{hi:.4g} is entirely beyond the "
-                                                f"limit {bad:.4g}; confirmed by a fresh median of {fmed:.4g}")
+        return v.as_(Outcome.PASS, f"first median {med:.4g} was beyond the limit {bad:.4g} but the "
+                                   f"confirmation median {fmed:.4g} (CI {flo:.4g}-{fhi:.4g}) was not")
+    return v.as_(Outcome.FAIL, f"median {med:.4g} with CI {lo:.4g}-{hi:.4g} is entirely beyond the "
+                               f"limit {bad:.4g}; confirmed by a fresh median of {fmed:.4g}")
 
 
 Samples = float | Sequence[float]
+ByOutcome = Mapping[Outcome, tuple[Verdict, ...]]
+Gathered = tuple[Samples, Callable[[], Any] | None, Sequence[float] | None]
 
 #: Target half-width of a check's within-pair head/base ratio when one is asked for: +-1 %.
 DEFAULT_AB_PRECISION = 0.01
 
 
-ByOutcome = Mapping[Outcome, tuple[Verdict, ...]]
-
-
 class Judging:
-    """What differs between the ways a run judges (subclasses: :class:`Stored`, :class:`Update`,
-    :class:`ABSide`); the defaults are :class:`Stored`'s."""
+    """What differs between the ways a run judges; the defaults are :class:`Stored`'s."""
 
     mode: ClassVar[RunMode] = RunMode.STORED
     writes_budgets: ClassVar[bool] = False
     """The session writes budgets from the run's records (and an empty run still finishes)."""
     takes_turns: ClassVar[bool] = False
-    """The process takes turns with the other side of an A/B run; its results are read by the
-    driver only (no checkpoint after each test, no HTML report)."""
+    """The process takes turns with the other A/B side; the driver alone reads its results (no checkpoints, no HTML)."""
     screens: ClassVar[bool] = True
-    """A busy machine or another machine sets timing aside, and stored timing is advisory off a
-    machine declared stable; else a check's verdict is that of its samples as recorded."""
+    """Timing is set aside on a busy or another machine, advisory off a stable one; else verdicts are as recorded."""
+    only_errors_fail: ClassVar[bool] = False
+    """Verdicts are shown; only errors (and under ``strict`` a budget not recorded) fail a test."""
 
     def gather(self, name: MetricName, samples: Samples, more: Callable[[], Any] | None,
-               reference: Sequence[float] | None, *, confidence: float) -> tuple[
-            Samples, Callable[[], Any] | None, Sequence[float] | None]:
-        """The samples to judge, the source of more, and the reference times to normalise by
-        (``confidence``: of the checks' intervals)."""
+               reference: Sequence[float] | None, *, confidence: float) -> Gathered:
+        """The samples to judge, the source of more, and the reference times to normalise by."""
         return samples, more, reference
 
     def policy(self, policy: VerdictPolicy) -> VerdictPolicy:
@@ -309,12 +287,16 @@ class Judging:
     def settle(self, by: ByOutcome, *, strict: bool, missing: bool, verdicts: Sequence[Verdict]) -> tuple[
             TestOutcome, tuple[Verdict, ...]]:
         """The test's outcome and the verdicts that fail it, from its verdicts by outcome;
-        ``missing``: a budget of this test's families was not recorded."""
+        ``missing``: a budget of this test's families was not recorded (no failure when budgets are written)."""
+        missing = strict and missing and not self.writes_budgets
+        if self.only_errors_fail:
+            errors = by[Outcome.ERROR]
+            return (TestOutcome.FAIL if errors or missing else TestOutcome.PASS), errors
         failing = [*by[Outcome.ERROR], *by[Outcome.FAIL]]
         if strict:
             failing += [*by[Outcome.STALE], *by[Outcome.UNBUDGETED], *by[Outcome.NOT_JUDGED],
                         *by[Outcome.INCONCLUSIVE], *(v for v in by[Outcome.ADVISORY] if v.advice == Outcome.FAIL)]
-        if failing or (strict and missing):
+        if failing or missing:
             return TestOutcome.FAIL, tuple(failing)
         unmeasurable = by[Outcome.UNMEASURABLE]
         something_missing = (by[Outcome.NOT_JUDGED] or by[Outcome.UNBUDGETED] or by[Outcome.INCONCLUSIVE]
@@ -337,11 +319,7 @@ class Update(Judging):
 
     mode: ClassVar[RunMode] = RunMode.UPDATE
     writes_budgets: ClassVar[bool] = True
-
-    def settle(self, by: ByOutcome, *, strict: bool, missing: bool, verdicts: Sequence[Verdict]) -> tuple[
-            TestOutcome, tuple[Verdict, ...]]:
-        errors = by[Outcome.ERROR]
-        return (TestOutcome.FAIL if errors else TestOutcome.PASS), errors
+    only_errors_fail: ClassVar[bool] = True
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -349,20 +327,16 @@ class ABSide(Judging):
     """One side of a lockstep A/B run: record samples, judge nothing statistical.
 
     Attributes:
-        precision: the half-width (a fraction) that a check's within-pair head/base ratio
-            should reach: a check keeps taking fresh batches (each one in turns with the other
-            side) while the CI of its own median is wider than ``precision / sqrt(2)`` (each
-            side carries half the ratio's variance), up to ``max_batches`` extra batches or
-            ``max_s`` seconds. Noisy checks get more samples, quiet ones none. ``None``: one
-            fixed sample set.
-        max_batches: see ``precision``.
-        max_s: see ``precision`` (wall time of the extra batches, the other side's turns included).
-        operators_file: the driver's file of pinned operators (named in the side's run spec,
-            :class:`perfbudget.settings.RunSpec`); it writes the file after the first pair.
+        precision: the half-width (a fraction) a check's head/base ratio should reach: fresh batches while its median's
+            CI is wider than ``precision / sqrt(2)`` (each side carries half the variance); ``None``: one sample set.
+        max_batches: most extra batches towards ``precision``.
+        max_s: most seconds of extra batches, the other side's turns included.
+        operators_file: the driver's file of pinned operators (from the side's :class:`~perfbudget.settings.RunSpec`).
     """
 
     mode: ClassVar[RunMode] = RunMode.COLLECT
     takes_turns: ClassVar[bool] = True
+    only_errors_fail: ClassVar[bool] = True
     screens: ClassVar[bool] = False  # a busy machine is no reason to set samples aside: the other side shares it
     precision: float | None = None
     max_batches: int = 4
@@ -376,8 +350,7 @@ class ABSide(Judging):
             raise ValueError(f"max_batches and max_s must be >= 0, got {self.max_batches!r}, {self.max_s!r}")
 
     def gather(self, name: MetricName, samples: Samples, more: Callable[[], Any] | None,
-               reference: Sequence[float] | None, *, confidence: float) -> tuple[
-            Samples, Callable[[], Any] | None, Sequence[float] | None]:
+               reference: Sequence[float] | None, *, confidence: float) -> Gathered:
         # Both sides share the machine's state: the ratio is judged raw (normalising by a
         # reference measured beside each sample would cancel part of a real slowdown too).
         if name.metric.statistical:
@@ -386,8 +359,7 @@ class ABSide(Judging):
 
     def _to_precision(self, samples: Samples, more: Callable[[], Any] | None, *, confidence: float,
                       paired: bool) -> Samples:
-        """The samples extended by fresh batches while the CI of their median is wider than
-        the side's share of :attr:`precision`."""
+        """The samples plus fresh batches while their median's CI is wider than this side's share of ``precision``."""
         if self.precision is None or more is None or isinstance(samples, (int, float)):
             return samples
         target = self.precision / math.sqrt(2)
@@ -403,26 +375,19 @@ class ABSide(Judging):
     def policy(self, policy: VerdictPolicy) -> VerdictPolicy:
         return VerdictPolicy(confidence=policy.confidence, max_extra_rounds=0, confirm=False)
 
-    def settle(self, by: ByOutcome, *, strict: bool, missing: bool, verdicts: Sequence[Verdict]) -> tuple[
-            TestOutcome, tuple[Verdict, ...]]:
-        errors = by[Outcome.ERROR]
-        return (TestOutcome.FAIL if errors or (strict and missing) else TestOutcome.PASS), errors
-
     def pinned_operators(self, nodeid: str, key: str) -> tuple[str, ...] | None:
         return pinned_operators(self.operators_file, nodeid, key)
 
 
 def ab_run_fails(outcomes: Sequence[Outcome], *, inconclusive: bool, failed: bool, strict: bool) -> bool:
-    """Whether an A/B run fails (a stored run's tests are settled by :meth:`Judging.settle`): a failing or
-    erroring check, ``failed`` (the run could not measure what it was asked to), no check at all, or an
-    ``inconclusive`` check under ``strict``."""
+    """Whether an A/B run fails: a failing or erroring check, ``failed`` (the run could not measure what it
+    was asked to), no check at all, or an ``inconclusive`` check under ``strict``."""
     bad = any(o in (Outcome.FAIL, Outcome.ERROR) for o in outcomes)
     return bad or failed or not outcomes or (strict and inconclusive)
 
 
 def judging_for(*, collect: bool, update: bool, spec: RunSpec | None = None) -> Judging:
-    """The run's way of judging from its command line (``--perf-collect``, ``--update-budgets``) and,
-    on a side of an A/B run, its run spec (precision, pinned operators).
+    """The run's way of judging from ``--perf-collect``, ``--update-budgets`` and an A/B side's run spec.
 
     Raises:
         ValueError: both at once.
@@ -435,10 +400,10 @@ def judging_for(*, collect: bool, update: bool, spec: RunSpec | None = None) -> 
 
 
 def pinned_operators(path: str, nodeid: str, key: str) -> tuple[str, ...] | None:
-    """The operators a lockstep A/B run pins for ``nodeid``'s ``key`` (``None``: not pinned).
+    """The operators a lockstep A/B run pins for ``nodeid``'s ``key`` in the JSON file ``path`` (``None``: not pinned).
 
     Raises:
-        ValueError: the file cannot be read or is not of the form above (naming the file).
+        ValueError: the file cannot be read or is not ``{nodeid: {key: [operator, ...]}}`` (naming the file).
     """
     if not path:
         return None
@@ -468,12 +433,10 @@ def _half_width(xs: Sequence[float], confidence: float) -> float:
     return (hi - lo) / 2 / abs(mid)
 
 def stable_identity(declared: str, device: DeviceInfo) -> str | None:
-    """``device``'s identity when ``declared`` (the env variable's or ini option's value) declares
-    this machine stable, else ``None`` (empty, ``no``, ``false``, ``0``).
+    """``device``'s identity when ``declared`` (env or ini value) declares this machine stable, else ``None``.
 
     Raises:
-        ValueError: the declaration names another identity (the runner's hardware changed, or a
-            setting was copied to another machine kind), or the device's identity is unknown.
+        ValueError: the declaration names another identity, or the device's identity is unknown.
     """
     declared = declared.strip()
     if not declared or declared.lower() in ("no", "false", "0"):
@@ -489,10 +452,8 @@ def stable_identity(declared: str, device: DeviceInfo) -> str | None:
                      "stored timing budgets may gate")
 
 def not_gating(metric: Metric, device_type: str, budget: Budget | None, stable: str | None, budgets: BudgetSet) -> str:
-    """Why a stored verdict of ``metric`` may not fail a test here (empty: it may), for the stored judge and
-    for an A/B check not compared with the base alike. Stored timing gates only on a machine declared stable
-    (``stable``: its identity, from :func:`stable_identity`) against a budget whose file is keyed by that
-    identity; a metric advisory on this device type (a GPU step's wall clock) never gates."""
+    """Why a stored verdict of ``metric`` may not fail a test here (empty: it may); ``stable``: the machine's
+    identity from :func:`stable_identity`. Used by the stored judge and for A/B checks not compared with the base."""
     if not metric.statistical:
         return ""
     if device_type in metric.advisory_on:
@@ -515,8 +476,7 @@ def as_advisory(v: Verdict, why: str) -> Verdict:
                    reason=f"advisory (would {'be ' if v.outcome != Outcome.FAIL else ''}{v.outcome}): {v.reason}; {why}")
 
 
-#: Beyond this relative change of the machine-speed reference against the budget's, the
-#: machine is not the one the budget describes: timing checks are not judged.
+#: Beyond this relative change of the machine-speed reference from the budget's, timing is not judged.
 REFERENCE_MISMATCH = 0.30
 
 @dataclass(frozen=True, kw_only=True)
@@ -527,15 +487,10 @@ class JudgeConfig:
         strict: stale, unbudgeted, not-judged and not-measured checks fail the test.
         judging: the run's way of judging (:mod:`perfbudget.verdict.judge`), chosen once per run.
         policy: statistical settings.
-        preflight: reasons timing cannot be trusted right now (busy CPU, shared or
-            throttled GPU): statistical checks are then not judged.
+        preflight: why timing is untrustworthy now (busy CPU, shared or throttled GPU): timing is not judged.
         family_alpha: false-alarm budget shared by one test's per-operator checks.
         reference_mismatch: see :data:`REFERENCE_MISMATCH`.
-        stable_identity: this machine's identity when it is declared stable (ini
-            ``perfbudget_stable_machine`` or :data:`STABLE_MACHINE_ENV`). Stored timing, rate
-            and energy budgets gate only then, and only those in a file keyed by that identity;
-            elsewhere they are ``advisory``: the same judgement, shown, never a failure (under
-            ``strict`` an advisory fail fails).
+        stable_identity: this machine's identity when declared stable; stored timing gates only then (:func:`not_gating`).
     """
 
     strict: bool = False
@@ -560,14 +515,12 @@ class Decision:
     Attributes:
         outcome: ``pass``, ``skip`` (nothing failed, but something was not judged) or ``fail``.
         failing: verdicts that fail the test.
-        judged: verdicts decided against a budget (pass, stale or fail).
-        advisory: statistical checks judged against stored budgets on a machine they do not
-            describe as stable: shown with the would-be outcome, not part of the decision.
+        judged: verdicts decided against a budget (pass, stale, fail or inconclusive).
+        advisory: stored timing off a stable machine: shown with the would-be outcome, not deciding.
         not_judged: statistical checks skipped by the preflight or the reference guard.
         unbudgeted: measured with no budget on this device.
         unmeasurable: metrics that cannot be measured here (with the reason in each verdict).
-        not_measured: budgeted for this key and device but not recorded by the test:
-            ``(metric, reason)``.
+        not_measured: ``(metric, reason)`` budgeted for this key and device but not recorded by the test.
         empty: the test used ``perf`` but recorded nothing.
     """
 
@@ -583,22 +536,13 @@ class Decision:
 
 
 class Judge:
-    """Judges the measurements of one workload key on one device.
-
-    Args:
-        key: workload key of the budgets.
-        device: the device measured.
-        budgets: the loaded budget set.
-        config: how to judge.
-    """
+    """Judges the measurements of one workload ``key`` on one ``device`` against ``budgets``."""
 
     def __init__(self, key: str, device: DeviceInfo, budgets: BudgetSet, config: JudgeConfig | None = None) -> None:
         self.key = key
         self.device = device
         self.budgets = budgets
         self.config = config or JudgeConfig()
-
-    # -- budgets --------------------------------------------------------------------------
 
     def budgeted(self) -> dict[str, Budget]:
         """Every metric budgeted for this key on this device (empty when budgets are broken)."""
@@ -615,8 +559,6 @@ class Judge:
         n = sum(1 for m in self.budgeted() if family_of(m) in OP_TIMED_FAMILIES) if name.metric.name in OP_TIMED_FAMILIES else 0
         return replace(policy, confidence=family_confidence(name.full, policy.confidence, self.config.family_alpha, n))
 
-    # -- one metric -----------------------------------------------------------------------
-
     def judge(
         self,
         name: MetricName,
@@ -630,20 +572,16 @@ class Judge:
         Args:
             name: the parsed metric name.
             samples: one value (exact kinds) or raw samples (statistical kinds).
-            more: a fresh batch of samples for extra rounds and confirmation (with
-                ``reference``: a ``(samples, reference)`` pair).
-            reference: machine-speed reference times paired with ``samples``; each sample
-                is expressed at the budget's reference time (provenance ``ref_ms``; for a
-                new budget, this run's median): ``x * ref_ms / r`` for times, ``x * r /
-                ref_ms`` for rates.
+            more: a fresh batch of samples (with ``reference``: a ``(samples, reference)`` pair).
+            reference: machine-speed reference times paired with ``samples``, which are expressed at
+                the budget's ``ref_ms`` (a new budget: this run's median): ``x * ref_ms / r`` for times.
         """
         samples, more, reference = self.config.judging.gather(name, samples, more, reference,
                                                               confidence=self.config.policy.confidence)
         budget, problem = self.budgets.lookup(self.key, name.full, self.device)
         if problem:
             # Keep what was measured, so a broken budget file loses no data.
-            v = decide(self.key, name, samples, None, policy=self.config.policy)
-            return v.with_(outcome=Outcome.ERROR, reason=problem)
+            return decide(self.key, name, samples, None, policy=self.config.policy).as_(Outcome.ERROR, problem)
         if not self.config.judging.screens:
             return self.recorded_verdict(name, samples, budget)
         return self.stored_verdict(name, samples, budget, more=more, reference=reference)
@@ -655,34 +593,33 @@ class Judge:
     def stored_verdict(self, name: MetricName, samples: Samples, budget: Budget | None, *,
                        more: Callable[[], Any] | None, reference: Sequence[float] | None) -> Verdict:
         """The verdict against a stored budget (or none): advisory, set aside or decided."""
-        statistical = name.metric.statistical
-        # Stored timing is a verdict only on a machine declared stable, against budgets keyed
-        # by its identity; elsewhere it is shown (advisory) and `perfbudget ab` judges timing.
-        # An unbudgeted timing metric on such a machine is advisory too: a budget written
-        # there would not gate either, so asking for one (a skip) would be noise. A metric
-        # advisory on this device type (a GPU step's wall clock) never gates, stable or not.
+        # An unbudgeted timing metric off a stable machine is advisory too: a budget written there
+        # would not gate either, so asking for one (a skip) would be noise.
         busy = f" (measured while {'; '.join(self.config.preflight)})" if self.config.preflight else ""
         why = not_gating(name.metric, self.device.type, budget, self.config.stable_identity, self.budgets)
         advisory = bool(why)
         # A busy machine sets aside only what could fail: an advisory check is shown anyway.
-        if self.config.preflight and statistical and not advisory:
-            return _not_judged(decide(self.key, name, samples, None, policy=self.config.policy), budget,
-                               "preflight: " + "; ".join(self.config.preflight))
+        if self.config.preflight and name.metric.statistical and not advisory:
+            return self._not_judged(name, samples, budget, "preflight: " + "; ".join(self.config.preflight))
         ref_ms: float | None = None
         if reference is not None:
-            mismatch = self._reference_mismatch(reference, budget)
-            if mismatch:
-                return _not_judged(decide(self.key, name, samples, None, policy=self.config.policy), budget, mismatch)
+            if mismatch := self._reference_mismatch(reference, budget):
+                return self._not_judged(name, samples, budget, mismatch)
             samples, more, ref_ms = _normalised(name, samples, reference, more, budget)
         if advisory:
             more = None  # an advisory verdict fails nothing: no extra rounds, no confirmation
-        v = decide(self.key, name, samples, budget, more=more, policy=self.policy_for(name))
-        if ref_ms is not None:
-            v = v.with_(ref_ms=ref_ms)
+        v = decide(self.key, name, samples, budget, more=more, policy=self.policy_for(name)).with_(ref_ms=ref_ms)
         if advisory and v.outcome == Outcome.UNBUDGETED:
-            return v.with_(outcome=Outcome.ADVISORY, advice="",
-                           reason=f"advisory: no stored budget for it on this machine; {why}{busy}")
+            return v.as_(Outcome.ADVISORY, f"advisory: no stored budget for it on this machine; {why}{busy}",
+                         advice="")
         return as_advisory(v, why + busy) if advisory else v
+
+    def _not_judged(self, name: MetricName, samples: Samples, budget: Budget | None, reason: str) -> Verdict:
+        """A statistical verdict set aside (busy machine, another machine); bad samples stay an error."""
+        v = decide(self.key, name, samples, None, policy=self.config.policy)
+        if v.outcome == Outcome.ERROR:
+            return v.with_(budget=budget)
+        return v.as_(Outcome.NOT_JUDGED, reason, budget=budget)
 
     def _reference_mismatch(self, reference: Sequence[float], budget: Budget | None) -> str:
         """Why this machine is not the one the budget describes, judged by the reference."""
@@ -693,12 +630,8 @@ class Judge:
         change = now / prov.ref_ms - 1
         if abs(change) <= self.config.reference_mismatch:
             return ""
-        return (
-            f"the machine-speed reference ran {now:.3g} ms here vs {prov.ref_ms:.3g} ms when the "
-            f"budget was measured ({change:+.0%}): a different or busier machine than the budget describes"
-        )
-
-    # -- the test -------------------------------------------------------------------------
+        return (f"the machine-speed reference ran {now:.3g} ms here vs {prov.ref_ms:.3g} ms when the "
+                f"budget was measured ({change:+.0%}): a different or busier machine than the budget describes")
 
     def decision(self, verdicts: Sequence[Verdict]) -> Decision:
         """What the recorded verdicts mean for the test."""
@@ -706,8 +639,6 @@ class Judge:
         if not verdicts:
             return Decision(outcome=TestOutcome.FAIL, empty=True)
         by = {o: tuple(v for v in verdicts if v.outcome == o) for o in Outcome}
-        not_judged = by[Outcome.NOT_JUDGED]
-        unmeasurable = by[Outcome.UNMEASURABLE]
         recorded = {v.metric for v in verdicts}
         not_measured = tuple(
             (m, "budgeted for this key on this device, but the test did not record it")
@@ -715,28 +646,16 @@ class Judge:
         )
         outcome, failing = cfg.judging.settle(by, strict=cfg.strict, missing=bool(not_measured), verdicts=verdicts)
         judged = (*by[Outcome.PASS], *by[Outcome.STALE], *by[Outcome.FAIL], *by[Outcome.INCONCLUSIVE])
-        return Decision(outcome=outcome, failing=failing, judged=judged,
-                        advisory=by[Outcome.ADVISORY], not_judged=not_judged, unbudgeted=by[Outcome.UNBUDGETED],
-                        unmeasurable=unmeasurable, not_measured=not_measured)
+        return Decision(outcome=outcome, failing=failing, judged=judged, advisory=by[Outcome.ADVISORY],
+                        not_judged=by[Outcome.NOT_JUDGED], unbudgeted=by[Outcome.UNBUDGETED],
+                        unmeasurable=by[Outcome.UNMEASURABLE], not_measured=not_measured)
 
     @staticmethod
     def _owned_by_test(metric: str, recorded: set[str]) -> bool:
-        """Whether a budgeted metric the test did not record belongs to this test.
-
-        One key's metrics are spread over several tests (a step test, an operator test, a
-        memory test), so a test answers for the families it recorded: an operator test that
-        recorded ``op_count[aten::mm]`` answers for every budgeted ``op_count[...]``.
-        """
+        """Whether a budgeted metric the test did not record is of a family it recorded (one key's
+        metrics are spread over a step test, an operator test, a memory test)."""
         family = family_of(metric)
         return any(family_of(r) == family for r in recorded)
-
-
-def _not_judged(v: Verdict, budget: Budget | None, reason: str) -> Verdict:
-    """A statistical verdict set aside (busy machine, another machine): kept as measured;
-    bad samples stay an error."""
-    if v.outcome == Outcome.ERROR:
-        return v.with_(budget=budget)
-    return v.with_(outcome=Outcome.NOT_JUDGED, budget=budget, reason=reason)
 
 
 def _normalised(
@@ -758,10 +677,5 @@ def _normalised(
             return [x * r / frame for x, r in zip(values, refs, strict=True)]
         return [x * frame / r for x, r in zip(values, refs, strict=True)]
 
-    scaled_more = None
-    if more is not None:
-        def scaled_more() -> list[float]:
-            fresh, refs = more()
-            return scale(fresh, refs)
-
+    scaled_more = (lambda: scale(*more())) if more is not None else None
     return scale(xs, reference), scaled_more, frame

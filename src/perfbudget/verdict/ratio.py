@@ -27,21 +27,17 @@ class RatioVerdict:
     """The A/B judgement of one statistical check.
 
     Attributes:
-        state: pass, fail, undecided (wants another pair), or inconclusive (the CI still
-            straddles the tolerance at the last pair).
+        state: pass, fail, undecided (wants another pair), or inconclusive (straddles at the last pair).
         ratio: head/base, the geometric mean over pairs.
         ci: CI of ``ratio``.
         pairs: process pairs behind it.
-        sd: per-pair sd of ln(head/base): pooled with the prior, or the observed one when
-            the prior was set aside.
+        sd: per-pair sd of ln(head/base), pooled with the prior unless it was set aside.
         df: degrees of freedom of the t interval.
-        prior_set_aside: the pairs' spread was too large for the prior, which was not used.
-        limit: the ratio beyond which the check fails (1 + tolerance, or 1 - tolerance for
-            higher-is-better metrics).
-        mde: minimum detectable effect: the smallest regression (a fraction, 0.08: 8 %) that
-            these pairs would have decided ``fail``.
+        limit: the ratio beyond which the check fails (1 ± tolerance on the bad side).
+        mde: the smallest regression (a fraction, 0.08: 8 %) these pairs would have decided ``fail``.
         confidence: two-sided coverage of ``ci``.
         improved: the CI lies entirely better than the tolerance on the good side.
+        prior_set_aside: the pairs' spread was too large for the prior, which was not used.
         reason: one readable sentence.
     """
 
@@ -67,19 +63,9 @@ requests with 10 % jitter each read sd 6.2 % per pair on its top 7, 3.7 % on 16)
 def pair_ratio(
     head: Sequence[float], base: Sequence[float], *, quantile: float = 0.5, paired: bool = False
 ) -> float:
-    """head/base of one process pair.
-
-    Unpaired (the default): the ratio of the sides' ``quantile`` (the median by default).
-    ``paired``: the samples are requests both sides served in the same order, round after
-    round, or profiled rounds the sides took in turns, so each sample is its own control: the
-    median of the per-sample ratios, over the largest requests for an upper quantile (the p90's
-    change is the tail requests' change). A ratio of two medians over requests of mixed lengths
-    can land on different requests on the two sides; a per-request ratio cannot. Round i of one
-    side ran beside round i of the other, so the machine's drift over a pair (seconds) cancels
-    in their ratio and not in a ratio of medians (benchmarks/op-pairing-cpu.md). A side
-    that sampled more rounds is paired on the rounds both have (the longer count a multiple
-    of the shorter); counts that do not line up (a head that generates other token counts)
-    fall back to unpaired.
+    """head/base of one process pair: the ratio of the sides' ``quantile``, or with ``paired`` (samples
+    are requests or rounds both sides took in the same order) the median of per-sample ratios, over
+    the largest requests for an upper quantile. Counts that do not line up fall back to unpaired.
 
     Raises:
         ValueError: a side has no samples, or the base's statistic is not positive.
@@ -90,12 +76,12 @@ def pair_ratio(
     if paired and max(len(head), len(base)) % n == 0:
         head, base = head[:n], base[:n]
     if paired and len(head) == len(base) and all(x > 0 for x in head) and all(x > 0 for x in base):
+        # Round i of one side ran beside round i of the other: the machine's drift over a pair
+        # cancels in their ratio, not in a ratio of medians (benchmarks/op-pairing-cpu.md).
         per_request = [h / b for h, b in zip(head, base, strict=True)]
         if quantile > 0.5:
-            # The tail: requests ranked by the smaller of their two latencies, large on both
-            # sides. Ranking by the base alone would pick the base's noisy-high requests and bias
-            # the ratio low; by the sum, the requests one side was stopped in (an A/A read 0.36).
-            # At least PAIRED_TAIL_MIN of them, so a p90 of 64 requests does not rest on 7.
+            # The tail ranked by the smaller latency: by the base alone, its noisy-high requests bias the
+            # ratio low; by the sum, the requests one side was stopped in win (an A/A read 0.36).
             keep = max(math.ceil((1 - quantile) * len(base)), min(len(base), PAIRED_TAIL_MIN))
             by_size = sorted(range(len(base)), key=lambda i: min(head[i], base[i]))
             per_request = [per_request[i] for i in by_size[-keep:]]
@@ -125,11 +111,9 @@ def judge_ratios(
         direction: ``lower`` (times: a ratio above 1 is worse) or ``higher`` (rates).
         prior_sd: prior per-pair sd of ln(head/base) (0.025: 2.5 %).
         prior_df: degrees of freedom the prior is worth (0: plain t interval, needs 2 pairs).
-        prior_test: set the prior aside when the pairs' spread is less likely than this under
-            it (0: never).
+        prior_test: set the prior aside when the pairs' spread is less likely than this under it (0: never).
         confidence: two-sided coverage of the CI.
-        final: no more pairs will come: a straddling CI is ``inconclusive`` (never decided on
-            the point estimate).
+        final: no more pairs will come: a straddling CI is ``inconclusive``, not decided on the estimate.
 
     Raises:
         ValueError: no ratios, a ratio that is not a positive finite number, or bad settings.
@@ -137,8 +121,7 @@ def judge_ratios(
     rs = [float(r) for r in pair_ratios]
     if not rs:
         raise ValueError("judge_ratios needs at least one pair ratio, got none")
-    bad = [r for r in rs if not (math.isfinite(r) and r > 0)]
-    if bad:
+    if bad := [r for r in rs if not (math.isfinite(r) and r > 0)]:
         raise ValueError(f"pair ratios must be positive finite numbers, got {bad[:3]}")
     if not (math.isfinite(tolerance) and tolerance >= 0):
         raise ValueError(f"tolerance must be a number >= 0, got {tolerance!r}")
@@ -154,7 +137,7 @@ def judge_ratios(
     half = t_quantile(0.5 + confidence / 2.0, df) * sd / math.sqrt(n)
     ratio = math.exp(ybar)
     lo, hi = math.exp(ybar - half), math.exp(ybar + half)
-    lower = direction == "lower"
+    sign = "+" if direction == "lower" else "-"
     limits = Limits.around(1.0, tolerance, direction)
     state = settle(lo, hi, limits, evidence="pairs") if final else classify(lo, hi, limits, final=False)
     improved = state == "stale"
@@ -164,8 +147,8 @@ def judge_ratios(
     what = (f"head/base {ratio:.4g} ({change}; {confidence * 100:.3g} % CI {lo:.4g}-{hi:.4g}, "
             f"{n} pair{'s' if n != 1 else ''}, sd {sd:.1%} per pair"
             + (f", far above the prior {prior_sd:.1%}, which is set aside" if set_aside else "") + ")")
-    bound = f"{'+' if lower else '-'}{tolerance * 100:.3g} %"
-    resolves = f"could resolve changes beyond {'+' if lower else '-'}{mde * 100:.3g} %"
+    bound = f"{sign}{tolerance * 100:.3g} %"
+    resolves = f"could resolve changes beyond {sign}{mde * 100:.3g} %"
 
     def verdict(state: State, reason: str) -> RatioVerdict:
         return RatioVerdict(state=state, ratio=ratio, ci=(lo, hi), pairs=n, sd=sd, df=df, limit=limits.bad, mde=mde,
@@ -186,30 +169,20 @@ def judge_ratios(
 
 
 def can_decide(rv: RatioVerdict, pairs_left: int) -> bool:
-    """Could ``pairs_left`` more pairs decide this straddling check, if their spread is what it
-    shows now?
-
-    Projected to ``n + pairs_left`` pairs, the CI's half-width is
-    ``h' = t(conf, df + pairs_left) * sd / sqrt(n + pairs_left)``. The check can be decided when
-    ``h'`` is smaller than the estimate's distance from the limit, given one standard error of
-    room for the estimate to move (``sd / sqrt(n)``): a check sitting on its limit, or too noisy
-    for the pairs left, is judged inconclusive without spending them.
-    """
+    """Could ``pairs_left`` more pairs decide this straddling check, if their spread is what it shows now?"""
     if pairs_left <= 0:
         return False
     n = rv.pairs
+    # The CI's half-width projected to n + pairs_left pairs against the estimate's distance from the
+    # limit, with one standard error of room for the estimate to move.
     half = t_quantile(0.5 + rv.confidence / 2.0, rv.df + pairs_left) * rv.sd / math.sqrt(n + pairs_left)
     distance = abs(math.log(rv.ratio) - math.log(rv.limit))
     return half < distance + rv.sd / math.sqrt(n)
 
 
 def detectable_effect(half_width: float, *, tolerance: float, direction: Direction) -> float:
-    """The smallest regression (a fraction) decided ``fail`` by a CI of log half-width ``half_width``.
-
-    Lower is better: the CI ``ratio * exp(-+h)`` lies entirely above ``1 + t`` once the ratio
-    exceeds ``(1 + t) * exp(h)``; higher is better: entirely below ``1 - t`` once the ratio
-    is under ``(1 - t) * exp(-h)``, a drop of ``1 - (1 - t) * exp(-h)``.
-    """
+    """The smallest regression (a fraction) decided ``fail`` by a CI of log half-width ``half_width``:
+    the CI ``ratio * exp(-+h)`` clears ``1 + t`` from ``(1 + t) * exp(h)`` on (rates: ``1 - t`` below)."""
     if direction == "lower":
         return (1.0 + tolerance) * math.exp(half_width) - 1.0
     return 1.0 - (1.0 - tolerance) * math.exp(-half_width)

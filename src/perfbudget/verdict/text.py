@@ -12,8 +12,7 @@ __all__ = ["decision_text", "judged_summary"]
 
 
 def judged_summary(decision: Decision, *, skip: frozenset[str] = frozenset()) -> list[str]:
-    """One line per group: judged (with outcomes), not judged, unbudgeted, unmeasurable, not
-    measured; groups named in ``skip`` are left out (already said elsewhere)."""
+    """One line per group of ``decision``'s verdicts, but the groups named in ``skip`` (said elsewhere)."""
     lines = []
     if decision.judged:
         lines.append("judged: " + ", ".join(f"{v.metric} {v.outcome}" for v in decision.judged))
@@ -50,23 +49,19 @@ def decision_text(
     if decision.outcome == Outcome.FAIL:
         lines = [f"perf budget check failed: {key} on {device_label}", "", records_table(list(records)), ""]
         failing = {v.metric for v in decision.failing}
-        for r in records:
-            if r.metric not in failing:
-                continue
+        failed = [r for r in records if r.metric in failing]
+        for r in failed:
             where = f" [{r.budget.where}]" if r.budget is not None and r.budget.source else ""
             lines.append(f"{r.metric}: {r.outcome}: {r.reason}{where}")
             lines.extend(f"    {a}" for a in r.attribution)
-        failed = [r for r in records if r.metric in failing]
-        moves = moved_operators(failed)
-        if moves:
+        if moves := moved_operators(failed):
             note = moves_note(failed)
             lines.append(f"operators that moved ({note}):" if note else "operators that moved:")
             lines.extend(f"    {move_line(m)}" for m in moves)
         if decision.not_measured and not decision.failing:
             lines.append("budgets that apply but were not measured (--perf-strict): "
                          + ", ".join(m for m, _ in decision.not_measured))
-        stale = [v.metric for v in decision.judged if v.outcome == Outcome.STALE]
-        if stale:
+        if stale := [v.metric for v in decision.judged if v.outcome == Outcome.STALE]:
             lines.append(f"stale (better than budget): {', '.join(stale)}; ratchet with --update-budgets")
         lines += ["", *judged_summary(decision)]
         return "\n".join(lines)
@@ -75,8 +70,7 @@ def decision_text(
         if decision.not_judged:
             names = ", ".join(v.metric for v in decision.not_judged)
             head.append(f"timing checks of {key} not judged ({names}): {decision.not_judged[0].reason}")
-        inconclusive = [v for v in decision.judged if v.outcome == Outcome.INCONCLUSIVE]
-        if inconclusive:
+        if inconclusive := [v for v in decision.judged if v.outcome == Outcome.INCONCLUSIVE]:
             head.append("inconclusive: " + "; ".join(f"{v.metric}: {v.reason}" for v in inconclusive))
         if decision.unbudgeted:
             head.append(
@@ -87,6 +81,5 @@ def decision_text(
         if only_unmeasurable:
             head.append("; ".join(f"{v.metric} unmeasurable: {v.reason}" for v in decision.unmeasurable))
         said = {"not_judged", "unbudgeted"} | ({"unmeasurable"} if only_unmeasurable else set())
-        summary = judged_summary(decision, skip=frozenset(said))
-        return " — ".join([*head, *summary])
+        return " — ".join([*head, *judged_summary(decision, skip=frozenset(said))])
     return ""
