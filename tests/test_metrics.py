@@ -6,7 +6,6 @@ from perfbudget import recorder
 from perfbudget.budgets.schema import Budget
 from perfbudget.measure import operators
 from perfbudget.metrics import (
-    DEVICE_TIME_TOLERANCE,
     METRICS,
     OP_METRIC_FAMILIES,
     OP_TIMED_FAMILIES,
@@ -17,7 +16,7 @@ from perfbudget.metrics import (
 from perfbudget.report import common
 from perfbudget.verdict import judge
 from perfbudget.verdict.judge import decide
-from perfbudget.verdict.rule import tolerance_for
+from perfbudget.verdict.rule import DEVICE_TIME_TOLERANCE, tolerance_for
 
 
 def test_the_operator_families_are_defined_once() -> None:
